@@ -1,0 +1,31 @@
+"""blockrnn: TensorFlow's fused block-RNN kernels for NumPy, without TensorFlow.
+
+The eight ops of ``tf.raw_ops`` (LSTMBlockCell, LSTMBlockCellGrad, BlockLSTM,
+BlockLSTMGrad, BlockLSTMV2, BlockLSTMGradV2, GRUBlockCell, GRUBlockCellGrad)
+with TensorFlow 2.21's exact semantics, as snake_case functions here and under
+their TensorFlow names in ``blockrnn.raw_ops``. Every call releases the GIL
+around its compiled work and keeps no global state, so threads may call
+blockrnn concurrently.
+"""
+try:
+    from blockrnn import _kernels  # noqa: F401
+except ImportError as exc:  # pragma: no cover - only when run from an unbuilt tree
+    raise ImportError(
+        "blockrnn's compiled core (blockrnn._kernels) is not built. Install the package "
+        "with `pip install .` (or `pip install -e .` for development), or build it in "
+        f"place with `python setup.py build_ext --inplace`. Original error: {exc}") from exc
+
+from blockrnn import raw_ops
+from blockrnn._config import build_config, show_config
+from blockrnn._version import __version__
+from blockrnn.gru import gru_block_cell, gru_block_cell_grad, gru_block_cell_grad_full
+from blockrnn.lstm import (
+    block_lstm, block_lstm_grad, block_lstm_grad_v2, block_lstm_v2, lstm_block_cell,
+    lstm_block_cell_grad, lstm_block_cell_grad_full)
+
+__all__ = [
+    "__version__", "raw_ops", "show_config", "build_config",
+    "lstm_block_cell", "lstm_block_cell_grad", "lstm_block_cell_grad_full",
+    "block_lstm", "block_lstm_v2", "block_lstm_grad", "block_lstm_grad_v2",
+    "gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full",
+]

@@ -1,0 +1,38 @@
+# The only place blockrnn names a BLAS routine: row-major GEMM over SciPy's
+# BLAS (scipy.linalg.cython_blas), for float and double.
+#
+# Row-major trick: a C-contiguous [m, k] array is the column-major [k, m]
+# array of its transpose, so C = op(A) @ op(B) is computed as the column-major
+# product C^T = op(B)^T @ op(A)^T (operands and m/n swapped). `ld*` are row
+# strides in elements, so a block of a larger buffer is passed without a copy.
+# Callers guarantee every size fits a BLAS int (checked in Python).
+from cython cimport floating
+from scipy.linalg.cython_blas cimport sgemm, dgemm
+
+
+cdef inline void gemm(bint trans_a, bint trans_b,
+                      Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                      floating alpha, const floating* a, Py_ssize_t lda,
+                      const floating* b, Py_ssize_t ldb,
+                      floating beta, floating* c, Py_ssize_t ldc) noexcept nogil:
+    """C[m, n] = alpha * op(A) @ op(B) + beta * C, all row-major."""
+    cdef Py_ssize_t i, j
+    cdef char ta = b't' if trans_a else b'n'
+    cdef char tb = b't' if trans_b else b'n'
+    cdef int m_ = <int>m, n_ = <int>n, k_ = <int>k
+    cdef int lda_ = <int>(lda if lda > 1 else 1)
+    cdef int ldb_ = <int>(ldb if ldb > 1 else 1)
+    cdef int ldc_ = <int>(ldc if ldc > 1 else 1)
+    if m == 0 or n == 0:
+        return
+    if k == 0:  # empty sum: C = beta * C (beta == 0 must not read C: NaN * 0)
+        for i in range(m):
+            for j in range(n):
+                c[i * ldc + j] = 0 if beta == 0 else beta * c[i * ldc + j]
+        return
+    if floating is float:
+        sgemm(&tb, &ta, &n_, &m_, &k_, &alpha, <float*>b, &ldb_, <float*>a, &lda_,
+              &beta, c, &ldc_)
+    else:
+        dgemm(&tb, &ta, &n_, &m_, &k_, &alpha, <double*>b, &ldb_, <double*>a, &lda_,
+              &beta, c, &ldc_)

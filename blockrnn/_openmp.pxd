@@ -1,0 +1,5 @@
+# The only place blockrnn talks to the OpenMP runtime (include/brnn_openmp.h
+# provides serial fallbacks when the extension is built without OpenMP).
+cdef extern from "brnn_openmp.h" nogil:
+    bint BRNN_OPENMP_ENABLED
+    int brnn_omp_get_max_threads()

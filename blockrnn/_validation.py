@@ -1,0 +1,156 @@
+"""Argument checking shared by every op, done before any compiled code runs.
+
+Every error names the op and the argument, and gives the expected and the
+actual shape or dtype: ``ValueError`` for shapes, ranks and values,
+``TypeError`` for dtypes and wrongly typed attributes.
+"""
+import numbers
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+# SciPy's cython_blas takes 32-bit integers (LP64): every GEMM size must fit.
+BLAS_INT_MAX = 2**31 - 1
+
+
+class Arrays:
+    """The array arguments of one call, converted to NumPy and dtype-checked.
+
+    Arguments that carry a dtype (NumPy arrays and scalars, TensorFlow and
+    PyTorch tensors) must all share one float dtype: blockrnn never casts a
+    mixed call. Arguments without a dtype of their own (Python lists and
+    scalars) take the dtype of ``x`` (or of the first argument that has one;
+    float32 if none does, as in TensorFlow).
+
+    float16 is stored as float16 and computed in float32: ``kernel`` hands the
+    kernels float32 copies and ``result`` rounds each output once.
+    """
+
+    def __init__(self, op, **values):
+        self.op = op
+        carried = {}
+        for name, value in values.items():
+            if value is None:
+                raise TypeError(f"{op}: {name} is required, got None")
+            if hasattr(value, "dtype"):
+                carried[name] = self._as_float_array(name, value)
+        ref = "x" if "x" in carried else next(iter(carried), None)
+        self.dtype = carried[ref].dtype if ref else np.dtype(np.float32)
+        self.compute_dtype = np.dtype(np.float32) if self.dtype == np.float16 else self.dtype
+        self._arrays = {}
+        for name, value in values.items():
+            if name in carried:
+                array = carried[name]
+                if array.dtype != self.dtype:
+                    raise TypeError(
+                        f"{op}: {name} has dtype {array.dtype} but {ref} has dtype "
+                        f"{self.dtype}; all array arguments must share one dtype "
+                        f"(blockrnn does not cast mixed dtypes)")
+            else:
+                try:
+                    array = np.asarray(value, dtype=self.dtype)
+                except (TypeError, ValueError) as exc:
+                    raise TypeError(
+                        f"{op}: {name} cannot be converted to a {self.dtype} array "
+                        f"({exc})") from exc
+            self._arrays[name] = array
+
+    def _as_float_array(self, name, value):
+        try:
+            array = np.asarray(value)
+        except Exception as exc:  # e.g. a torch tensor that requires grad
+            raise TypeError(
+                f"{self.op}: {name} ({type(value).__name__}) cannot be converted to a "
+                f"NumPy array ({exc})") from exc
+        if array.dtype not in FLOAT_DTYPES:
+            raise TypeError(
+                f"{self.op}: {name} must have dtype float16, float32 or float64, "
+                f"got {array.dtype}")
+        return array
+
+    def __getitem__(self, name):
+        return self._arrays[name]
+
+    def rank(self, name, symbolic):
+        """Check the rank of ``name`` against ``symbolic`` (e.g. "[B, I]"); return its shape."""
+        array = self._arrays[name]
+        ndim = symbolic.count(",") + 1
+        if array.ndim != ndim:
+            raise ValueError(
+                f"{self.op}: {name} must have rank {ndim} (shape {symbolic}), got rank "
+                f"{array.ndim} with shape {array.shape}")
+        return array.shape
+
+    def shape(self, name, symbolic, expected):
+        """Check that ``name`` has shape ``expected``, described as ``symbolic``."""
+        actual = self._arrays[name].shape
+        expected = tuple(int(d) for d in expected)
+        if actual != expected:
+            raise ValueError(
+                f"{self.op}: {name} must have shape {symbolic} = {expected}, got {actual}")
+
+    def kernel(self, *names):
+        """C-contiguous arrays in the compute dtype, in the order of ``names``."""
+        return [np.ascontiguousarray(self._arrays[n], dtype=self.compute_dtype) for n in names]
+
+    def empty(self, *shape):
+        """An output buffer in the compute dtype."""
+        return np.empty(shape, dtype=self.compute_dtype)
+
+    def zeros(self, shape):
+        """An all-zero result in the storage dtype."""
+        return np.zeros(shape, dtype=self.dtype)
+
+    def result(self, array):
+        """A kernel output converted to the storage dtype (one rounding for float16)."""
+        return array.astype(self.dtype, copy=False)
+
+
+def check_bool(op, name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_float(op, name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{op}: {name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def check_seq_len_max(op, value, time_len):
+    """seq_len_max: an integer scalar (Python int or any integer dtype) in [0, T]."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{op}: seq_len_max must be an integer scalar, got bool {value!r}")
+    if isinstance(value, numbers.Integral):
+        length = int(value)
+    else:
+        try:
+            array = np.asarray(value)
+        except Exception as exc:
+            raise TypeError(
+                f"{op}: seq_len_max must be an integer scalar, got "
+                f"{type(value).__name__} ({exc})") from exc
+        if array.dtype.kind not in "iu":
+            raise TypeError(
+                f"{op}: seq_len_max must be an integer scalar, got dtype {array.dtype}")
+        if array.ndim != 0:
+            raise ValueError(
+                f"{op}: seq_len_max must be a scalar (rank 0), got rank {array.ndim} "
+                f"with shape {array.shape}")
+        length = int(array)
+    if not 0 <= length <= time_len:
+        raise ValueError(
+            f"{op}: seq_len_max must be in [0, T] = [0, {time_len}] (T = x.shape[0]), "
+            f"got {length}")
+    return length
+
+
+def check_blas_sizes(op, **sizes):
+    """Every size handed to a GEMM must fit SciPy's 32-bit BLAS integers."""
+    for what, size in sizes.items():
+        if size > BLAS_INT_MAX:
+            raise ValueError(
+                f"{op}: {what} = {size} exceeds {BLAS_INT_MAX}, the largest size "
+                f"SciPy's 32-bit BLAS accepts; split the call into smaller batches")

@@ -1,0 +1,126 @@
+"""The GRU ops: GRUBlockCell and GRUBlockCellGrad (TensorFlow 2.21 semantics).
+
+The reset gate multiplies h_prev before the candidate's matmul (Cho et al.'s
+"reset-before" GRU, not cuDNN/PyTorch's reset-after), and u weights the old
+state: ``h = u * h_prev + (1 - u) * c``. Shapes: B batch, I input size, H
+cell size. TensorFlow's GRU ops take float32 only; blockrnn's also take
+float16 (computed in float32) and float64.
+"""
+from collections import namedtuple
+
+from blockrnn import _kernels
+from blockrnn._config import kernel_threads
+from blockrnn._validation import Arrays, check_blas_sizes
+
+__all__ = ["gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full"]
+
+GRUBlockCellOutput = namedtuple("GRUBlockCellOutput", "r u c h")
+GRUBlockCellGradOutput = namedtuple(
+    "GRUBlockCellGradOutput", "d_x d_h_prev d_c_bar d_r_bar_u_bar")
+GRUBlockCellGradFullOutput = namedtuple(
+    "GRUBlockCellGradFullOutput", "d_x d_h_prev d_w_ru d_w_c d_b_ru d_b_c")
+
+_INPUTS = ("x", "h_prev", "w_ru", "w_c", "b_ru", "b_c")
+
+
+def _check_cell(args):
+    """x [B, I], h_prev [B, H], w_ru [I+H, 2H], w_c [I+H, H], b_ru [2H], b_c [H]."""
+    B, I = args.rank("x", "[B, I]")
+    H = args.rank("h_prev", "[B, H]")[1]
+    args.shape("h_prev", "[B, H]", (B, H))
+    args.shape("w_ru", "[I+H, 2H]", (I + H, 2 * H))
+    args.shape("w_c", "[I+H, H]", (I + H, H))
+    args.shape("b_ru", "[2H]", (2 * H,))
+    args.shape("b_c", "[H]", (H,))
+    check_blas_sizes(args.op, B=B, **{"I+H": I + H, "2H": 2 * H})
+    return B, I, H
+
+
+def gru_block_cell(x, h_prev, w_ru, w_c, b_ru, b_c):
+    """One GRU step (TensorFlow's ``GRUBlockCell``).
+
+    Parameters
+    ----------
+    x : array of shape (B, I)
+    h_prev : array of shape (B, H)
+    w_ru : array of shape (I+H, 2H)
+        Rows [x; h_prev], columns [r, u].
+    w_c : array of shape (I+H, H)
+        Rows [x; r * h_prev].
+    b_ru : array of shape (2H,)
+        [b_r, b_u].
+    b_c : array of shape (H,)
+
+    Returns
+    -------
+    GRUBlockCellOutput(r, u, c, h), each of shape (B, H)::
+
+        [r, u] = sigmoid([x, h_prev] @ w_ru + b_ru)
+        c = tanh([x, r * h_prev] @ w_c + b_c)
+        h = u * (h_prev - c) + c
+    """
+    args = Arrays("gru_block_cell", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
+    B, I, H = _check_cell(args)
+    outs = [args.empty(B, H) for _ in range(4)]
+    _kernels.gru_cell_forward(*args.kernel(*_INPUTS), kernel_threads(B, H), *outs)
+    return GRUBlockCellOutput(*map(args.result, outs))
+
+
+def _cell_grad(op, values, full):
+    args = Arrays(op, **values)
+    B, I, H = _check_cell(args)
+    for name in ("r", "u", "c", "d_h"):
+        args.shape(name, "[B, H]", (B, H))
+    grads = [args.empty(B, I), args.empty(B, H), args.empty(B, H), args.empty(B, 2 * H)]
+    param_grads = ([args.empty(I + H, 2 * H), args.empty(I + H, H), args.empty(2 * H),
+                    args.empty(H)] if full else [None] * 4)
+    _kernels.gru_cell_backward(
+        *args.kernel("x", "h_prev", "w_ru", "w_c", "r", "u", "c", "d_h"),
+        kernel_threads(B, H), *grads, full, *param_grads)
+    return args, grads, param_grads
+
+
+def gru_block_cell_grad(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h):
+    """Backward of one GRU step (TensorFlow's ``GRUBlockCellGrad``).
+
+    Parameters
+    ----------
+    x, h_prev, w_ru, w_c, b_ru, b_c : as for ``gru_block_cell``
+        The values of x, b_ru and b_c are not used (only their shapes).
+    r, u, c : arrays of shape (B, H)
+        The outputs of ``gru_block_cell``.
+    d_h : array of shape (B, H)
+        Gradient of the loss w.r.t. h.
+
+    Returns
+    -------
+    GRUBlockCellGradOutput(d_x, d_h_prev, d_c_bar, d_r_bar_u_bar)
+        d_x (B, I), d_h_prev (B, H), d_c_bar (B, H) the gradient w.r.t. the
+        pre-activation of c, d_r_bar_u_bar (B, 2H) those of [r, u].
+    """
+    values = dict(x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c,
+                  r=r, u=u, c=c, d_h=d_h)
+    args, grads, _ = _cell_grad("gru_block_cell_grad", values, full=False)
+    return GRUBlockCellGradOutput(*map(args.result, grads))
+
+
+def gru_block_cell_grad_full(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h):
+    """All gradients of one GRU step: ``gru_block_cell_grad`` plus the parameter
+    gradients TensorFlow 1.x's Python gradient added around it.
+
+    Same arguments as ``gru_block_cell_grad``.
+
+    Returns
+    -------
+    GRUBlockCellGradFullOutput(d_x, d_h_prev, d_w_ru, d_w_c, d_b_ru, d_b_c)
+        Shapes of x, h_prev, w_ru, w_c, b_ru, b_c::
+
+            d_w_ru = [x, h_prev].T @ d_r_bar_u_bar,   d_b_ru = d_r_bar_u_bar.sum(0)
+            d_w_c = [x, r * h_prev].T @ d_c_bar,      d_b_c = d_c_bar.sum(0)
+    """
+    values = dict(x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c,
+                  r=r, u=u, c=c, d_h=d_h)
+    args, (d_x, d_h_prev, _, _), param_grads = _cell_grad(
+        "gru_block_cell_grad_full", values, full=True)
+    return GRUBlockCellGradFullOutput(
+        args.result(d_x), args.result(d_h_prev), *map(args.result, param_grads))
