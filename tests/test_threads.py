@@ -1,0 +1,53 @@
+"""Concurrent calls from Python threads: same bits as serial calls, no crash."""
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+import blockrnn
+
+
+def _problem(seed):
+    """A mixed call list: sequence forward + backward and the GRU cell, random shapes."""
+    rng = np.random.default_rng(seed)
+    T, B, I, H = (int(v) for v in rng.integers(1, [12, 40, 24, 48]))
+    rand = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)  # noqa: E731
+    lstm = (int(rng.integers(0, T + 1)), rand(T, B, I), rand(B, H), rand(B, H),
+            rand(I + H, 4 * H), rand(H), rand(H), rand(H), rand(4 * H))
+    gru = (rand(B, I), rand(B, H), rand(I + H, 2 * H), rand(I + H, H), rand(2 * H), rand(H))
+    grads = (rand(T, B, H), rand(T, B, H))
+    return lstm, gru, grads
+
+
+def _run(problem):
+    lstm, gru, grads = problem
+    fwd = blockrnn.block_lstm_v2(*lstm, use_peephole=True)
+    bwd = blockrnn.block_lstm_grad_v2(*lstm, *fwd, *grads, use_peephole=True)
+    g = blockrnn.gru_block_cell(*gru)
+    g_bwd = blockrnn.gru_block_cell_grad_full(*gru, *g[:3], grads[1][0])
+    return [*fwd, *bwd, *g, *g_bwd]
+
+
+def test_threads_give_the_serial_bits():
+    problems = [_problem(seed) for seed in range(48)]
+    serial = [_run(p) for p in problems]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        threaded = list(pool.map(_run, problems))
+    for expected, got in zip(serial, threaded):
+        for e, g in zip(expected, got):
+            np.testing.assert_array_equal(g, e)
+
+
+def test_large_block_uses_the_same_bits_in_threads():
+    # Big enough for the OpenMP gate loops to run in parallel inside each call.
+    rng = np.random.default_rng(5)
+    T, B, I, H = 3, 256, 16, 128
+    rand = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)  # noqa: E731
+    args = (T, rand(T, B, I), rand(B, H), rand(B, H), rand(I + H, 4 * H), rand(H), rand(H),
+            rand(H), rand(4 * H))
+    expected = blockrnn.block_lstm(*args, use_peephole=True)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda _: blockrnn.block_lstm(*args, use_peephole=True),
+                                range(8)))
+    for got in results:
+        for e, g in zip(expected, got):
+            np.testing.assert_array_equal(g, e)
