@@ -68,6 +68,10 @@ class Arrays:
                 f"got {array.dtype}")
         return array
 
+    def add(self, name, array):
+        """Add an argument the caller made itself (e.g. zeros for an omitted gradient)."""
+        self._arrays[name] = array
+
     def __getitem__(self, name):
         return self._arrays[name]
 

@@ -10,8 +10,6 @@ one dtype: float16 (computed in float32, rounded once), float32 or float64.
 """
 from collections import namedtuple
 
-import numpy as np
-
 from blockrnn import _kernels
 from blockrnn._config import kernel_threads
 from blockrnn._validation import (
@@ -121,10 +119,14 @@ def lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
     return LSTMBlockCellOutput(*map(args.result, outs))
 
 
-def _cell_grad(op, values, use_peephole, full):
+def _cell_grad(op, values, use_peephole, full, optional=()):
+    """Shared by the cell gradients; names in ``optional`` may be None (zeros)."""
     use_peephole = check_bool(op, "use_peephole", use_peephole)
-    args = Arrays(op, **values)
+    args = Arrays(op, **{k: v for k, v in values.items() if not (k in optional and v is None)})
     B, I, H = _check_cell(args, peepholes_required=use_peephole)
+    for name in optional:
+        if values[name] is None:
+            args.add(name, args.zeros((B, H)))
     for name in _GATES + ("cs_grad", "h_grad"):
         args.shape(name, "[B, H]", (B, H))
     cs_prev_grad, dicfo = args.empty(B, H), args.empty(B, 4 * H)
@@ -197,11 +199,8 @@ def lstm_block_cell_grad_full(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f,
     op = "lstm_block_cell_grad_full"
     values = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b,
                   i=i, cs=cs, f=f, o=o, ci=ci, co=co, cs_grad=cs_grad, h_grad=h_grad)
-    for name in ("cs_grad", "h_grad"):
-        if values[name] is None:  # zeros of cs_prev's shape and of x's dtype
-            values[name] = np.zeros_like(Arrays(op, x=x, cs_prev=cs_prev)["cs_prev"])
     args, cs_prev_grad, _, peephole_grads, (x_grad, h_prev_grad, w_grad, b_grad) = \
-        _cell_grad(op, values, use_peephole, full=True)
+        _cell_grad(op, values, use_peephole, full=True, optional=("cs_grad", "h_grad"))
     return LSTMBlockCellGradFullOutput(
         args.result(x_grad), args.result(cs_prev_grad), args.result(h_prev_grad),
         args.result(w_grad), *peephole_grads, args.result(b_grad))
