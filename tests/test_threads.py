@@ -2,8 +2,10 @@
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 import blockrnn
+from blockrnn import _config
 
 
 def _problem(seed):
@@ -37,17 +39,16 @@ def test_threads_give_the_serial_bits():
             np.testing.assert_array_equal(g, e)
 
 
-def test_large_block_uses_the_same_bits_in_threads():
-    # Big enough for the OpenMP gate loops to run in parallel inside each call.
-    rng = np.random.default_rng(5)
-    T, B, I, H = 3, 256, 16, 128
-    rand = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)  # noqa: E731
-    args = (T, rand(T, B, I), rand(B, H), rand(B, H), rand(I + H, 4 * H), rand(H), rand(H),
-            rand(H), rand(4 * H))
-    expected = blockrnn.block_lstm(*args, use_peephole=True)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda _: blockrnn.block_lstm(*args, use_peephole=True),
-                                range(8)))
-    for got in results:
-        for e, g in zip(expected, got):
+def test_parallel_gate_loops_give_the_serial_bits(monkeypatch):
+    """OpenMP gate loops split rows among threads: the bits must not change."""
+    problems = [_problem(seed) for seed in range(8)]
+    monkeypatch.setattr(_config, "MIN_PARALLEL_WORK", 2**62)
+    assert _config.kernel_threads(64, 64) == 1
+    serial = [_run(p) for p in problems]
+    monkeypatch.setattr(_config, "MIN_PARALLEL_WORK", 0)
+    if _config.kernel_threads(64, 64) < 2:
+        pytest.fail("expected OpenMP with at least 2 threads on the test machine: "
+                    f"{_config.build_config()}")
+    for p, expected in zip(problems, serial):
+        for e, g in zip(expected, _run(p)):
             np.testing.assert_array_equal(g, e)
