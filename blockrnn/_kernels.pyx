@@ -123,17 +123,20 @@ cdef inline void lstm_forward_row(
 cdef inline void lstm_backward_row(
         Py_ssize_t H, GateOffsets off,
         const floating* cs_prev,  # IN [H]
-        const floating* i_, const floating* cs, const floating* f,  # IN [H] forward outputs
-        const floating* o, const floating* ci, const floating* co,
+        const floating* i_, const floating* f, const floating* o,  # IN [H] forward outputs
+        const floating* ci, const floating* co,
         const floating* cs_grad, const floating* h_grad,  # IN [H] upstream gradients
-        const floating* dh_carry,  # IN [H]: gradient of h from step t+1 (if add_carry)
+        const floating* dh_carry,  # IN [H] gradient of h from step t+1 (if add_carry)
         const floating* wci, const floating* wcf, const floating* wco,  # IN [H], if peephole
         bint use_peephole, bint add_carry,
         floating* dg,              # OUT [4H] gradient of the pre-activation gates
-        floating* cs_prev_grad,    # IN/OUT [H]: the gradient of cs from step t+1 (if
-        ) noexcept nogil:          # add_carry), then overwritten with that of cs_prev
-    """SPEC §4 for one row (clipping ignored, as in TensorFlow). The sequence
-    backward (SPEC §5) adds the carries from step t+1 to cs_grad and h_grad."""
+        floating* cs_prev_grad) noexcept nogil:  # IN/OUT [H], see below
+    """SPEC §4 for one row (clipping ignored, as in TensorFlow).
+
+    The sequence backward (SPEC §5) sets add_carry: the gradients of h and cs
+    flowing back from step t+1 (dh_carry, and cs_prev_grad as it is on entry)
+    are added to h_grad and cs_grad. cs_prev_grad is then overwritten, element
+    by element after its read, with the gradient of cs_prev."""
     cdef Py_ssize_t j
     cdef floating hg, csg, d_o, dcs, d_ci, d_f, d_i, grad
     for j in range(H):
@@ -179,8 +182,8 @@ cdef void lstm_forward_rows(
 cdef void lstm_backward_rows(
         Py_ssize_t B, Py_ssize_t H, GateOffsets off,
         const floating* cs_prev,
-        const floating* i_, const floating* cs, const floating* f,
-        const floating* o, const floating* ci, const floating* co,
+        const floating* i_, const floating* f, const floating* o,
+        const floating* ci, const floating* co,
         const floating* cs_grad, const floating* h_grad, const floating* dh_carry,
         const floating* wci, const floating* wcf, const floating* wco,
         bint use_peephole, bint add_carry, floating* dg, floating* cs_prev_grad,
@@ -190,8 +193,8 @@ cdef void lstm_backward_rows(
     for r in prange(B, num_threads=n_threads, schedule="static",
                     use_threads_if=n_threads > 1):
         lstm_backward_row(
-            H, off, cs_prev + r * H, i_ + r * H, cs + r * H, f + r * H,
-            o + r * H, ci + r * H, co + r * H, cs_grad + r * H, h_grad + r * H,
+            H, off, cs_prev + r * H, i_ + r * H, f + r * H, o + r * H,
+            ci + r * H, co + r * H, cs_grad + r * H, h_grad + r * H,
             dh_carry + r * H, wci, wcf, wco, use_peephole, add_carry, dg + r * 4 * H,
             cs_prev_grad + r * H)
 
@@ -288,8 +291,8 @@ def lstm_cell_backward(
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef double[:, ::1] acc = np.zeros((3, 4 * H), dtype=np.float64)  # workspace
     with nogil:
-        lstm_backward_rows(B, H, off, &cs_prev[0, 0], &i_[0, 0], &cs[0, 0], &f[0, 0],
-                           &o[0, 0], &ci[0, 0], &co[0, 0], &cs_grad[0, 0], &h_grad[0, 0],
+        lstm_backward_rows(B, H, off, &cs_prev[0, 0], &i_[0, 0], &f[0, 0], &o[0, 0],
+                           &ci[0, 0], &co[0, 0], &cs_grad[0, 0], &h_grad[0, 0],
                            &h_grad[0, 0], &wci[0], &wcf[0], &wco[0], use_peephole, False,
                            &dgates[0, 0], &cs_prev_grad[0, 0], n_threads)
         if use_peephole:
@@ -399,8 +402,8 @@ def block_lstm_backward(
         memset(&h_prev_grad[0, 0], 0, BH * sizeof(floating))
         for t in range(L - 1, -1, -1):
             cs_in = &cs_prev[0, 0] if t == 0 else &cs[t - 1, 0, 0]
-            lstm_backward_rows(B, H, off, cs_in, &i_[t, 0, 0], &cs[t, 0, 0], &f[t, 0, 0],
-                               &o[t, 0, 0], &ci[t, 0, 0], &co[t, 0, 0],
+            lstm_backward_rows(B, H, off, cs_in, &i_[t, 0, 0], &f[t, 0, 0], &o[t, 0, 0],
+                               &ci[t, 0, 0], &co[t, 0, 0],
                                &cs_grad[t, 0, 0], &h_grad[t, 0, 0], &h_prev_grad[0, 0],
                                &wci[0], &wcf[0], &wco[0], use_peephole, True,
                                &dg[t * B, 0], &cs_prev_grad[0, 0], n_threads)

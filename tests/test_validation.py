@@ -895,3 +895,37 @@ def test_memory_layouts_accepted(op, how):
     out = call(op, odd, base_attrs(op))
     for f in ref._fields:
         np.testing.assert_array_equal(getattr(out, f), getattr(ref, f), err_msg=f)
+
+
+# ----------------------------------------------------------------------------------
+# Sizes beyond SciPy's 32-bit BLAS integers: rejected before any copy or kernel.
+# np.broadcast_to makes arrays of that size without allocating them.
+# ----------------------------------------------------------------------------------
+
+def _huge(shape):
+    return np.broadcast_to(np.float32(0.5), shape)
+
+
+def test_sequence_rows_beyond_blas_int_are_rejected():
+    T, B, I, H = 2**16, 2**16, 1, 1  # T*B = 2**32 rows for the input GEMM
+    small = np.zeros(H, np.float32)
+    with pytest.raises(ValueError, match=r"T\*B = 4294967296"):
+        blockrnn.block_lstm(1, _huge((T, B, I)), _huge((B, H)), _huge((B, H)),
+                            np.zeros((I + H, 4 * H), np.float32), small, small, small,
+                            np.zeros(4 * H, np.float32))
+
+
+@pytest.mark.parametrize("op", ["lstm_block_cell", "gru_block_cell"])
+def test_cell_batch_beyond_blas_int_is_rejected(op):
+    B, I, H = 2**31, 1, 1
+    x, state = _huge((B, I)), _huge((B, H))
+    if op == "lstm_block_cell":
+        p = np.zeros(H, np.float32)
+        args = (x, state, state, np.zeros((I + H, 4 * H), np.float32), p, p, p,
+                np.zeros(4 * H, np.float32))
+    else:
+        args = (x, state, np.zeros((I + H, 2 * H), np.float32),
+                np.zeros((I + H, H), np.float32), np.zeros(2 * H, np.float32),
+                np.zeros(H, np.float32))
+    with pytest.raises(ValueError, match=r"\bB = 2147483648"):
+        getattr(blockrnn, op)(*args)
