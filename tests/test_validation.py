@@ -532,17 +532,6 @@ def test_lstm_block_cell_rejects_empty_batch_or_cell(api, b, h):
                      base_attrs(op, use_peephole=use), api)
 
 
-def test_python_lists_take_x_dtype():
-    op = "lstm_block_cell"
-    args = base_args(op, np.float32)
-    ref = call(op, args, base_attrs(op))
-    args_l = {k: (v.tolist() if k != "x" else v) for k, v in args.items()}
-    out = call(op, args_l, base_attrs(op))
-    for a, r in zip(out, ref):
-        assert a.dtype == np.float32
-        np.testing.assert_allclose(a, r, rtol=1e-6, atol=1e-6)
-
-
 # ----------------------------------------------------------------------------------
 # ACCEPTED edge cases
 # ----------------------------------------------------------------------------------
