@@ -291,6 +291,7 @@ def lstm_cell_backward(
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef double[:, ::1] acc = np.zeros((3, 4 * H), dtype=np.float64)  # workspace
     with nogil:
+        # No carry (add_carry=False): h_grad only fills the unused dh_carry slot.
         lstm_backward_rows(B, H, off, &cs_prev[0, 0], &i_[0, 0], &f[0, 0], &o[0, 0],
                            &ci[0, 0], &co[0, 0], &cs_grad[0, 0], &h_grad[0, 0],
                            &h_grad[0, 0], &wci[0], &wcf[0], &wco[0], use_peephole, False,

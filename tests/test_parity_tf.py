@@ -193,15 +193,21 @@ def test_lstm_block_cell(tf, parity_record, impl, B, I, H, use_peephole, cell_cl
     compare(f"LSTMBlockCell [{impl}]", ours, theirs, OPS["LSTMBlockCell"][2], parity_record)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("B,I,H,use_peephole,cell_clip,forget_bias,seed", CELL_CONFIGS)
-def test_lstm_block_cell_grad(tf, parity_record, impl, B, I, H, use_peephole, cell_clip,
-                              forget_bias, seed):
+def _tf_cell_grad_inputs(tf, B, I, H, use_peephole, cell_clip, forget_bias, seed):
+    """LSTMBlockCellGrad inputs: random cell inputs, TF's own forward outputs, upstream grads."""
     inputs = lstm_cell_inputs(B, I, H, np.float32, seed)
     fwd = call_tf(tf, "LSTMBlockCell", inputs, forget_bias=forget_bias, cell_clip=cell_clip,
                   use_peephole=use_peephole)
     inputs.update({k: fwd[k] for k in LSTM_FORWARD_FIELDS})
     inputs.update(upstream_grads((B, H), dtype=np.float32, seed=seed))
+    return inputs
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("B,I,H,use_peephole,cell_clip,forget_bias,seed", CELL_CONFIGS)
+def test_lstm_block_cell_grad(tf, parity_record, impl, B, I, H, use_peephole, cell_clip,
+                              forget_bias, seed):
+    inputs = _tf_cell_grad_inputs(tf, B, I, H, use_peephole, cell_clip, forget_bias, seed)
     theirs = call_tf(tf, "LSTMBlockCellGrad", inputs, use_peephole=use_peephole)
     ours = call_impl(impl, "LSTMBlockCellGrad", inputs, use_peephole=use_peephole)
     compare(f"LSTMBlockCellGrad [{impl}]", ours, theirs, LSTM_GRAD_FIELDS, parity_record)
@@ -228,11 +234,7 @@ LSTM_FULL_FIELDS = SEQ_GRAD_FIELDS
 @pytest.mark.parametrize("B,I,H,use_peephole,cell_clip,forget_bias,seed", CELL_CONFIGS)
 def test_lstm_block_cell_grad_full(tf, parity_record, impl, B, I, H, use_peephole, cell_clip,
                                    forget_bias, seed):
-    inputs = lstm_cell_inputs(B, I, H, np.float32, seed)
-    fwd = call_tf(tf, "LSTMBlockCell", inputs, forget_bias=forget_bias, cell_clip=cell_clip,
-                  use_peephole=use_peephole)
-    inputs.update({k: fwd[k] for k in LSTM_FORWARD_FIELDS})
-    inputs.update(upstream_grads((B, H), dtype=np.float32, seed=seed))
+    inputs = _tf_cell_grad_inputs(tf, B, I, H, use_peephole, cell_clip, forget_bias, seed)
     theirs = _tf_lstm_full_grad(tf, inputs, use_peephole)
     mod = ref if impl == "reference" else blockrnn
     args = [inputs[a] for a in OPS["LSTMBlockCellGrad"][1]]
