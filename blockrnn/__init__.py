@@ -3,7 +3,8 @@
 The eight ops of ``tf.raw_ops`` (LSTMBlockCell, LSTMBlockCellGrad, BlockLSTM,
 BlockLSTMGrad, BlockLSTMV2, BlockLSTMGradV2, GRUBlockCell, GRUBlockCellGrad)
 with TensorFlow 2.21's exact semantics, as snake_case functions here and under
-their TensorFlow names in ``blockrnn.raw_ops``. Every call releases the GIL
+their TensorFlow names in ``blockrnn.raw_ops``, plus a sequence GRU
+(``block_gru``, ``block_gru_grad``) and per-row ``sequence_length``. Every call releases the GIL
 around its compiled work and keeps no global state, so threads may call
 blockrnn concurrently.
 """
@@ -18,7 +19,8 @@ except ImportError as exc:  # pragma: no cover - only when run from an unbuilt t
 from blockrnn import raw_ops
 from blockrnn._config import build_config, show_config
 from blockrnn._version import __version__
-from blockrnn.gru import gru_block_cell, gru_block_cell_grad, gru_block_cell_grad_full
+from blockrnn.gru import (
+    block_gru, block_gru_grad, gru_block_cell, gru_block_cell_grad, gru_block_cell_grad_full)
 from blockrnn.lstm import (
     block_lstm, block_lstm_grad, block_lstm_grad_v2, block_lstm_v2, lstm_block_cell,
     lstm_block_cell_grad, lstm_block_cell_grad_full)
@@ -28,4 +30,5 @@ __all__ = [
     "lstm_block_cell", "lstm_block_cell_grad", "lstm_block_cell_grad_full",
     "block_lstm", "block_lstm_v2", "block_lstm_grad", "block_lstm_grad_v2",
     "gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full",
+    "block_gru", "block_gru_grad",
 ]

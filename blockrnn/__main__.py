@@ -1,6 +1,7 @@
 """``python -m blockrnn``: print the build configuration and self-check every op.
 
-Runs each of the ten entry points once on a small random input, in float32 and
+Runs each of the twelve entry points once (block_lstm_v2 also with per-row
+lengths) on a small random input, in float32 and
 float64, and compares it with blockrnn's float64 NumPy reference
 (``blockrnn._reference``). Exits with status 0 only if every op agrees.
 """
@@ -35,6 +36,9 @@ def _inputs(rng, dtype, T=6, B=3, I=5, H=4):
                 rand(2 * H), rand(H))
     gru = blockrnn.gru_block_cell(*gru_args)
     gru_grad_args = gru_args + tuple(gru[:3]) + (rand(B, H),)
+    gru_seq_args = (L, x) + gru_args[1:]
+    gru_seq = blockrnn.block_gru(*gru_seq_args)
+    lengths = {"sequence_length": [T, 0, L - 1]}
     peephole = {"use_peephole": True}
     return [
         ("lstm_block_cell", cell_args, {"use_peephole": True, "forget_bias": 0.5}),
@@ -47,6 +51,9 @@ def _inputs(rng, dtype, T=6, B=3, I=5, H=4):
         ("gru_block_cell", gru_args, {}),
         ("gru_block_cell_grad", gru_grad_args, {}),
         ("gru_block_cell_grad_full", gru_grad_args, {}),
+        ("block_gru", gru_seq_args, lengths),
+        ("block_gru_grad", gru_seq_args + tuple(gru_seq) + (rand(T, B, H),), {}),
+        ("block_lstm_v2", seq_args, dict(peephole, **lengths)),
     ]
 
 

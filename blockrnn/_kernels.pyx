@@ -15,6 +15,7 @@
 # Nothing is allocated inside the time loops and there is no global state.
 from cython cimport floating
 from cython.parallel cimport prange
+from libc.stdint cimport int64_t
 from libc.string cimport memset
 
 import numpy as np
@@ -23,10 +24,10 @@ from blockrnn._blas cimport gemm
 from blockrnn._openmp cimport BRNN_OPENMP_ENABLED, brnn_omp_get_max_threads
 
 cdef extern from "brnn_math.h" nogil:
-    float brnn_sigmoidf(float z)
-    double brnn_sigmoid(double z)
-    float brnn_tanhf(float z)
-    double brnn_tanh(double z)
+    void brnn_sigmoid_f32(Py_ssize_t n, float* x)
+    void brnn_tanh_f32(Py_ssize_t n, float* x)
+    void brnn_sigmoid_f64(Py_ssize_t n, double* x)
+    void brnn_tanh_f64(Py_ssize_t n, double* x)
     float brnn_clipf(float v, float limit)
     double brnn_clip(double v, double limit)
 
@@ -62,18 +63,45 @@ cdef GateOffsets gate_offsets(int layout, Py_ssize_t H) noexcept nogil:
     return off
 
 
-cdef inline floating sigmoid(floating z) noexcept nogil:
+cdef inline void sigmoid_inplace(Py_ssize_t n, floating* x) noexcept nogil:
+    """x[:n] = 1 / (1 + exp(-x[:n])), vectorised for float (include/brnn_math.h)."""
     if floating is float:
-        return brnn_sigmoidf(z)
+        brnn_sigmoid_f32(n, x)
     else:
-        return brnn_sigmoid(z)
+        brnn_sigmoid_f64(n, x)
 
 
-cdef inline floating tanh_(floating z) noexcept nogil:
+cdef inline void tanh_inplace(Py_ssize_t n, floating* x) noexcept nogil:
+    """x[:n] = tanh(x[:n]), vectorised for float (include/brnn_math.h)."""
     if floating is float:
-        return brnn_tanhf(z)
+        brnn_tanh_f32(n, x)
     else:
-        return brnn_tanh(z)
+        brnn_tanh_f64(n, x)
+
+
+cdef inline const int64_t* lengths_from(const int64_t* lengths,
+                                        Py_ssize_t row) noexcept nogil:
+    """The lengths of the rows from `row` on (NULL stays NULL: no lengths)."""
+    if lengths == NULL:
+        return NULL
+    return lengths + row
+
+
+cdef inline bint finished(const int64_t* lengths, Py_ssize_t row,
+                          Py_ssize_t t) noexcept nogil:
+    """Whether batch row `row` is past its sequence length at step t."""
+    return lengths != NULL and t >= lengths[row]
+
+
+cdef inline void zero_rows(Py_ssize_t rows, Py_ssize_t width, const int64_t* lengths,
+                           Py_ssize_t t, floating* a) noexcept nogil:
+    """a[r, :] = 0 for the rows (row stride `width`) past their length at step t."""
+    cdef Py_ssize_t r
+    if lengths == NULL:
+        return
+    for r in range(rows):
+        if t >= lengths[r]:
+            memset(a + r * width, 0, width * sizeof(floating))
 
 
 cdef inline floating clip(floating v, floating limit) noexcept nogil:
@@ -87,79 +115,111 @@ cdef inline floating clip(floating v, floating limit) noexcept nogil:
 # LSTM elementwise kernels (one batch row each)
 # ---------------------------------------------------------------------------
 
-cdef inline void lstm_forward_row(
-        Py_ssize_t H, GateOffsets off,
-        const floating* g,        # IN  [4H] x@Wx + h_prev@Wh of this row (no bias yet)
+cdef void lstm_forward_block(
+        Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
+        const floating* g,        # IN  [rows, 4H] x@Wx + h_prev@Wh (no bias yet)
         const floating* bias,     # IN  [4H]
-        const floating* cs_prev,  # IN  [H]
+        const floating* cs_prev,  # IN  [rows, H]
         const floating* wci, const floating* wcf, const floating* wco,  # IN [H], if peephole
         floating forget_bias, floating cell_clip, bint use_peephole,
-        floating* i_, floating* cs, floating* f, floating* o,  # OUT [H] each
+        const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
+        floating* i_, floating* cs, floating* f, floating* o,  # OUT [rows, H] each
         floating* ci, floating* co, floating* h) noexcept nogil:
-    """SPEC §3 for one row."""
-    cdef Py_ssize_t j
-    cdef floating pre_i, pre_f, pre_o, c_new
-    for j in range(H):
-        pre_i = g[off.i + j] + bias[off.i + j]
-        pre_f = g[off.f + j] + bias[off.f + j] + forget_bias
-        pre_o = g[off.o + j] + bias[off.o + j]
-        if use_peephole:
-            pre_i = pre_i + wci[j] * cs_prev[j]
-            pre_f = pre_f + wcf[j] * cs_prev[j]
-        i_[j] = sigmoid(pre_i)
-        ci[j] = tanh_(g[off.c + j] + bias[off.c + j])
-        f[j] = sigmoid(pre_f)
-        c_new = i_[j] * ci[j] + f[j] * cs_prev[j]
-        if cell_clip > 0:
-            c_new = clip(c_new, cell_clip)
-        cs[j] = c_new
-        co[j] = tanh_(c_new)
-        if use_peephole:
-            pre_o = pre_o + wco[j] * c_new  # o's peephole sees the new, clipped cs
-        o[j] = sigmoid(pre_o)
-        h[j] = o[j] * co[j]
+    """SPEC §3 for a block of rows: the pre-activations are written into the
+    outputs, then each activation runs once over the whole block (vectorised).
+    Rows past their length (`lengths`, if given) get zeros."""
+    cdef Py_ssize_t r, j, k, n = rows * H
+    cdef const floating* gr
+    for r in range(rows):
+        gr = g + r * 4 * H
+        for j in range(H):
+            k = r * H + j
+            i_[k] = gr[off.i + j] + bias[off.i + j]
+            f[k] = gr[off.f + j] + bias[off.f + j] + forget_bias
+            ci[k] = gr[off.c + j] + bias[off.c + j]
+            o[k] = gr[off.o + j] + bias[off.o + j]
+            if use_peephole:
+                i_[k] = i_[k] + wci[j] * cs_prev[k]
+                f[k] = f[k] + wcf[j] * cs_prev[k]
+    sigmoid_inplace(n, i_)
+    sigmoid_inplace(n, f)
+    tanh_inplace(n, ci)
+    for r in range(rows):
+        for j in range(H):
+            k = r * H + j
+            cs[k] = i_[k] * ci[k] + f[k] * cs_prev[k]
+            if cell_clip > 0:
+                cs[k] = clip(cs[k], cell_clip)
+            co[k] = cs[k]
+            if use_peephole:  # o's peephole sees the new, clipped cs
+                o[k] = o[k] + wco[j] * cs[k]
+    tanh_inplace(n, co)
+    sigmoid_inplace(n, o)
+    for k in range(n):
+        h[k] = o[k] * co[k]
+    if lengths != NULL:
+        for r in range(rows):
+            if t >= lengths[r]:
+                for k in range(r * H, (r + 1) * H):
+                    i_[k] = 0
+                    cs[k] = 0
+                    f[k] = 0
+                    o[k] = 0
+                    ci[k] = 0
+                    co[k] = 0
+                    h[k] = 0
 
 
-cdef inline void lstm_backward_row(
-        Py_ssize_t H, GateOffsets off,
-        const floating* cs_prev,  # IN [H]
-        const floating* i_, const floating* f, const floating* o,  # IN [H] forward outputs
+cdef void lstm_backward_block(
+        Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
+        const floating* cs_prev,  # IN [rows, H]
+        const floating* i_, const floating* f, const floating* o,  # IN [rows, H] forward
         const floating* ci, const floating* co,
-        const floating* cs_grad, const floating* h_grad,  # IN [H] upstream gradients
-        const floating* dh_carry,  # IN [H] gradient of h from step t+1 (if add_carry)
+        const floating* cs_grad, const floating* h_grad,  # IN [rows, H] upstream gradients
+        const floating* dh_carry,  # IN [rows, H] gradient of h from step t+1 (if add_carry)
         const floating* wci, const floating* wcf, const floating* wco,  # IN [H], if peephole
         bint use_peephole, bint add_carry,
-        floating* dg,              # OUT [4H] gradient of the pre-activation gates
-        floating* cs_prev_grad) noexcept nogil:  # IN/OUT [H], see below
-    """SPEC §4 for one row (clipping ignored, as in TensorFlow).
+        const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
+        floating* dg,              # OUT [rows, 4H] gradient of the pre-activation gates
+        floating* cs_prev_grad) noexcept nogil:  # IN/OUT [rows, H], see below
+    """SPEC §4 for a block of rows (clipping ignored, as in TensorFlow).
 
     The sequence backward (SPEC §5) sets add_carry: the gradients of h and cs
     flowing back from step t+1 (dh_carry, and cs_prev_grad as it is on entry)
     are added to h_grad and cs_grad. cs_prev_grad is then overwritten, element
-    by element after its read, with the gradient of cs_prev."""
-    cdef Py_ssize_t j
+    by element after its read, with the gradient of cs_prev. Rows past their
+    length get zero gradients (their upstream gradients are not used)."""
+    cdef Py_ssize_t r, j, k
     cdef floating hg, csg, d_o, dcs, d_ci, d_f, d_i, grad
-    for j in range(H):
-        hg = h_grad[j]
-        csg = cs_grad[j]
-        if add_carry:
-            hg = hg + dh_carry[j]
-            csg = csg + cs_prev_grad[j]
-        d_o = o[j] * (1 - o[j]) * co[j] * hg
-        dcs = (1 - co[j] * co[j]) * o[j] * hg + csg
-        if use_peephole:
-            dcs = dcs + d_o * wco[j]
-        d_ci = (1 - ci[j] * ci[j]) * i_[j] * dcs
-        d_f = f[j] * (1 - f[j]) * cs_prev[j] * dcs
-        d_i = i_[j] * (1 - i_[j]) * ci[j] * dcs
-        dg[off.i + j] = d_i
-        dg[off.c + j] = d_ci
-        dg[off.f + j] = d_f
-        dg[off.o + j] = d_o
-        grad = f[j] * dcs
-        if use_peephole:
-            grad = grad + wci[j] * d_i + wcf[j] * d_f
-        cs_prev_grad[j] = grad
+    cdef floating* dgr
+    for r in range(rows):
+        dgr = dg + r * 4 * H
+        if finished(lengths, r, t):
+            memset(dgr, 0, 4 * H * sizeof(floating))
+            memset(cs_prev_grad + r * H, 0, H * sizeof(floating))
+            continue
+        for j in range(H):
+            k = r * H + j
+            hg = h_grad[k]
+            csg = cs_grad[k]
+            if add_carry:
+                hg = hg + dh_carry[k]
+                csg = csg + cs_prev_grad[k]
+            d_o = o[k] * (1 - o[k]) * co[k] * hg
+            dcs = (1 - co[k] * co[k]) * o[k] * hg + csg
+            if use_peephole:
+                dcs = dcs + d_o * wco[j]
+            d_ci = (1 - ci[k] * ci[k]) * i_[k] * dcs
+            d_f = f[k] * (1 - f[k]) * cs_prev[k] * dcs
+            d_i = i_[k] * (1 - i_[k]) * ci[k] * dcs
+            dgr[off.i + j] = d_i
+            dgr[off.c + j] = d_ci
+            dgr[off.f + j] = d_f
+            dgr[off.o + j] = d_o
+            grad = f[k] * dcs
+            if use_peephole:
+                grad = grad + wci[j] * d_i + wcf[j] * d_f
+            cs_prev_grad[k] = grad
 
 
 cdef void lstm_forward_rows(
@@ -167,16 +227,20 @@ cdef void lstm_forward_rows(
         const floating* g, const floating* bias, const floating* cs_prev,
         const floating* wci, const floating* wcf, const floating* wco,
         floating forget_bias, floating cell_clip, bint use_peephole,
+        const int64_t* lengths, Py_ssize_t t,
         floating* i_, floating* cs, floating* f, floating* o,
         floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
-    """lstm_forward_row over B rows; g has row stride 4H, the rest H."""
-    cdef Py_ssize_t r
-    for r in prange(B, num_threads=n_threads, schedule="static",
+    """lstm_forward_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    for k in prange(n_threads, num_threads=n_threads, schedule="static",
                     use_threads_if=n_threads > 1):
-        lstm_forward_row(H, off, g + r * 4 * H, bias, cs_prev + r * H,
-                         wci, wcf, wco, forget_bias, cell_clip, use_peephole,
-                         i_ + r * H, cs + r * H, f + r * H, o + r * H,
-                         ci + r * H, co + r * H, h + r * H)
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        lstm_forward_block(r1 - r0, H, off, g + r0 * 4 * H, bias, cs_prev + r0 * H,
+                           wci, wcf, wco, forget_bias, cell_clip, use_peephole,
+                           lengths_from(lengths, r0), t,
+                           i_ + r0 * H, cs + r0 * H, f + r0 * H, o + r0 * H,
+                           ci + r0 * H, co + r0 * H, h + r0 * H)
 
 
 cdef void lstm_backward_rows(
@@ -186,17 +250,20 @@ cdef void lstm_backward_rows(
         const floating* ci, const floating* co,
         const floating* cs_grad, const floating* h_grad, const floating* dh_carry,
         const floating* wci, const floating* wcf, const floating* wco,
-        bint use_peephole, bint add_carry, floating* dg, floating* cs_prev_grad,
-        int n_threads) noexcept nogil:
-    """lstm_backward_row over B rows; dg has row stride 4H, the rest H."""
-    cdef Py_ssize_t r
-    for r in prange(B, num_threads=n_threads, schedule="static",
+        bint use_peephole, bint add_carry, const int64_t* lengths, Py_ssize_t t,
+        floating* dg, floating* cs_prev_grad, int n_threads) noexcept nogil:
+    """lstm_backward_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    for k in prange(n_threads, num_threads=n_threads, schedule="static",
                     use_threads_if=n_threads > 1):
-        lstm_backward_row(
-            H, off, cs_prev + r * H, i_ + r * H, f + r * H, o + r * H,
-            ci + r * H, co + r * H, cs_grad + r * H, h_grad + r * H,
-            dh_carry + r * H, wci, wcf, wco, use_peephole, add_carry, dg + r * 4 * H,
-            cs_prev_grad + r * H)
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        lstm_backward_block(
+            r1 - r0, H, off, cs_prev + r0 * H, i_ + r0 * H, f + r0 * H, o + r0 * H,
+            ci + r0 * H, co + r0 * H, cs_grad + r0 * H, h_grad + r0 * H,
+            dh_carry + r0 * H, wci, wcf, wco, use_peephole, add_carry,
+            lengths_from(lengths, r0), t,
+            dg + r0 * 4 * H, cs_prev_grad + r0 * H)
 
 
 # ---------------------------------------------------------------------------
@@ -260,7 +327,7 @@ def lstm_cell_forward(
         lstm_forward_rows(B, H, off, &g[0, 0], &b[0], &cs_prev[0, 0],
                           &wci[0], &wcf[0], &wco[0],
                           <floating>forget_bias, <floating>cell_clip, use_peephole,
-                          &i_[0, 0], &cs[0, 0], &f[0, 0], &o[0, 0], &ci[0, 0],
+                          NULL, 0, &i_[0, 0], &cs[0, 0], &f[0, 0], &o[0, 0], &ci[0, 0],
                           &co[0, 0], &h[0, 0], n_threads)
 
 
@@ -295,7 +362,7 @@ def lstm_cell_backward(
         lstm_backward_rows(B, H, off, &cs_prev[0, 0], &i_[0, 0], &f[0, 0], &o[0, 0],
                            &ci[0, 0], &co[0, 0], &cs_grad[0, 0], &h_grad[0, 0],
                            &h_grad[0, 0], &wci[0], &wcf[0], &wco[0], use_peephole, False,
-                           &dgates[0, 0], &cs_prev_grad[0, 0], n_threads)
+                           NULL, 0, &dgates[0, 0], &cs_prev_grad[0, 0], n_threads)
         if use_peephole:
             peephole_sums(B, H, off, &dgates[0, 0], &cs_prev[0, 0], &cs[0, 0],
                           &acc[0, 0], &acc[1, 0], &acc[2, 0])
@@ -328,8 +395,10 @@ def block_lstm_forward(
         int n_threads,
         floating[:, :, ::1] i_, floating[:, :, ::1] cs, floating[:, :, ::1] f,  # OUT
         floating[:, :, ::1] o, floating[:, :, ::1] ci, floating[:, :, ::1] co,  # [T, B, H]
-        floating[:, :, ::1] h):
-    """BlockLSTM / BlockLSTMV2 (SPEC §3, sequence): L steps, zeros for t >= L.
+        floating[:, :, ::1] h,
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """BlockLSTM / BlockLSTMV2 (SPEC §3, sequence): L steps, zeros for t >= L
+    (and, with `lengths`, zeros in row b for t >= lengths[b]).
 
     The input projection of all L steps is one GEMM, G = x[:L] @ w[:I]; each
     step then adds only its recurrent product h[t-1] @ w[I:] before the gates."""
@@ -341,6 +410,9 @@ def block_lstm_forward(
     cdef const floating* cs_in
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
     with nogil:
         gemm(False, False, L * B, G4, I, 1, &x[0, 0, 0], I, &w[0, 0], G4, 0, &g[0, 0], G4)
         for t in range(L):
@@ -351,7 +423,7 @@ def block_lstm_forward(
             lstm_forward_rows(B, H, off, &g[t * B, 0], &b[0], cs_in,
                               &wci[0], &wcf[0], &wco[0],
                               <floating>forget_bias, <floating>cell_clip, use_peephole,
-                              &i_[t, 0, 0], &cs[t, 0, 0], &f[t, 0, 0], &o[t, 0, 0],
+                              lens, t, &i_[t, 0, 0], &cs[t, 0, 0], &f[t, 0, 0], &o[t, 0, 0],
                               &ci[t, 0, 0], &co[t, 0, 0], &h[t, 0, 0], n_threads)
         # TF leaves the gates past L uninitialised; blockrnn writes zeros.
         memset(&i_[0, 0, 0] + tail, 0, tail_size)
@@ -381,8 +453,10 @@ def block_lstm_backward(
         floating[:, ::1] h_prev_grad,    # OUT [B, H]
         floating[:, ::1] w_grad,         # OUT [I+H, 4H]
         floating[::1] wci_grad, floating[::1] wcf_grad, floating[::1] wco_grad,  # OUT [H]
-        floating[::1] b_grad):           # OUT [4H]
-    """BlockLSTMGrad / BlockLSTMGradV2 (SPEC §5).
+        floating[::1] b_grad,            # OUT [4H]
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """BlockLSTMGrad / BlockLSTMGradV2 (SPEC §5); with `lengths`, row b's
+    gradients at t >= lengths[b] are zero (its upstream gradients there unused).
 
     The reverse time loop does only the gate gradients of step t (kept in the
     workspace dG[t]) and the recurrent product dh = dG[t] @ w[I:]^T. The
@@ -398,6 +472,9 @@ def block_lstm_backward(
     cdef floating[:, ::1] dg = np.empty((L * B, G4), dtype=dtype)       # workspace
     cdef double[:, ::1] acc = np.zeros((3, G4), dtype=np.float64)       # workspace
     cdef const floating* cs_in
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
     with nogil:
         memset(&cs_prev_grad[0, 0], 0, BH * sizeof(floating))
         memset(&h_prev_grad[0, 0], 0, BH * sizeof(floating))
@@ -406,7 +483,7 @@ def block_lstm_backward(
             lstm_backward_rows(B, H, off, cs_in, &i_[t, 0, 0], &f[t, 0, 0], &o[t, 0, 0],
                                &ci[t, 0, 0], &co[t, 0, 0],
                                &cs_grad[t, 0, 0], &h_grad[t, 0, 0], &h_prev_grad[0, 0],
-                               &wci[0], &wcf[0], &wco[0], use_peephole, True,
+                               &wci[0], &wcf[0], &wco[0], use_peephole, True, lens, t,
                                &dg[t * B, 0], &cs_prev_grad[0, 0], n_threads)
             gemm(False, True, B, H, G4, 1, &dg[t * B, 0], G4, &w[I, 0], G4,
                  0, &h_prev_grad[0, 0], H)
@@ -440,39 +517,120 @@ def block_lstm_backward(
 # GRU (SPEC §6, §7)
 # ---------------------------------------------------------------------------
 
-cdef void gru_reset_update_rows(
-        Py_ssize_t B, Py_ssize_t H,
-        const floating* ru_pre,   # IN  [B, 2H] [x, h_prev] @ w_ru (no bias)
-        const floating* b_ru,     # IN  [2H]
-        const floating* h_prev,   # IN  [B, H]
-        floating* r, floating* u,  # OUT [B, H]
-        floating* rh,              # OUT [B, H] r * h_prev
-        int n_threads) noexcept nogil:
-    cdef Py_ssize_t row, j, k
-    for row in prange(B, num_threads=n_threads, schedule="static",
-                      use_threads_if=n_threads > 1):
+cdef void gru_gates_block(
+        Py_ssize_t rows, Py_ssize_t H,
+        const floating* ru_pre,    # IN  [rows, 2H] [x, h_prev] @ w_ru (no bias)
+        const floating* b_ru,      # IN  [2H]
+        const floating* h_prev,    # IN  [rows, H]
+        floating* r, floating* u,  # OUT [rows, H]
+        floating* rh) noexcept nogil:  # OUT [rows, H] r * h_prev
+    """SPEC §6, first half: r, u = sigmoid([x, h_prev] @ w_ru + b_ru)."""
+    cdef Py_ssize_t row, j, k, n = rows * H
+    for row in range(rows):
         for j in range(H):
             k = row * H + j
-            r[k] = sigmoid(ru_pre[row * 2 * H + j] + b_ru[j])
-            u[k] = sigmoid(ru_pre[row * 2 * H + H + j] + b_ru[H + j])
-            rh[k] = r[k] * h_prev[k]
+            r[k] = ru_pre[row * 2 * H + j] + b_ru[j]
+            u[k] = ru_pre[row * 2 * H + H + j] + b_ru[H + j]
+    sigmoid_inplace(n, r)
+    sigmoid_inplace(n, u)
+    for k in range(n):
+        rh[k] = r[k] * h_prev[k]
 
 
-cdef void gru_output_rows(
-        Py_ssize_t B, Py_ssize_t H,
+cdef void gru_output_block(
+        Py_ssize_t rows, Py_ssize_t H,
         const floating* b_c,       # IN  [H]
-        const floating* h_prev,    # IN  [B, H]
-        const floating* u,         # IN  [B, H]
-        floating* c,               # IN/OUT [B, H]: [x, r*h_prev] @ w_c in, tanh(. + b_c) out
-        floating* h,               # OUT [B, H]
-        int n_threads) noexcept nogil:
+        const floating* h_prev,    # IN  [rows, H]
+        const floating* u,         # IN  [rows, H]
+        floating* c,               # IN/OUT [rows, H]: [x, r*h_prev] @ w_c in, tanh(. + b_c) out
+        floating* h) noexcept nogil:  # OUT [rows, H]
+    """SPEC §6, second half: c = tanh(. + b_c), h = u * (h_prev - c) + c."""
+    cdef Py_ssize_t row, j, k, n = rows * H
+    for row in range(rows):
+        for j in range(H):
+            c[row * H + j] = c[row * H + j] + b_c[j]
+    tanh_inplace(n, c)
+    for k in range(n):
+        h[k] = u[k] * (h_prev[k] - c[k]) + c[k]
+
+
+cdef void gru_gates_rows(Py_ssize_t B, Py_ssize_t H, const floating* ru_pre,
+                         const floating* b_ru, const floating* h_prev,
+                         floating* r, floating* u, floating* rh,
+                         int n_threads) noexcept nogil:
+    """gru_gates_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    for k in prange(n_threads, num_threads=n_threads, schedule="static",
+                    use_threads_if=n_threads > 1):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        gru_gates_block(r1 - r0, H, ru_pre + r0 * 2 * H, b_ru, h_prev + r0 * H,
+                        r + r0 * H, u + r0 * H, rh + r0 * H)
+
+
+cdef void gru_output_rows(Py_ssize_t B, Py_ssize_t H, const floating* b_c,
+                          const floating* h_prev, const floating* u,
+                          floating* c, floating* h, int n_threads) noexcept nogil:
+    """gru_output_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    for k in prange(n_threads, num_threads=n_threads, schedule="static",
+                    use_threads_if=n_threads > 1):
+        r0 = k * B // n_threads
+        r1 = (k + 1) * B // n_threads
+        gru_output_block(r1 - r0, H, b_c, h_prev + r0 * H, u + r0 * H,
+                         c + r0 * H, h + r0 * H)
+
+
+cdef void gru_backward_output_rows(
+        Py_ssize_t B, Py_ssize_t H,
+        const floating* h_prev, const floating* u, const floating* c,  # IN [B, H]
+        const floating* d_h,       # IN [B, H] upstream gradient of h
+        bint add_carry,
+        floating* carry,           # IN/OUT [B, H]: d h from step t+1 (if add_carry) in,
+                                   #   d_h_total * u out (first part of d h_prev)
+        floating* d_c_bar,         # OUT [B, H] (row stride H)
+        floating* d_ru,            # OUT [B, 2H]: the u half (columns H:2H)
+        const int64_t* lengths, Py_ssize_t t, int n_threads) noexcept nogil:
+    """SPEC §7: d_c_bar = dh (1-u)(1-c^2), d_u_bar = dh (h_prev-c) u (1-u),
+    with dh = d_h (+ carry). Rows past their length get zeros."""
     cdef Py_ssize_t row, j, k
+    cdef floating dh
     for row in prange(B, num_threads=n_threads, schedule="static",
                       use_threads_if=n_threads > 1):
         for j in range(H):
             k = row * H + j
-            c[k] = tanh_(c[k] + b_c[j])
-            h[k] = u[k] * (h_prev[k] - c[k]) + c[k]
+            dh = d_h[k] + carry[k] if add_carry else d_h[k]
+            if finished(lengths, row, t):
+                dh = 0
+            d_c_bar[k] = dh * (1 - u[k]) * (1 - c[k] * c[k])
+            d_ru[row * 2 * H + H + j] = dh * (h_prev[k] - c[k]) * u[k] * (1 - u[k])
+            carry[k] = dh * u[k]
+        if finished(lengths, row, t):  # 0 * NaN would not be 0: write zeros
+            for j in range(H):
+                d_c_bar[row * H + j] = 0
+                d_ru[row * 2 * H + H + j] = 0
+                carry[row * H + j] = 0
+
+
+cdef void gru_backward_reset_rows(
+        Py_ssize_t B, Py_ssize_t H,
+        const floating* h_prev, const floating* r,  # IN [B, H]
+        const floating* d_hr,      # IN [B, H] d(r * h_prev) = d_c_bar @ w_c[I:]^T
+        floating* d_ru,            # OUT [B, 2H]: the r half (columns 0:H)
+        floating* carry,           # IN/OUT [B, H]: += d_hr * r
+        const int64_t* lengths, Py_ssize_t t, int n_threads) noexcept nogil:
+    """SPEC §7: d_r_bar = d_hr h_prev r (1-r); d h_prev gets d_hr r."""
+    cdef Py_ssize_t row, j, k
+    for row in prange(B, num_threads=n_threads, schedule="static",
+                      use_threads_if=n_threads > 1):
+        if finished(lengths, row, t):
+            for j in range(H):
+                d_ru[row * 2 * H + j] = 0
+            continue
+        for j in range(H):
+            k = row * H + j
+            d_ru[row * 2 * H + j] = d_hr[k] * h_prev[k] * r[k] * (1 - r[k])
+            carry[k] = carry[k] + d_hr[k] * r[k]
 
 
 def gru_cell_forward(
@@ -495,8 +653,8 @@ def gru_cell_forward(
              0, &ru[0, 0], 2 * H)
         gemm(False, False, B, 2 * H, H, 1, &h_prev[0, 0], H, &w_ru[I, 0], 2 * H,
              1, &ru[0, 0], 2 * H)
-        gru_reset_update_rows(B, H, &ru[0, 0], &b_ru[0], &h_prev[0, 0],
-                              &r[0, 0], &u[0, 0], &rh[0, 0], n_threads)
+        gru_gates_rows(B, H, &ru[0, 0], &b_ru[0], &h_prev[0, 0],
+                       &r[0, 0], &u[0, 0], &rh[0, 0], n_threads)
         gemm(False, False, B, H, I, 1, &x[0, 0], I, &w_c[0, 0], H, 0, &c[0, 0], H)
         gemm(False, False, B, H, H, 1, &rh[0, 0], H, &w_c[I, 0], H, 1, &c[0, 0], H)
         gru_output_rows(B, H, &b_c[0], &h_prev[0, 0], &u[0, 0], &c[0, 0], &h[0, 0],
@@ -524,35 +682,25 @@ def gru_cell_backward(
     d_w_ru = [x, h_prev]^T @ d_r_bar_u_bar, d_w_c = [x, r*h_prev]^T @ d_c_bar,
     d_b_ru, d_b_c = batch sums."""
     cdef Py_ssize_t B = x.shape[0], I = x.shape[1], H = h_prev.shape[1]
-    cdef Py_ssize_t row, j
+    cdef Py_ssize_t k
     dtype = np.float32 if floating is float else np.float64
     cdef floating[:, ::1] d_hr = np.empty((B, H), dtype=dtype)  # workspace: d(r*h_prev)
     cdef double[::1] acc = np.zeros(2 * H, dtype=np.float64)   # workspace
     with nogil:
-        for row in prange(B, num_threads=n_threads, schedule="static",
-                          use_threads_if=n_threads > 1):
-            for j in range(H):
-                d_c_bar[row, j] = d_h[row, j] * (1 - u[row, j]) * (1 - c[row, j] * c[row, j])
-                d_r_bar_u_bar[row, H + j] = (d_h[row, j] * (h_prev[row, j] - c[row, j])
-                                             * u[row, j] * (1 - u[row, j]))
+        # d_h_prev collects d_h * u, then d_hr * r, then d_r_bar_u_bar @ w_ru[I:]^T.
+        gru_backward_output_rows(B, H, &h_prev[0, 0], &u[0, 0], &c[0, 0], &d_h[0, 0],
+                                 False, &d_h_prev[0, 0], &d_c_bar[0, 0],
+                                 &d_r_bar_u_bar[0, 0], NULL, 0, n_threads)
         # [dx2 | d_hr] = d_c_bar @ w_c^T
         gemm(False, True, B, I, H, 1, &d_c_bar[0, 0], H, &w_c[0, 0], H, 0, &d_x[0, 0], I)
         gemm(False, True, B, H, H, 1, &d_c_bar[0, 0], H, &w_c[I, 0], H, 0, &d_hr[0, 0], H)
-        for row in prange(B, num_threads=n_threads, schedule="static",
-                          use_threads_if=n_threads > 1):
-            for j in range(H):
-                d_r_bar_u_bar[row, j] = (d_hr[row, j] * h_prev[row, j]
-                                         * r[row, j] * (1 - r[row, j]))
+        gru_backward_reset_rows(B, H, &h_prev[0, 0], &r[0, 0], &d_hr[0, 0],
+                                &d_r_bar_u_bar[0, 0], &d_h_prev[0, 0], NULL, 0, n_threads)
         # [dx1 | dh1] = d_r_bar_u_bar @ w_ru^T; d_x = dx1 + dx2
         gemm(False, True, B, I, 2 * H, 1, &d_r_bar_u_bar[0, 0], 2 * H, &w_ru[0, 0], 2 * H,
              1, &d_x[0, 0], I)
         gemm(False, True, B, H, 2 * H, 1, &d_r_bar_u_bar[0, 0], 2 * H, &w_ru[I, 0], 2 * H,
-             0, &d_h_prev[0, 0], H)
-        for row in prange(B, num_threads=n_threads, schedule="static",
-                          use_threads_if=n_threads > 1):
-            for j in range(H):
-                d_h_prev[row, j] = (d_h_prev[row, j] + d_hr[row, j] * r[row, j]
-                                    + d_h[row, j] * u[row, j])
+             1, &d_h_prev[0, 0], H)
         if full:
             gemm(True, False, I, 2 * H, B, 1, &x[0, 0], I, &d_r_bar_u_bar[0, 0], 2 * H,
                  0, &d_w_ru[0, 0], 2 * H)
@@ -560,9 +708,8 @@ def gru_cell_backward(
                  0, &d_w_ru[I, 0], 2 * H)
             gemm(True, False, I, H, B, 1, &x[0, 0], I, &d_c_bar[0, 0], H,
                  0, &d_w_c[0, 0], H)
-            for row in range(B):  # d_hr is free again: reuse it for r * h_prev
-                for j in range(H):
-                    d_hr[row, j] = r[row, j] * h_prev[row, j]
+            for k in range(B * H):  # d_hr is free again: reuse it for r * h_prev
+                (&d_hr[0, 0])[k] = (&r[0, 0])[k] * (&h_prev[0, 0])[k]
             gemm(True, False, H, H, B, 1, &d_hr[0, 0], H, &d_c_bar[0, 0], H,
                  0, &d_w_c[I, 0], H)
             column_sums(B, 2 * H, &d_r_bar_u_bar[0, 0], &acc[0])
@@ -570,3 +717,135 @@ def gru_cell_backward(
             memset(&acc[0], 0, H * sizeof(double))
             column_sums(B, H, &d_c_bar[0, 0], &acc[0])
             store(H, &acc[0], &d_b_c[0])
+
+
+def block_gru_forward(
+        Py_ssize_t L,
+        const floating[:, :, ::1] x,     # IN  [T, B, I]
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w_ru,     # IN  [I+H, 2H]
+        const floating[:, ::1] w_c,      # IN  [I+H, H]
+        const floating[::1] b_ru,        # IN  [2H]
+        const floating[::1] b_c,         # IN  [H]
+        int n_threads,
+        floating[:, :, ::1] r, floating[:, :, ::1] u,   # OUT [T, B, H]
+        floating[:, :, ::1] c, floating[:, :, ::1] h,
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """GRUBlockCell (SPEC §6) over L steps, zeros for t >= L (and in row b for
+    t >= lengths[b]). The input projections of all L steps are two GEMMs
+    before the loop: RU = x[:L] @ w_ru[:I] (workspace [L*B, 2H]) and
+    c[:L] = x[:L] @ w_c[:I]; each step adds h[t-1] @ w_ru[I:] and
+    (r * h[t-1]) @ w_c[I:]."""
+    cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
+    cdef Py_ssize_t t, BH = B * H
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[:, ::1] ru = np.empty((L * B, 2 * H), dtype=dtype)  # workspace
+    cdef floating[:, ::1] rh = np.empty((B, H), dtype=dtype)          # workspace
+    cdef const floating* h_in
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
+    cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
+    with nogil:
+        gemm(False, False, L * B, 2 * H, I, 1, &x[0, 0, 0], I, &w_ru[0, 0], 2 * H,
+             0, &ru[0, 0], 2 * H)
+        gemm(False, False, L * B, H, I, 1, &x[0, 0, 0], I, &w_c[0, 0], H,
+             0, &c[0, 0, 0], H)
+        for t in range(L):
+            h_in = &h_prev[0, 0] if t == 0 else &h[t - 1, 0, 0]
+            gemm(False, False, B, 2 * H, H, 1, h_in, H, &w_ru[I, 0], 2 * H,
+                 1, &ru[t * B, 0], 2 * H)
+            gru_gates_rows(B, H, &ru[t * B, 0], &b_ru[0], h_in, &r[t, 0, 0], &u[t, 0, 0],
+                           &rh[0, 0], n_threads)
+            gemm(False, False, B, H, H, 1, &rh[0, 0], H, &w_c[I, 0], H,
+                 1, &c[t, 0, 0], H)
+            gru_output_rows(B, H, &b_c[0], h_in, &u[t, 0, 0], &c[t, 0, 0], &h[t, 0, 0],
+                            n_threads)
+            zero_rows(B, H, lens, t, &r[t, 0, 0])
+            zero_rows(B, H, lens, t, &u[t, 0, 0])
+            zero_rows(B, H, lens, t, &c[t, 0, 0])
+            zero_rows(B, H, lens, t, &h[t, 0, 0])
+        memset(&r[0, 0, 0] + tail, 0, tail_size)
+        memset(&u[0, 0, 0] + tail, 0, tail_size)
+        memset(&c[0, 0, 0] + tail, 0, tail_size)
+        memset(&h[0, 0, 0] + tail, 0, tail_size)
+
+
+def block_gru_backward(
+        Py_ssize_t L,
+        const floating[:, :, ::1] x,     # IN  [T, B, I]
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w_ru,     # IN  [I+H, 2H]
+        const floating[:, ::1] w_c,      # IN  [I+H, H]
+        const floating[:, :, ::1] r, const floating[:, :, ::1] u,  # IN [T, B, H] forward
+        const floating[:, :, ::1] c, const floating[:, :, ::1] h,
+        const floating[:, :, ::1] h_grad,  # IN [T, B, H]
+        int n_threads,
+        floating[:, :, ::1] x_grad,      # OUT [T, B, I]
+        floating[:, ::1] h_prev_grad,    # OUT [B, H]
+        floating[:, ::1] w_ru_grad,      # OUT [I+H, 2H]
+        floating[:, ::1] w_c_grad,       # OUT [I+H, H]
+        floating[::1] b_ru_grad,         # OUT [2H]
+        floating[::1] b_c_grad,          # OUT [H]
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """Backward of block_gru_forward: SPEC §7 at every step, in reverse.
+
+    The loop keeps the gate gradients of every step in one workspace of
+    [L*B, 4H]: dRU (d_r_bar_u_bar, 2H columns), dC (d_c_bar, H columns), and H
+    columns that hold r[t] * h[t-1] once the loop is done. h_prev_grad carries
+    d h[t-1] while the loop runs. After it, x_grad and the weight gradients
+    are single GEMMs over all steps:
+      x_grad[:L] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
+      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC."""
+    cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
+    cdef Py_ssize_t t, k, BH = B * H, H2 = 2 * H, H4 = 4 * H
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] ws = np.empty(L * B * H4, dtype=dtype)   # workspace [L*B, 4H]
+    cdef floating[:, ::1] d_hr = np.empty((B, H), dtype=dtype)  # workspace
+    cdef double[::1] acc = np.zeros(H2, dtype=np.float64)       # workspace
+    cdef floating* d_ru = &ws[0] if L > 0 else NULL             # [L*B, 2H]
+    cdef floating* d_c = d_ru + L * B * H2 if L > 0 else NULL   # [L*B, H]
+    cdef floating* rh = d_c + L * BH if L > 0 else NULL         # [L*B, H]
+    cdef const floating* h_in
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
+    with nogil:
+        memset(&h_prev_grad[0, 0], 0, BH * sizeof(floating))
+        for t in range(L - 1, -1, -1):
+            h_in = &h_prev[0, 0] if t == 0 else &h[t - 1, 0, 0]
+            gru_backward_output_rows(B, H, h_in, &u[t, 0, 0], &c[t, 0, 0], &h_grad[t, 0, 0],
+                                     True, &h_prev_grad[0, 0], d_c + t * BH,
+                                     d_ru + t * B * H2, lens, t, n_threads)
+            gemm(False, True, B, H, H, 1, d_c + t * BH, H, &w_c[I, 0], H,
+                 0, &d_hr[0, 0], H)
+            gru_backward_reset_rows(B, H, h_in, &r[t, 0, 0], &d_hr[0, 0],
+                                    d_ru + t * B * H2, &h_prev_grad[0, 0], lens, t,
+                                    n_threads)
+            gemm(False, True, B, H, H2, 1, d_ru + t * B * H2, H2, &w_ru[I, 0], H2,
+                 1, &h_prev_grad[0, 0], H)
+
+        gemm(False, True, L * B, I, H2, 1, d_ru, H2, &w_ru[0, 0], H2,
+             0, &x_grad[0, 0, 0], I)
+        gemm(False, True, L * B, I, H, 1, d_c, H, &w_c[0, 0], H,
+             1 if L > 0 else 0, &x_grad[0, 0, 0], I)
+        memset(&x_grad[0, 0, 0] + L * B * I, 0, (T - L) * B * I * sizeof(floating))
+        gemm(True, False, I, H2, L * B, 1, &x[0, 0, 0], I, d_ru, H2,
+             0, &w_ru_grad[0, 0], H2)
+        gemm(True, False, H, H2, B if L > 0 else 0, 1, &h_prev[0, 0], H, d_ru, H2,
+             0, &w_ru_grad[I, 0], H2)
+        if L > 1:
+            gemm(True, False, H, H2, (L - 1) * B, 1, &h[0, 0, 0], H, d_ru + B * H2, H2,
+                 1, &w_ru_grad[I, 0], H2)
+        gemm(True, False, I, H, L * B, 1, &x[0, 0, 0], I, d_c, H, 0, &w_c_grad[0, 0], H)
+        if L > 0:  # r[t] * h[t-1], step 0 sees h_prev
+            for k in range(BH):
+                rh[k] = (&r[0, 0, 0])[k] * (&h_prev[0, 0])[k]
+            for k in range(BH, L * BH):
+                rh[k] = (&r[0, 0, 0])[k] * (&h[0, 0, 0])[k - BH]
+        gemm(True, False, H, H, L * B, 1, rh, H, d_c, H, 0, &w_c_grad[I, 0], H)
+        column_sums(L * B, H2, d_ru, &acc[0])
+        store(H2, &acc[0], &b_ru_grad[0])
+        memset(&acc[0], 0, H * sizeof(double))
+        column_sums(L * B, H, d_c, &acc[0])
+        store(H, &acc[0], &b_c_grad[0])

@@ -38,6 +38,9 @@ BlockLSTMGradOutput = namedtuple(
     "BlockLSTMGradOutput",
     "x_grad cs_prev_grad h_prev_grad w_grad wci_grad wcf_grad wco_grad b_grad")
 GRUBlockCellOutput = namedtuple("GRUBlockCellOutput", "r u c h")
+BlockGRUOutput = namedtuple("BlockGRUOutput", "r u c h")
+BlockGRUGradOutput = namedtuple(
+    "BlockGRUGradOutput", "x_grad h_prev_grad w_ru_grad w_c_grad b_ru_grad b_c_grad")
 GRUBlockCellGradOutput = namedtuple(
     "GRUBlockCellGradOutput", "d_x d_h_prev d_c_bar d_r_bar_u_bar")
 GRUBlockCellGradFullOutput = namedtuple(
@@ -123,18 +126,48 @@ def _block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bia
     return BlockLSTMOutput(*outs)
 
 
+def _row_by_row(fn, seq_len_max, sequence_length, batch_args, shared_args, outputs):
+    """Per-row lengths the plain way: run each batch row alone, as a batch of one
+    with seq_len_max = min(L, sequence_length[b]), and put the rows together.
+
+    batch_args are (array, batch axis) pairs; outputs gives, per output, its
+    batch axis, or None for parameter gradients, which are summed over rows."""
+    rows = []
+    for row, length in enumerate(np.asarray(sequence_length)):
+        sliced = [np.take(_f64(a), [row], axis=axis) for a, axis in batch_args]
+        rows.append(fn(min(int(seq_len_max), int(length)), *sliced, *shared_args))
+    results = []
+    for k, axis in enumerate(outputs):
+        if axis is None:
+            results.append(sum(r[k] for r in rows))
+        else:
+            results.append(np.concatenate([r[k] for r in rows], axis=axis))
+    return type(rows[0])(*results) if rows else None
+
+
 def block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, *, forget_bias=1.0,
-               cell_clip=3.0, use_peephole=False):
+               cell_clip=3.0, use_peephole=False, sequence_length=None):
     """BlockLSTM (ICFO), SPEC §3."""
-    return _block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b,
-                       float(forget_bias), float(cell_clip), bool(use_peephole), "ICFO")
+    return _block_lstm_lengths(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b,
+                               float(forget_bias), float(cell_clip), bool(use_peephole),
+                               "ICFO", sequence_length)
 
 
 def block_lstm_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, *, cell_clip=0.0,
-                  use_peephole=False):
+                  use_peephole=False, sequence_length=None):
     """BlockLSTMV2 (IFCO, forget_bias fixed 0), SPEC §3."""
-    return _block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b,
-                       0.0, float(cell_clip), bool(use_peephole), "IFCO")
+    return _block_lstm_lengths(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b,
+                               0.0, float(cell_clip), bool(use_peephole), "IFCO",
+                               sequence_length)
+
+
+def _block_lstm_lengths(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, *attrs):
+    *attrs, sequence_length = attrs
+    if sequence_length is None or len(sequence_length) == 0:
+        return _block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, *attrs)
+    return _row_by_row(_block_lstm, seq_len_max, sequence_length,
+                       [(x, 1), (cs_prev, 0), (h_prev, 0)], (w, wci, wcf, wco, b, *attrs),
+                       outputs=[1] * 7)
 
 
 # ----------------------------------------------------------------------------------------
@@ -232,17 +265,36 @@ def _block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs
 
 
 def block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci,
-                    co, h, cs_grad, h_grad, *, use_peephole):
+                    co, h, cs_grad, h_grad, *, use_peephole, sequence_length=None):
     """BlockLSTMGrad (ICFO), SPEC §5."""
-    return _block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f,
-                            o, ci, co, h, cs_grad, h_grad, use_peephole, "ICFO")
+    return _block_lstm_grad_lengths(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i,
+                                    cs, f, o, ci, co, h, cs_grad, h_grad, use_peephole,
+                                    "ICFO", sequence_length)
 
 
 def block_lstm_grad_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o,
-                       ci, co, h, cs_grad, h_grad, *, use_peephole):
+                       ci, co, h, cs_grad, h_grad, *, use_peephole, sequence_length=None):
     """BlockLSTMGradV2 (IFCO), SPEC §5."""
-    return _block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f,
-                            o, ci, co, h, cs_grad, h_grad, use_peephole, "IFCO")
+    return _block_lstm_grad_lengths(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i,
+                                    cs, f, o, ci, co, h, cs_grad, h_grad, use_peephole,
+                                    "IFCO", sequence_length)
+
+
+def _block_lstm_grad_lengths(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f,
+                             o, ci, co, h, cs_grad, h_grad, use_peephole, layout,
+                             sequence_length):
+    if sequence_length is None or len(sequence_length) == 0:
+        return _block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs,
+                                f, o, ci, co, h, cs_grad, h_grad, use_peephole, layout)
+
+    def one_row(L, x, cs_prev, h_prev, i, cs, f, o, ci, co, h, cs_grad, h_grad):
+        return _block_lstm_grad(L, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci,
+                                co, h, cs_grad, h_grad, use_peephole, layout)
+
+    sequences = [(a, 1) for a in (i, cs, f, o, ci, co, h, cs_grad, h_grad)]
+    return _row_by_row(one_row, seq_len_max, sequence_length,
+                       [(x, 1), (cs_prev, 0), (h_prev, 0)] + sequences, (),
+                       outputs=[1, 0, 0, None, None, None, None, None])
 
 
 # ----------------------------------------------------------------------------------------
@@ -292,3 +344,60 @@ def gru_block_cell_grad_full(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h):
     d_w_c = np.concatenate([x, r * h_prev], axis=1).T @ d_c_bar  # [x, r⊙h_prev]ᵀ @ d_c_bar
     return GRUBlockCellGradFullOutput(d_x, d_h_prev, d_w_ru, d_w_c, d_rbub.sum(axis=0),
                                       d_c_bar.sum(axis=0))
+
+
+def _block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c):
+    """GRUBlockCell at steps t < L, each from the previous h; zeros at t >= L."""
+    x, h_prev = _f64(x), _f64(h_prev)
+    T, B = x.shape[:2]
+    H = h_prev.shape[1]
+    outs = [np.zeros((T, B, H)) for _ in range(4)]            # r, u, c, h
+    h_t = h_prev
+    for t in range(int(seq_len_max)):
+        step = gru_block_cell(x[t], h_t, w_ru, w_c, b_ru, b_c)
+        for k in range(4):
+            outs[k][t] = step[k]
+        h_t = step.h
+    return BlockGRUOutput(*outs)
+
+
+def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=None):
+    """blockrnn's sequence GRU: GRUBlockCell (SPEC §6) at every step."""
+    if sequence_length is None or len(sequence_length) == 0:
+        return _block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c)
+    return _row_by_row(_block_gru, seq_len_max, sequence_length, [(x, 1), (h_prev, 0)],
+                       (w_ru, w_c, b_ru, b_c), outputs=[1] * 4)
+
+
+def _block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad):
+    """Backward of _block_gru: gru_block_cell_grad_full at t = L-1 .. 0, with the
+    gradient of h[t-1] carried back and the parameter gradients summed."""
+    x, h_prev, w_ru, w_c, b_ru, b_c = map(_f64, (x, h_prev, w_ru, w_c, b_ru, b_c))
+    r, u, c, h, h_grad = map(_f64, (r, u, c, h, h_grad))
+    x_grad = np.zeros(x.shape)
+    grads = [np.zeros(a.shape) for a in (w_ru, w_c, b_ru, b_c)]
+    dh_c = np.zeros(h_prev.shape)
+    for t in range(int(seq_len_max) - 1, -1, -1):
+        hp = h_prev if t == 0 else h[t - 1]
+        step = gru_block_cell_grad_full(x[t], hp, w_ru, w_c, b_ru, b_c, r[t], u[t], c[t],
+                                        h_grad[t] + dh_c)
+        x_grad[t] = step.d_x
+        dh_c = step.d_h_prev
+        for k in range(4):
+            grads[k] += step[2 + k]
+    return BlockGRUGradOutput(x_grad, dh_c, *grads)
+
+
+def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad, *,
+                   sequence_length=None):
+    """Backward of block_gru."""
+    if sequence_length is None or len(sequence_length) == 0:
+        return _block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h,
+                               h_grad)
+
+    def one_row(L, x, h_prev, r, u, c, h, h_grad):
+        return _block_gru_grad(L, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad)
+
+    return _row_by_row(one_row, seq_len_max, sequence_length,
+                       [(x, 1), (h_prev, 0)] + [(a, 1) for a in (r, u, c, h, h_grad)], (),
+                       outputs=[1, 0, None, None, None, None])

@@ -158,3 +158,37 @@ def check_blas_sizes(op, **sizes):
             raise ValueError(
                 f"{op}: {what} = {size} exceeds {BLAS_INT_MAX}, the largest size "
                 f"SciPy's 32-bit BLAS accepts; split the call into smaller batches")
+
+
+def check_sequence_length(op, value, batch, time_len):
+    """sequence_length: None, or one integer length per batch row in [0, T].
+
+    Returns None or a C-contiguous int64 array of shape (B,).
+    """
+    if value is None:
+        return None
+    try:
+        array = np.asarray(value)
+    except Exception as exc:
+        raise TypeError(
+            f"{op}: sequence_length must be an integer array of shape (B,), got "
+            f"{type(value).__name__} ({exc})") from exc
+    if array.dtype.kind not in "iu" or array.dtype == np.bool_:
+        if not (array.size == 0 and array.dtype == np.float64):  # e.g. np.asarray([])
+            raise TypeError(
+                f"{op}: sequence_length must have an integer dtype, got {array.dtype}")
+    if array.shape != (batch,):
+        raise ValueError(
+            f"{op}: sequence_length must have shape (B,) = ({batch},), got {array.shape}")
+    if array.size and (array.min() < 0 or array.max() > time_len):
+        raise ValueError(
+            f"{op}: sequence_length entries must be in [0, T] = [0, {time_len}], got "
+            f"values in [{array.min()}, {array.max()}]")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def steps_to_run(seq_len_max, lengths):
+    """Steps the time loop must run: seq_len_max, or fewer if every row ends earlier."""
+    if lengths is None or lengths.size == 0:
+        return seq_len_max
+    return min(seq_len_max, int(lengths.max()))

@@ -1,4 +1,6 @@
-"""The GRU ops: GRUBlockCell and GRUBlockCellGrad (TensorFlow 2.21 semantics).
+"""The GRU ops: GRUBlockCell and GRUBlockCellGrad (TensorFlow 2.21 semantics),
+and block_gru / block_gru_grad, the same cell over a whole sequence (which
+TensorFlow does not have).
 
 The reset gate multiplies h_prev before the candidate's matmul (Cho et al.'s
 "reset-before" GRU, not cuDNN/PyTorch's reset-after), and u weights the old
@@ -10,17 +12,30 @@ from collections import namedtuple
 
 from blockrnn import _kernels
 from blockrnn._config import kernel_threads
-from blockrnn._validation import Arrays, check_blas_sizes
+from blockrnn._validation import (
+    Arrays, check_blas_sizes, check_seq_len_max, check_sequence_length, steps_to_run)
 
-__all__ = ["gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full"]
+__all__ = ["gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full",
+           "block_gru", "block_gru_grad"]
 
 GRUBlockCellOutput = namedtuple("GRUBlockCellOutput", "r u c h")
 GRUBlockCellGradOutput = namedtuple(
     "GRUBlockCellGradOutput", "d_x d_h_prev d_c_bar d_r_bar_u_bar")
 GRUBlockCellGradFullOutput = namedtuple(
     "GRUBlockCellGradFullOutput", "d_x d_h_prev d_w_ru d_w_c d_b_ru d_b_c")
+BlockGRUOutput = namedtuple("BlockGRUOutput", "r u c h")
+BlockGRUGradOutput = namedtuple(
+    "BlockGRUGradOutput", "x_grad h_prev_grad w_ru_grad w_c_grad b_ru_grad b_c_grad")
 
 _INPUTS = ("x", "h_prev", "w_ru", "w_c", "b_ru", "b_c")
+
+
+def _check_params(args, I, H):
+    """w_ru [I+H, 2H], w_c [I+H, H], b_ru [2H], b_c [H]."""
+    args.shape("w_ru", "[I+H, 2H]", (I + H, 2 * H))
+    args.shape("w_c", "[I+H, H]", (I + H, H))
+    args.shape("b_ru", "[2H]", (2 * H,))
+    args.shape("b_c", "[H]", (H,))
 
 
 def _check_cell(args):
@@ -28,10 +43,7 @@ def _check_cell(args):
     B, I = args.rank("x", "[B, I]")
     H = args.rank("h_prev", "[B, H]")[1]
     args.shape("h_prev", "[B, H]", (B, H))
-    args.shape("w_ru", "[I+H, 2H]", (I + H, 2 * H))
-    args.shape("w_c", "[I+H, H]", (I + H, H))
-    args.shape("b_ru", "[2H]", (2 * H,))
-    args.shape("b_c", "[H]", (H,))
+    _check_params(args, I, H)
     check_blas_sizes(args.op, B=B, **{"I+H": I + H, "2H": 2 * H})
     return B, I, H
 
@@ -124,3 +136,92 @@ def gru_block_cell_grad_full(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h):
         "gru_block_cell_grad_full", values, full=True)
     return GRUBlockCellGradFullOutput(
         args.result(d_x), args.result(d_h_prev), *map(args.result, param_grads))
+
+
+# --------------------------------------------------------------------------
+# The GRU over a whole sequence
+# --------------------------------------------------------------------------
+
+def _check_sequence(args, seq_len_max, sequence_length):
+    """x [T, B, I], h_prev [B, H], the parameters, seq_len_max and sequence_length."""
+    T, B, I = args.rank("x", "[T, B, I]")
+    H = args.rank("h_prev", "[B, H]")[1]
+    args.shape("h_prev", "[B, H]", (B, H))
+    _check_params(args, I, H)
+    L = check_seq_len_max(args.op, seq_len_max, T)
+    lengths = check_sequence_length(args.op, sequence_length, B, T)
+    check_blas_sizes(args.op, **{"T*B": T * B, "I+H": I + H, "2H": 2 * H})
+    return L, lengths, T, B, I, H
+
+
+def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=None):
+    """A GRU over a whole sequence: ``gru_block_cell`` at every step, in one call.
+
+    TensorFlow has no sequence op for the GRU; this one follows BlockLSTM's
+    conventions (time-major, ``seq_len_max``, zeros after it).
+
+    Parameters
+    ----------
+    seq_len_max : int
+        Number of steps to run, L, with 0 <= L <= T (any integer scalar).
+    x : array of shape (T, B, I)
+        Time-major input.
+    h_prev : array of shape (B, H)
+        Initial state.
+    w_ru : array of shape (I+H, 2H)
+    w_c : array of shape (I+H, H)
+    b_ru : array of shape (2H,)
+    b_c : array of shape (H,)
+        As for ``gru_block_cell``.
+    sequence_length : array of shape (B,) of integers in [0, T], optional
+        Per-row lengths: row b runs the steps t < n = min(L, sequence_length[b])
+        and its outputs after them are zero; its final state is h[n-1, b]
+        (h_prev[b] if n = 0). The padding x[n:, b] must be finite; its values
+        do not matter. None: every row runs L steps.
+
+    Returns
+    -------
+    BlockGRUOutput(r, u, c, h), each of shape (T, B, H)
+        The outputs of ``gru_block_cell`` at every step, each step starting
+        from the previous step's h; all zero for t >= L.
+    """
+    args = Arrays("block_gru", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
+    L, lengths, T, B, I, H = _check_sequence(args, seq_len_max, sequence_length)
+    outs = [args.empty(T, B, H) for _ in range(4)]
+    _kernels.block_gru_forward(steps_to_run(L, lengths), *args.kernel(*_INPUTS),
+                               kernel_threads(B, H), *outs, lengths)
+    return BlockGRUOutput(*map(args.result, outs))
+
+
+def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad, *,
+                   sequence_length=None):
+    """Backward of ``block_gru`` over the whole sequence.
+
+    Parameters
+    ----------
+    seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, sequence_length
+        As given to ``block_gru`` (b_ru and b_c: only their shapes are used).
+    r, u, c, h : arrays of shape (T, B, H)
+        ``block_gru``'s outputs (entries at t >= L are not read).
+    h_grad : array of shape (T, B, H)
+        Gradient of the loss w.r.t. h at every step (entries at t >= L, and
+        in row b at t >= sequence_length[b], are not read). A loss on a row's
+        final state adds its gradient at that row's last step.
+
+    Returns
+    -------
+    BlockGRUGradOutput(x_grad, h_prev_grad, w_ru_grad, w_c_grad, b_ru_grad, b_c_grad)
+        Each of the shape of the matching input; x_grad is zero for t >= L.
+    """
+    args = Arrays("block_gru_grad", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru,
+                  b_c=b_c, r=r, u=u, c=c, h=h, h_grad=h_grad)
+    L, lengths, T, B, I, H = _check_sequence(args, seq_len_max, sequence_length)
+    for name in ("r", "u", "c", "h", "h_grad"):
+        args.shape(name, "[T, B, H]", (T, B, H))
+    grads = [args.empty(T, B, I), args.empty(B, H), args.empty(I + H, 2 * H),
+             args.empty(I + H, H), args.empty(2 * H), args.empty(H)]
+    _kernels.block_gru_backward(
+        steps_to_run(L, lengths),
+        *args.kernel("x", "h_prev", "w_ru", "w_c", "r", "u", "c", "h", "h_grad"),
+        kernel_threads(B, H), *grads, lengths)
+    return BlockGRUGradOutput(*map(args.result, grads))

@@ -13,7 +13,8 @@ from collections import namedtuple
 from blockrnn import _kernels
 from blockrnn._config import kernel_threads
 from blockrnn._validation import (
-    Arrays, check_blas_sizes, check_bool, check_float, check_seq_len_max)
+    Arrays, check_blas_sizes, check_bool, check_float, check_seq_len_max,
+    check_sequence_length, steps_to_run)
 
 __all__ = [
     "lstm_block_cell", "lstm_block_cell_grad", "lstm_block_cell_grad_full",
@@ -210,22 +211,34 @@ def lstm_block_cell_grad_full(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f,
 # BlockLSTM / BlockLSTMV2 and their gradients
 # --------------------------------------------------------------------------
 
-def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_peephole):
+def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_peephole,
+                sequence_length):
     forget_bias = check_float(op, "forget_bias", forget_bias)
     cell_clip = check_float(op, "cell_clip", cell_clip)
     use_peephole = check_bool(op, "use_peephole", use_peephole)
     args = Arrays(op, **values)
     # TensorFlow checks the peephole lengths here even without peepholes.
     L, T, B, I, H = _check_sequence(args, seq_len_max, peepholes_required=True)
+    lengths = check_sequence_length(op, sequence_length, B, T)
     outs = [args.empty(T, B, H) for _ in range(7)]
     _kernels.block_lstm_forward(
-        L, *args.kernel("x", "cs_prev", "h_prev", *_PARAMS),
-        forget_bias, cell_clip, use_peephole, layout, kernel_threads(B, H), *outs)
+        steps_to_run(L, lengths), *args.kernel("x", "cs_prev", "h_prev", *_PARAMS),
+        forget_bias, cell_clip, use_peephole, layout, kernel_threads(B, H), *outs, lengths)
     return BlockLSTMOutput(*map(args.result, outs))
 
 
+_SEQUENCE_LENGTH_DOC = """sequence_length : array of shape (B,) of integers in [0, T], optional
+        Per-row lengths (like ONNX's ``sequence_lens``): row b runs the steps
+        t < min(L, sequence_length[b]) and all its outputs after them are
+        zero. Its final state is then cs[n-1, b], h[n-1, b] with
+        n = min(L, sequence_length[b]) (cs_prev[b], h_prev[b] if n = 0).
+        The padding x[n:, b] must be finite; its values do not matter (the
+        backward's weight-gradient GEMMs multiply it by zero). None (the
+        default) is TensorFlow's behaviour: every row runs L steps."""
+
+
 def block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
-               forget_bias=1.0, cell_clip=3.0, use_peephole=False):
+               forget_bias=1.0, cell_clip=3.0, use_peephole=False, sequence_length=None):
     """An LSTM over a whole sequence (TensorFlow's ``BlockLSTM``), ICFO layout.
 
     Parameters
@@ -245,6 +258,7 @@ def block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
     cell_clip : float, default 3.0
         <= 0 disables clipping.
     use_peephole : bool, default False
+    {sequence_length}
 
     Returns
     -------
@@ -255,37 +269,40 @@ def block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
     """
     values = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b)
     return _block_lstm("block_lstm", _kernels.GateLayout.ICFO, seq_len_max, values,
-                       forget_bias, cell_clip, use_peephole)
+                       forget_bias, cell_clip, use_peephole, sequence_length)
 
 
 def block_lstm_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
-                  cell_clip=0.0, use_peephole=False):
+                  cell_clip=0.0, use_peephole=False, sequence_length=None):
     """An LSTM over a whole sequence (TensorFlow's ``BlockLSTMV2``), IFCO layout.
 
     As ``block_lstm`` except: the gate blocks of ``w``, ``b`` are ordered IFCO
     (input, forget, cell input, output), there is no forget bias (it is 0),
     and ``cell_clip`` defaults to 0.0 (no clipping). Shapes: x (T, B, I),
     cs_prev and h_prev (B, H), w (I+H, 4H), wci/wcf/wco (H,), b (4H,);
-    outputs BlockLSTMOutput(i, cs, f, o, ci, co, h), each (T, B, H).
+    outputs BlockLSTMOutput(i, cs, f, o, ci, co, h), each (T, B, H);
+    ``sequence_length`` (B,) as for ``block_lstm``.
     """
     values = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b)
     return _block_lstm("block_lstm_v2", _kernels.GateLayout.IFCO, seq_len_max, values,
-                       0.0, cell_clip, use_peephole)
+                       0.0, cell_clip, use_peephole, sequence_length)
 
 
-def _block_lstm_grad(op, layout, seq_len_max, values, use_peephole):
+def _block_lstm_grad(op, layout, seq_len_max, values, use_peephole, sequence_length):
     use_peephole = check_bool(op, "use_peephole", use_peephole)
     args = Arrays(op, **values)
     L, T, B, I, H = _check_sequence(args, seq_len_max, peepholes_required=use_peephole)
     for name in _GATES + ("h", "cs_grad", "h_grad"):
         args.shape(name, "[T, B, H]", (T, B, H))
+    lengths = check_sequence_length(op, sequence_length, B, T)
     grads = [args.empty(T, B, I), args.empty(B, H), args.empty(B, H),
              args.empty(I + H, 4 * H), args.empty(H), args.empty(H), args.empty(H),
              args.empty(4 * H)]
     _kernels.block_lstm_backward(
-        L, *args.kernel("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco",
-                        *_GATES, "h", "cs_grad", "h_grad"),
-        use_peephole, layout, kernel_threads(B, H), *grads)
+        steps_to_run(L, lengths),
+        *args.kernel("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco",
+                     *_GATES, "h", "cs_grad", "h_grad"),
+        use_peephole, layout, kernel_threads(B, H), *grads, lengths)
     grads = list(map(args.result, grads))
     if not use_peephole:  # zeros of the shape of the given (unused) peephole weights
         grads[4:7] = [args.zeros(args[name].shape) for name in ("wci", "wcf", "wco")]
@@ -311,6 +328,10 @@ _GRAD_DOC = """Backward of ``{fwd}`` over a whole sequence (TensorFlow's ``{tf}`
         Gradients of the loss w.r.t. the forward outputs cs and h at every
         step (entries at t >= L are not read).
     use_peephole : bool (required)
+    sequence_length : array of shape (B,), optional
+        As given to the forward op. Row b's gradients come from its steps
+        t < min(L, sequence_length[b]) only; a loss on its final state adds
+        its gradient into cs_grad/h_grad at that row's last step.
 
     Returns
     -------
@@ -322,21 +343,24 @@ _GRAD_DOC = """Backward of ``{fwd}`` over a whole sequence (TensorFlow's ``{tf}`
 
 
 def block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b,
-                    i, cs, f, o, ci, co, h, cs_grad, h_grad, *, use_peephole):
+                    i, cs, f, o, ci, co, h, cs_grad, h_grad, *, use_peephole,
+                    sequence_length=None):
     values = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b,
                   i=i, cs=cs, f=f, o=o, ci=ci, co=co, h=h, cs_grad=cs_grad, h_grad=h_grad)
     return _block_lstm_grad("block_lstm_grad", _kernels.GateLayout.ICFO, seq_len_max, values,
-                            use_peephole)
+                            use_peephole, sequence_length)
 
 
 def block_lstm_grad_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b,
-                       i, cs, f, o, ci, co, h, cs_grad, h_grad, *, use_peephole):
+                       i, cs, f, o, ci, co, h, cs_grad, h_grad, *, use_peephole,
+                       sequence_length=None):
     values = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b,
                   i=i, cs=cs, f=f, o=o, ci=ci, co=co, h=h, cs_grad=cs_grad, h_grad=h_grad)
     return _block_lstm_grad("block_lstm_grad_v2", _kernels.GateLayout.IFCO, seq_len_max, values,
-                            use_peephole)
+                            use_peephole, sequence_length)
 
 
+block_lstm.__doc__ = block_lstm.__doc__.format(sequence_length=_SEQUENCE_LENGTH_DOC)
 block_lstm_grad.__doc__ = _GRAD_DOC.format(fwd="block_lstm", tf="BlockLSTMGrad", layout="ICFO")
 block_lstm_grad_v2.__doc__ = _GRAD_DOC.format(
     fwd="block_lstm_v2", tf="BlockLSTMGradV2", layout="IFCO")

@@ -2,17 +2,19 @@
 
 Drop-in for ``tf.raw_ops``: the same keyword-only arguments, defaults and
 output field names, so code written against ``tf.raw_ops`` ports by changing
-the module. ``name`` is accepted and ignored. Each op is a thin layer over the
+the module. ``BlockGRU`` and ``BlockGRUGrad`` are blockrnn's own (TensorFlow
+has no sequence GRU), named in the same style. ``name`` is accepted and ignored. Each op is a thin layer over the
 snake_case function named in its docstring, which documents every shape.
 Outputs are NumPy arrays.
 """
-from blockrnn.gru import gru_block_cell, gru_block_cell_grad
+from blockrnn.gru import block_gru, block_gru_grad, gru_block_cell, gru_block_cell_grad
 from blockrnn.lstm import (
     block_lstm, block_lstm_grad, block_lstm_grad_v2, block_lstm_v2, lstm_block_cell,
     lstm_block_cell_grad)
 
 __all__ = ["LSTMBlockCell", "LSTMBlockCellGrad", "BlockLSTM", "BlockLSTMGrad",
-           "BlockLSTMV2", "BlockLSTMGradV2", "GRUBlockCell", "GRUBlockCellGrad"]
+           "BlockLSTMV2", "BlockLSTMGradV2", "GRUBlockCell", "GRUBlockCellGrad",
+           "BlockGRU", "BlockGRUGrad"]
 
 
 def LSTMBlockCell(*, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0,
@@ -65,3 +67,17 @@ def GRUBlockCell(*, x, h_prev, w_ru, w_c, b_ru, b_c, name=None):
 def GRUBlockCellGrad(*, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h, name=None):
     """TensorFlow's ``GRUBlockCellGrad``: see ``blockrnn.gru_block_cell_grad``."""
     return gru_block_cell_grad(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h)
+
+
+def BlockGRU(*, seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, sequence_length=None,
+             name=None):
+    """blockrnn's sequence GRU (no TensorFlow op): see ``blockrnn.block_gru``."""
+    return block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c,
+                     sequence_length=sequence_length)
+
+
+def BlockGRUGrad(*, seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad,
+                 sequence_length=None, name=None):
+    """Backward of ``BlockGRU``: see ``blockrnn.block_gru_grad``."""
+    return block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad,
+                          sequence_length=sequence_length)

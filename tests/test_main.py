@@ -12,7 +12,7 @@ def test_main_job_passes_and_reports_the_configuration(capsys):
     assert blockrnn.__version__ in out
     for key in ("blas", "openmp", "openmp_max_threads"):
         assert key in out
-    assert out.count(" ok") == 20  # ten entry points x two dtypes
+    assert out.count(" ok") == 26  # twelve entry points (+ lengths) x two dtypes
     assert "FAILED" not in out
 
 
