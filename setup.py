@@ -90,12 +90,13 @@ class BuildExt(build_ext):
 
 
 def extensions():
+    import numpy
     from Cython.Build import cythonize
 
     kernels = Extension(
         "blockrnn._kernels",
         sources=["blockrnn/_kernels.pyx"],
-        include_dirs=[os.path.join(HERE, "include")],
+        include_dirs=[os.path.join(HERE, "include"), numpy.get_include()],
         depends=[
             "include/brnn_math.h",
             "include/brnn_openmp.h",

@@ -6,22 +6,32 @@ import scipy
 from blockrnn import _kernels
 from blockrnn._version import __version__
 
-# Elementwise gate work (rows x cells) per step below which the OpenMP loops
-# stay serial. Deliberately high: every step alternates SciPy's threaded
-# OpenBLAS GEMM with the gate loop, and libgomp's spinning workers starve
-# OpenBLAS's threads. Measured on 2 cores at T,B,I,H = 100,64,512,512 float32:
-# parallel gate loops made BlockLSTMV2 forward 3x slower (1.28 s vs 0.41 s).
-# Choosing a threading scheme that avoids the fight is the performance work's.
+# Threading scheme. The matrix products (the hoisted input GEMM, the per-step
+# recurrent GEMM, the weight-gradient GEMMs) run on SciPy's OpenBLAS and its
+# thread pool. The elementwise gate math between them is vectorised and
+# serial: it is a few percent of a step, and handing it to OpenMP at every
+# step makes libgomp's spinning workers and OpenBLAS's threads starve each
+# other (measured on 2 cores at T,B,I,H = 100,64,512,512 float32: 3x slower,
+# 1.28 s vs 0.41 s, before the activations were vectorised). The OpenMP loops
+# only run parallel when a step's gate block is so large (rows x cells of at
+# least MIN_PARALLEL_WORK) that one parallel region per step is noise.
 MIN_PARALLEL_WORK = 1 << 20
+
+# GNU OpenMP's thread pool does not survive fork() (GCC bug 60035): a child
+# that opens a parallel region after its parent did can hang. A process other
+# than the one that imported blockrnn is a forked child (spawned processes
+# import afresh), and it runs every gate loop serially.
+_IMPORT_PID = os.getpid()
 
 
 def kernel_threads(rows, cells):
     """OpenMP threads for one call's elementwise loops over a (rows, cells) block.
 
-    Serial for small blocks; otherwise OpenMP's own limit (OMP_NUM_THREADS),
-    capped at the CPUs this process may use.
+    Serial for small blocks and in forked children; otherwise OpenMP's limit
+    for the calling thread (OMP_NUM_THREADS, or threadpoolctl's
+    ``threadpool_limits``), capped at the CPUs this process may use.
     """
-    if rows < 2 or rows * cells < MIN_PARALLEL_WORK:
+    if rows < 2 or rows * cells < MIN_PARALLEL_WORK or os.getpid() != _IMPORT_PID:
         return 1
     return max(1, min(_kernels.openmp_max_threads(), _usable_cpus(), rows))
 

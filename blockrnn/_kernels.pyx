@@ -15,10 +15,14 @@
 # Nothing is allocated inside the time loops and there is no global state.
 from cython cimport floating
 from cython.parallel cimport prange
+cimport numpy as cnp
 from libc.stdint cimport int64_t
-from libc.string cimport memset
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
 
 import numpy as np
+
+cnp.import_array()
 
 from blockrnn._blas cimport gemm
 from blockrnn._openmp cimport BRNN_OPENMP_ENABLED, brnn_omp_get_max_threads
@@ -232,8 +236,11 @@ cdef void lstm_forward_rows(
         floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
     """lstm_forward_block over B rows split in n_threads blocks of rows."""
     cdef Py_ssize_t k, r0 = 0, r1 = 0
-    for k in prange(n_threads, num_threads=n_threads, schedule="static",
-                    use_threads_if=n_threads > 1):
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        lstm_forward_block(B, H, off, g, bias, cs_prev, wci, wcf, wco, forget_bias,
+                           cell_clip, use_peephole, lengths, t, i_, cs, f, o, ci, co, h)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
         r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
         r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
         lstm_forward_block(r1 - r0, H, off, g + r0 * 4 * H, bias, cs_prev + r0 * H,
@@ -254,8 +261,12 @@ cdef void lstm_backward_rows(
         floating* dg, floating* cs_prev_grad, int n_threads) noexcept nogil:
     """lstm_backward_block over B rows split in n_threads blocks of rows."""
     cdef Py_ssize_t k, r0 = 0, r1 = 0
-    for k in prange(n_threads, num_threads=n_threads, schedule="static",
-                    use_threads_if=n_threads > 1):
+    if n_threads == 1:  # no OpenMP region at all
+        lstm_backward_block(B, H, off, cs_prev, i_, f, o, ci, co, cs_grad, h_grad, dh_carry,
+                            wci, wcf, wco, use_peephole, add_carry, lengths, t, dg,
+                            cs_prev_grad)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
         r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
         r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
         lstm_backward_block(
@@ -303,6 +314,26 @@ cdef inline void store(Py_ssize_t n, const double* src, floating* dst) noexcept 
 # LSTM entry points
 # ---------------------------------------------------------------------------
 
+cdef void lstm_cell_compute(
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
+        const floating* x, const floating* cs_prev, const floating* h_prev,  # IN
+        const floating* w, const floating* wci, const floating* wcf,       # IN
+        const floating* wco, const floating* b,
+        floating forget_bias, floating cell_clip, bint use_peephole,
+        floating* xh,      # workspace [B, I+H]
+        floating* g,       # workspace [B, 4H]
+        floating* i_, floating* cs, floating* f, floating* o,  # OUT [B, H]
+        floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
+    """LSTMBlockCell (SPEC §3): g = [x, h_prev] @ w (one GEMM), then the gates."""
+    cdef Py_ssize_t r
+    for r in range(B):
+        memcpy(xh + r * (I + H), x + r * I, I * sizeof(floating))
+        memcpy(xh + r * (I + H) + I, h_prev + r * H, H * sizeof(floating))
+    gemm(False, False, B, 4 * H, I + H, 1, xh, I + H, w, 4 * H, 0, g, 4 * H)
+    lstm_forward_rows(B, H, off, g, b, cs_prev, wci, wcf, wco, forget_bias, cell_clip,
+                      use_peephole, NULL, 0, i_, cs, f, o, ci, co, h, n_threads)
+
+
 def lstm_cell_forward(
         const floating[:, ::1] x,        # IN  [B, I]
         const floating[:, ::1] cs_prev,  # IN  [B, H]
@@ -315,20 +346,109 @@ def lstm_cell_forward(
         floating[:, ::1] i_, floating[:, ::1] cs, floating[:, ::1] f,   # OUT [B, H]
         floating[:, ::1] o, floating[:, ::1] ci, floating[:, ::1] co,
         floating[:, ::1] h):
-    """LSTMBlockCell (SPEC §3): g = x @ w[:I] + h_prev @ w[I:], then the gates."""
+    """LSTMBlockCell (SPEC §3), see lstm_cell_compute."""
     cdef Py_ssize_t B = x.shape[0], I = x.shape[1], H = cs_prev.shape[1]
-    cdef GateOffsets off = gate_offsets(layout, H)
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[:, ::1] g = np.empty((B, 4 * H), dtype=dtype)  # workspace
+    cdef floating[::1] ws = np.empty(B * (I + H) + B * 4 * H, dtype=dtype)  # workspace
     with nogil:
-        gemm(False, False, B, 4 * H, I, 1, &x[0, 0], I, &w[0, 0], 4 * H, 0, &g[0, 0], 4 * H)
-        gemm(False, False, B, 4 * H, H, 1, &h_prev[0, 0], H, &w[I, 0], 4 * H,
-             1, &g[0, 0], 4 * H)
-        lstm_forward_rows(B, H, off, &g[0, 0], &b[0], &cs_prev[0, 0],
-                          &wci[0], &wcf[0], &wco[0],
+        lstm_cell_compute(B, I, H, gate_offsets(layout, H), &x[0, 0], &cs_prev[0, 0],
+                          &h_prev[0, 0], &w[0, 0], &wci[0], &wcf[0], &wco[0], &b[0],
                           <floating>forget_bias, <floating>cell_clip, use_peephole,
-                          NULL, 0, &i_[0, 0], &cs[0, 0], &f[0, 0], &o[0, 0], &ci[0, 0],
-                          &co[0, 0], &h[0, 0], n_threads)
+                          &ws[0], &ws[B * (I + H)], &i_[0, 0], &cs[0, 0], &f[0, 0],
+                          &o[0, 0], &ci[0, 0], &co[0, 0], &h[0, 0], n_threads)
+
+
+# ---------------------------------------------------------------------------
+# Fast path of the cell ops: for the common call (C-contiguous, aligned
+# float32/float64 ndarrays of consistent shapes, plain attributes, a block
+# small enough for serial gate loops) the checks, the output allocation and
+# the kernel all happen here, in C. Anything else returns None and the Python
+# layer takes the general path, which validates everything and raises the
+# documented errors. Both paths run the same compute functions, so they give
+# the same bits.
+# ---------------------------------------------------------------------------
+
+cdef inline int plain_array(object a, int ndim, int typenum) noexcept:
+    """Whether `a` is an exact ndarray of this rank and dtype, C-contiguous and aligned."""
+    if not cnp.PyArray_CheckExact(a):
+        return 0
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    return (cnp.PyArray_NDIM(arr) == ndim and cnp.PyArray_TYPE(arr) == typenum
+            and cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISALIGNED(arr))
+
+
+cdef inline cnp.npy_intp dim(object a, int k) noexcept:
+    return cnp.PyArray_DIMS(<cnp.ndarray>a)[k]
+
+
+cdef inline void* data(object a) noexcept:
+    return cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef inline bint plain_float(object v) noexcept:
+    """A Python float or int (not bool) attribute."""
+    return type(v) is float or type(v) is int
+
+
+def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
+                   use_peephole, Py_ssize_t max_serial_work, output_type):
+    """LSTMBlockCell (ICFO) for the common call, or None (see above).
+
+    Returns output_type(i, cs, f, o, ci, co, h) of (B, H) arrays."""
+    if not (cnp.PyArray_CheckExact(x) and plain_float(forget_bias)
+            and plain_float(cell_clip) and type(use_peephole) is bool):
+        return None
+    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
+        return None
+    if not (plain_array(x, 2, typenum) and plain_array(cs_prev, 2, typenum)
+            and plain_array(h_prev, 2, typenum) and plain_array(w, 2, typenum)
+            and plain_array(b, 1, typenum) and plain_array(wci, 1, typenum)
+            and plain_array(wcf, 1, typenum) and plain_array(wco, 1, typenum)):
+        return None
+    cdef Py_ssize_t B = dim(x, 0), I = dim(x, 1), H = dim(cs_prev, 1)
+    cdef bint peep = use_peephole
+    if (B == 0 or H == 0 or B * H >= max_serial_work or I + H > 2**30 // 4
+            or dim(cs_prev, 0) != B or dim(h_prev, 0) != B or dim(h_prev, 1) != H
+            or dim(w, 0) != I + H or dim(w, 1) != 4 * H or dim(b, 0) != 4 * H
+            or (peep and (dim(wci, 0) != H or dim(wcf, 0) != H or dim(wco, 0) != H))):
+        return None
+    cdef cnp.npy_intp dims[2]
+    dims[0] = B
+    dims[1] = H
+    outs = [cnp.PyArray_EMPTY(2, dims, typenum, 0) for _ in range(7)]
+    cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
+    cdef void* ws = malloc((B * (I + H) + B * 4 * H) * item)
+    if ws == NULL:
+        raise MemoryError()
+    cdef void* p[7]
+    for k in range(7):
+        p[k] = data(outs[k])
+    cdef void* px = data(x)
+    cdef void* pcs = data(cs_prev)
+    cdef void* ph = data(h_prev)
+    cdef void* pw = data(w)
+    cdef void* pci = data(wci)
+    cdef void* pcf = data(wcf)
+    cdef void* pco = data(wco)
+    cdef void* pb = data(b)
+    cdef double fb = forget_bias, clip_ = cell_clip
+    cdef GateOffsets off = gate_offsets(ICFO, H)
+    with nogil:
+        if typenum == cnp.NPY_FLOAT32:
+            lstm_cell_compute[float](
+                B, I, H, off, <float*>px, <float*>pcs, <float*>ph, <float*>pw, <float*>pci,
+                <float*>pcf, <float*>pco, <float*>pb, <float>fb, <float>clip_, peep,
+                <float*>ws, <float*>ws + B * (I + H), <float*>p[0], <float*>p[1],
+                <float*>p[2], <float*>p[3], <float*>p[4], <float*>p[5], <float*>p[6], 1)
+        else:
+            lstm_cell_compute[double](
+                B, I, H, off, <double*>px, <double*>pcs, <double*>ph, <double*>pw,
+                <double*>pci, <double*>pcf, <double*>pco, <double*>pb, fb, clip_, peep,
+                <double*>ws, <double*>ws + B * (I + H), <double*>p[0], <double*>p[1],
+                <double*>p[2], <double*>p[3], <double*>p[4], <double*>p[5], <double*>p[6], 1)
+    free(ws)
+    return tuple.__new__(output_type, outs)
 
 
 def lstm_cell_backward(
@@ -560,8 +680,10 @@ cdef void gru_gates_rows(Py_ssize_t B, Py_ssize_t H, const floating* ru_pre,
                          int n_threads) noexcept nogil:
     """gru_gates_block over B rows split in n_threads blocks of rows."""
     cdef Py_ssize_t k, r0 = 0, r1 = 0
-    for k in prange(n_threads, num_threads=n_threads, schedule="static",
-                    use_threads_if=n_threads > 1):
+    if n_threads == 1:  # no OpenMP region at all
+        gru_gates_block(B, H, ru_pre, b_ru, h_prev, r, u, rh)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
         r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
         r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
         gru_gates_block(r1 - r0, H, ru_pre + r0 * 2 * H, b_ru, h_prev + r0 * H,
@@ -573,56 +695,56 @@ cdef void gru_output_rows(Py_ssize_t B, Py_ssize_t H, const floating* b_c,
                           floating* c, floating* h, int n_threads) noexcept nogil:
     """gru_output_block over B rows split in n_threads blocks of rows."""
     cdef Py_ssize_t k, r0 = 0, r1 = 0
-    for k in prange(n_threads, num_threads=n_threads, schedule="static",
-                    use_threads_if=n_threads > 1):
-        r0 = k * B // n_threads
-        r1 = (k + 1) * B // n_threads
+    if n_threads == 1:  # no OpenMP region at all
+        gru_output_block(B, H, b_c, h_prev, u, c, h)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
         gru_output_block(r1 - r0, H, b_c, h_prev + r0 * H, u + r0 * H,
                          c + r0 * H, h + r0 * H)
 
 
-cdef void gru_backward_output_rows(
-        Py_ssize_t B, Py_ssize_t H,
-        const floating* h_prev, const floating* u, const floating* c,  # IN [B, H]
-        const floating* d_h,       # IN [B, H] upstream gradient of h
+cdef void gru_backward_output_block(
+        Py_ssize_t rows, Py_ssize_t H,
+        const floating* h_prev, const floating* u, const floating* c,  # IN [rows, H]
+        const floating* d_h,       # IN [rows, H] upstream gradient of h
         bint add_carry,
-        floating* carry,           # IN/OUT [B, H]: d h from step t+1 (if add_carry) in,
+        floating* carry,           # IN/OUT [rows, H]: d h from step t+1 (if add_carry) in,
                                    #   d_h_total * u out (first part of d h_prev)
-        floating* d_c_bar,         # OUT [B, H] (row stride H)
-        floating* d_ru,            # OUT [B, 2H]: the u half (columns H:2H)
-        const int64_t* lengths, Py_ssize_t t, int n_threads) noexcept nogil:
+        floating* d_c_bar,         # OUT [rows, H]
+        floating* d_ru,            # OUT [rows, 2H]: the u half (columns H:2H)
+        const int64_t* lengths, Py_ssize_t t) noexcept nogil:
     """SPEC §7: d_c_bar = dh (1-u)(1-c^2), d_u_bar = dh (h_prev-c) u (1-u),
-    with dh = d_h (+ carry). Rows past their length get zeros."""
+    with dh = d_h (+ carry). Rows past their length get zeros (written, as
+    0 * NaN would not be 0)."""
     cdef Py_ssize_t row, j, k
     cdef floating dh
-    for row in prange(B, num_threads=n_threads, schedule="static",
-                      use_threads_if=n_threads > 1):
-        for j in range(H):
-            k = row * H + j
-            dh = d_h[k] + carry[k] if add_carry else d_h[k]
-            if finished(lengths, row, t):
-                dh = 0
-            d_c_bar[k] = dh * (1 - u[k]) * (1 - c[k] * c[k])
-            d_ru[row * 2 * H + H + j] = dh * (h_prev[k] - c[k]) * u[k] * (1 - u[k])
-            carry[k] = dh * u[k]
-        if finished(lengths, row, t):  # 0 * NaN would not be 0: write zeros
+    for row in range(rows):
+        if finished(lengths, row, t):
             for j in range(H):
                 d_c_bar[row * H + j] = 0
                 d_ru[row * 2 * H + H + j] = 0
                 carry[row * H + j] = 0
+            continue
+        for j in range(H):
+            k = row * H + j
+            dh = d_h[k] + carry[k] if add_carry else d_h[k]
+            d_c_bar[k] = dh * (1 - u[k]) * (1 - c[k] * c[k])
+            d_ru[row * 2 * H + H + j] = dh * (h_prev[k] - c[k]) * u[k] * (1 - u[k])
+            carry[k] = dh * u[k]
 
 
-cdef void gru_backward_reset_rows(
-        Py_ssize_t B, Py_ssize_t H,
-        const floating* h_prev, const floating* r,  # IN [B, H]
-        const floating* d_hr,      # IN [B, H] d(r * h_prev) = d_c_bar @ w_c[I:]^T
-        floating* d_ru,            # OUT [B, 2H]: the r half (columns 0:H)
-        floating* carry,           # IN/OUT [B, H]: += d_hr * r
-        const int64_t* lengths, Py_ssize_t t, int n_threads) noexcept nogil:
+cdef void gru_backward_reset_block(
+        Py_ssize_t rows, Py_ssize_t H,
+        const floating* h_prev, const floating* r,  # IN [rows, H]
+        const floating* d_hr,      # IN [rows, H] d(r * h_prev) = d_c_bar @ w_c[I:]^T
+        floating* d_ru,            # OUT [rows, 2H]: the r half (columns 0:H)
+        floating* carry,           # IN/OUT [rows, H]: += d_hr * r
+        const int64_t* lengths, Py_ssize_t t) noexcept nogil:
     """SPEC §7: d_r_bar = d_hr h_prev r (1-r); d h_prev gets d_hr r."""
     cdef Py_ssize_t row, j, k
-    for row in prange(B, num_threads=n_threads, schedule="static",
-                      use_threads_if=n_threads > 1):
+    for row in range(rows):
         if finished(lengths, row, t):
             for j in range(H):
                 d_ru[row * 2 * H + j] = 0
@@ -631,6 +753,66 @@ cdef void gru_backward_reset_rows(
             k = row * H + j
             d_ru[row * 2 * H + j] = d_hr[k] * h_prev[k] * r[k] * (1 - r[k])
             carry[k] = carry[k] + d_hr[k] * r[k]
+
+
+cdef void gru_backward_output_rows(
+        Py_ssize_t B, Py_ssize_t H, const floating* h_prev, const floating* u,
+        const floating* c, const floating* d_h, bint add_carry, floating* carry,
+        floating* d_c_bar, floating* d_ru, const int64_t* lengths, Py_ssize_t t,
+        int n_threads) noexcept nogil:
+    """gru_backward_output_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    if n_threads == 1:  # no OpenMP region at all
+        gru_backward_output_block(B, H, h_prev, u, c, d_h, add_carry, carry, d_c_bar, d_ru,
+                                  lengths, t)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        gru_backward_output_block(r1 - r0, H, h_prev + r0 * H, u + r0 * H, c + r0 * H,
+                                  d_h + r0 * H, add_carry, carry + r0 * H,
+                                  d_c_bar + r0 * H, d_ru + r0 * 2 * H,
+                                  lengths_from(lengths, r0), t)
+
+
+cdef void gru_backward_reset_rows(
+        Py_ssize_t B, Py_ssize_t H, const floating* h_prev, const floating* r,
+        const floating* d_hr, floating* d_ru, floating* carry,
+        const int64_t* lengths, Py_ssize_t t, int n_threads) noexcept nogil:
+    """gru_backward_reset_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    if n_threads == 1:  # no OpenMP region at all
+        gru_backward_reset_block(B, H, h_prev, r, d_hr, d_ru, carry, lengths, t)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        gru_backward_reset_block(r1 - r0, H, h_prev + r0 * H, r + r0 * H, d_hr + r0 * H,
+                                 d_ru + r0 * 2 * H, carry + r0 * H,
+                                 lengths_from(lengths, r0), t)
+
+
+cdef void gru_cell_compute(
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x, const floating* h_prev,          # IN [B, I], [B, H]
+        const floating* w_ru, const floating* w_c,          # IN [I+H, 2H], [I+H, H]
+        const floating* b_ru, const floating* b_c,          # IN [2H], [H]
+        floating* xh,      # workspace [B, I+H]: [x, h_prev], then [x, r * h_prev]
+        floating* ru,      # workspace [B, 2H]
+        floating* rh,      # workspace [B, H]
+        floating* r, floating* u, floating* c, floating* h,  # OUT [B, H]
+        int n_threads) noexcept nogil:
+    """GRUBlockCell (SPEC §6), each product one GEMM over [x, .]."""
+    cdef Py_ssize_t row
+    for row in range(B):
+        memcpy(xh + row * (I + H), x + row * I, I * sizeof(floating))
+        memcpy(xh + row * (I + H) + I, h_prev + row * H, H * sizeof(floating))
+    gemm(False, False, B, 2 * H, I + H, 1, xh, I + H, w_ru, 2 * H, 0, ru, 2 * H)
+    gru_gates_rows(B, H, ru, b_ru, h_prev, r, u, rh, n_threads)
+    for row in range(B):
+        memcpy(xh + row * (I + H) + I, rh + row * H, H * sizeof(floating))
+    gemm(False, False, B, H, I + H, 1, xh, I + H, w_c, H, 0, c, H)
+    gru_output_rows(B, H, b_c, h_prev, u, c, h, n_threads)
 
 
 def gru_cell_forward(
@@ -643,22 +825,69 @@ def gru_cell_forward(
         int n_threads,
         floating[:, ::1] r, floating[:, ::1] u,   # OUT [B, H]
         floating[:, ::1] c, floating[:, ::1] h):
-    """GRUBlockCell (SPEC §6)."""
+    """GRUBlockCell (SPEC §6), see gru_cell_compute."""
     cdef Py_ssize_t B = x.shape[0], I = x.shape[1], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[:, ::1] ru = np.empty((B, 2 * H), dtype=dtype)  # workspace
-    cdef floating[:, ::1] rh = np.empty((B, H), dtype=dtype)      # workspace
+    cdef floating[::1] ws = np.empty(B * (I + H) + B * 3 * H + 1, dtype=dtype)  # workspace
+    cdef floating* xh = &ws[0]
     with nogil:
-        gemm(False, False, B, 2 * H, I, 1, &x[0, 0], I, &w_ru[0, 0], 2 * H,
-             0, &ru[0, 0], 2 * H)
-        gemm(False, False, B, 2 * H, H, 1, &h_prev[0, 0], H, &w_ru[I, 0], 2 * H,
-             1, &ru[0, 0], 2 * H)
-        gru_gates_rows(B, H, &ru[0, 0], &b_ru[0], &h_prev[0, 0],
-                       &r[0, 0], &u[0, 0], &rh[0, 0], n_threads)
-        gemm(False, False, B, H, I, 1, &x[0, 0], I, &w_c[0, 0], H, 0, &c[0, 0], H)
-        gemm(False, False, B, H, H, 1, &rh[0, 0], H, &w_c[I, 0], H, 1, &c[0, 0], H)
-        gru_output_rows(B, H, &b_c[0], &h_prev[0, 0], &u[0, 0], &c[0, 0], &h[0, 0],
-                        n_threads)
+        gru_cell_compute(B, I, H, &x[0, 0], &h_prev[0, 0], &w_ru[0, 0], &w_c[0, 0],
+                         &b_ru[0], &b_c[0], xh, xh + B * (I + H), xh + B * (I + H + 2 * H),
+                         &r[0, 0], &u[0, 0], &c[0, 0], &h[0, 0], n_threads)
+
+
+def gru_cell_fast(x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work, output_type):
+    """GRUBlockCell for the common call, or None (see lstm_cell_fast).
+
+    Returns output_type(r, u, c, h) of (B, H) arrays."""
+    if not cnp.PyArray_CheckExact(x):
+        return None
+    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
+        return None
+    if not (plain_array(x, 2, typenum) and plain_array(h_prev, 2, typenum)
+            and plain_array(w_ru, 2, typenum) and plain_array(w_c, 2, typenum)
+            and plain_array(b_ru, 1, typenum) and plain_array(b_c, 1, typenum)):
+        return None
+    cdef Py_ssize_t B = dim(x, 0), I = dim(x, 1), H = dim(h_prev, 1)
+    if (B == 0 or H == 0 or B * H >= max_serial_work or I + H > 2**30 // 4
+            or dim(h_prev, 0) != B or dim(w_ru, 0) != I + H or dim(w_ru, 1) != 2 * H
+            or dim(w_c, 0) != I + H or dim(w_c, 1) != H or dim(b_ru, 0) != 2 * H
+            or dim(b_c, 0) != H):
+        return None
+    cdef cnp.npy_intp dims[2]
+    dims[0] = B
+    dims[1] = H
+    outs = [cnp.PyArray_EMPTY(2, dims, typenum, 0) for _ in range(4)]
+    cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
+    cdef Py_ssize_t n_xh = B * (I + H)
+    cdef void* ws = malloc((n_xh + B * 3 * H) * item)
+    if ws == NULL:
+        raise MemoryError()
+    cdef void* pr = data(outs[0])
+    cdef void* pu = data(outs[1])
+    cdef void* pc = data(outs[2])
+    cdef void* ph_out = data(outs[3])
+    cdef void* px = data(x)
+    cdef void* ph = data(h_prev)
+    cdef void* pwru = data(w_ru)
+    cdef void* pwc = data(w_c)
+    cdef void* pbru = data(b_ru)
+    cdef void* pbc = data(b_c)
+    with nogil:
+        if typenum == cnp.NPY_FLOAT32:
+            gru_cell_compute[float](
+                B, I, H, <float*>px, <float*>ph, <float*>pwru, <float*>pwc, <float*>pbru,
+                <float*>pbc, <float*>ws, <float*>ws + n_xh, <float*>ws + n_xh + 2 * B * H,
+                <float*>pr, <float*>pu, <float*>pc, <float*>ph_out, 1)
+        else:
+            gru_cell_compute[double](
+                B, I, H, <double*>px, <double*>ph, <double*>pwru, <double*>pwc,
+                <double*>pbru, <double*>pbc, <double*>ws, <double*>ws + n_xh,
+                <double*>ws + n_xh + 2 * B * H, <double*>pr, <double*>pu, <double*>pc,
+                <double*>ph_out, 1)
+    free(ws)
+    return tuple.__new__(output_type, outs)
 
 
 def gru_cell_backward(

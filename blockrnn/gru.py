@@ -10,7 +10,7 @@ float16 (computed in float32) and float64.
 """
 from collections import namedtuple
 
-from blockrnn import _kernels
+from blockrnn import _config, _kernels
 from blockrnn._config import kernel_threads
 from blockrnn._validation import (
     Arrays, check_blas_sizes, check_seq_len_max, check_sequence_length, steps_to_run)
@@ -71,6 +71,10 @@ def gru_block_cell(x, h_prev, w_ru, w_c, b_ru, b_c):
         c = tanh([x, r * h_prev] @ w_c + b_c)
         h = u * (h_prev - c) + c
     """
+    out = _kernels.gru_cell_fast(x, h_prev, w_ru, w_c, b_ru, b_c, _config.MIN_PARALLEL_WORK,
+                                 GRUBlockCellOutput)
+    if out is not None:  # the common call, checked and computed in compiled code
+        return out
     args = Arrays("gru_block_cell", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
     B, I, H = _check_cell(args)
     outs = [args.empty(B, H) for _ in range(4)]

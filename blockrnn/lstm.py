@@ -10,7 +10,7 @@ one dtype: float16 (computed in float32, rounded once), float32 or float64.
 """
 from collections import namedtuple
 
-from blockrnn import _kernels
+from blockrnn import _config, _kernels
 from blockrnn._config import kernel_threads
 from blockrnn._validation import (
     Arrays, check_blas_sizes, check_bool, check_float, check_seq_len_max,
@@ -102,6 +102,11 @@ def lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
     (after clipping), the cell input ``ci`` after tanh, ``co = tanh(cs)`` and
     ``h = o * co``.
     """
+    out = _kernels.lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias,
+                                  cell_clip, use_peephole, _config.MIN_PARALLEL_WORK,
+                                  LSTMBlockCellOutput)
+    if out is not None:  # the common call, checked and computed in compiled code
+        return out
     op = "lstm_block_cell"
     forget_bias = check_float(op, "forget_bias", forget_bias)
     cell_clip = check_float(op, "cell_clip", cell_clip)

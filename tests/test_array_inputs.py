@@ -76,3 +76,36 @@ def test_float64_is_exact_to_the_reference():
     ref = _reference.block_lstm(*args, use_peephole=True, cell_clip=0.5)
     for o, r in zip(ours, ref):
         np.testing.assert_allclose(o, r, rtol=1e-12, atol=1e-14)
+
+
+def test_cell_fast_path_is_taken_only_for_plain_arrays():
+    """lstm_block_cell/gru_block_cell check plain calls in compiled code; anything
+    else (float16, lists, Fortran order, bool attributes...) goes the general way,
+    and both ways give the same bits."""
+    from blockrnn import _kernels, gru, lstm
+
+    args = [a[0] if a.ndim == 3 else a for a in _lstm_args()[1:]]
+    fast = _kernels.lstm_cell_fast(*args, 1.0, 3.0, True, 1 << 20, lstm.LSTMBlockCellOutput)
+    assert isinstance(fast, lstm.LSTMBlockCellOutput)
+    general = blockrnn.lstm_block_cell(*[np.asfortranarray(a) for a in args],
+                                       use_peephole=True)
+    _assert_same(fast, general)
+    not_plain = [
+        ([a.astype(np.float16) for a in args], (1.0, 3.0, True)),
+        ([args[0].tolist()] + args[1:], (1.0, 3.0, True)),
+        ([np.asfortranarray(args[0])] + args[1:], (1.0, 3.0, True)),
+        (args, (1.0, 3.0, 1)),           # use_peephole not a bool: the general path raises
+        (args, (True, 3.0, False)),
+        (args[:-1] + [args[-1][:-1]], (1.0, 3.0, False)),   # wrong b: general path raises
+    ]
+    for a, attrs in not_plain:
+        assert _kernels.lstm_cell_fast(*a, *attrs, 1 << 20, lstm.LSTMBlockCellOutput) is None
+    assert _kernels.lstm_cell_fast(*args, 1.0, 3.0, True, 1, lstm.LSTMBlockCellOutput) is None
+
+    rng = np.random.default_rng(1)
+    g_args = [rng.uniform(-1, 1, s).astype(np.float64)
+              for s in [(B, I), (B, H), (I + H, 2 * H), (I + H, H), (2 * H,), (H,)]]
+    fast = _kernels.gru_cell_fast(*g_args, 1 << 20, gru.GRUBlockCellOutput)
+    _assert_same(fast, blockrnn.gru_block_cell(*[np.asfortranarray(a) for a in g_args]))
+    assert _kernels.gru_cell_fast(*g_args[:-1], g_args[-1][:-1], 1 << 20,
+                                  gru.GRUBlockCellOutput) is None

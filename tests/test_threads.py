@@ -19,16 +19,22 @@ def _problem(seed):
             rand(I + H, 4 * H), rand(H), rand(H), rand(H), rand(4 * H))
     gru = (rand(B, I), rand(B, H), rand(I + H, 2 * H), rand(I + H, H), rand(2 * H), rand(H))
     grads = (rand(T, B, H), rand(T, B, H))
-    return lstm, gru, grads
+    lengths = rng.integers(0, T + 1, B)
+    return lstm, gru, grads, lengths
 
 
 def _run(problem):
-    lstm, gru, grads = problem
-    fwd = blockrnn.block_lstm_v2(*lstm, use_peephole=True)
-    bwd = blockrnn.block_lstm_grad_v2(*lstm, *fwd, *grads, use_peephole=True)
+    lstm, gru, grads, lengths = problem
+    fwd = blockrnn.block_lstm_v2(*lstm, use_peephole=True, sequence_length=lengths)
+    bwd = blockrnn.block_lstm_grad_v2(*lstm, *fwd, *grads, use_peephole=True,
+                                      sequence_length=lengths)
+    cell = blockrnn.lstm_block_cell(*(a[0] if a.ndim == 3 else a for a in lstm[1:]))
     g = blockrnn.gru_block_cell(*gru)
     g_bwd = blockrnn.gru_block_cell_grad_full(*gru, *g[:3], grads[1][0])
-    return [*fwd, *bwd, *g, *g_bwd]
+    seq_gru = (lstm[0], lstm[1]) + gru[1:]
+    g_seq = blockrnn.block_gru(*seq_gru, sequence_length=lengths)
+    g_seq_bwd = blockrnn.block_gru_grad(*seq_gru, *g_seq, grads[1], sequence_length=lengths)
+    return [*fwd, *bwd, *cell, *g, *g_bwd, *g_seq, *g_seq_bwd]
 
 
 def test_threads_give_the_serial_bits():
@@ -80,3 +86,21 @@ def test_the_gil_is_released_during_a_call():
     worker.join()
     # A call holding the GIL would stall this loop for about the whole call.
     assert longest_pause < duration / 2, (longest_pause, duration)
+
+
+def test_threadpoolctl_limits_blockrnn_and_scipys_blas():
+    """The documented thread setting: threadpoolctl limits both OpenMP (blockrnn's
+    gate loops) and SciPy's OpenBLAS (the GEMMs) in the calling thread."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    blockrnn.block_lstm_v2(2, *_problem(0)[0][1:])   # make sure everything is loaded
+    apis = {lib["user_api"] for lib in threadpool_info()}
+    assert {"openmp", "blas"} <= apis, threadpool_info()
+    with threadpool_limits(limits=1):
+        assert _config._kernels.openmp_max_threads() == 1
+        assert _config.kernel_threads(10**6, 10**6) == 1
+        blas = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
+        assert all(lib["num_threads"] == 1 for lib in blas), blas
+        limited = _run(_problem(3))
+    for e, g in zip(_run(_problem(3)), limited):   # and the bits do not depend on it
+        np.testing.assert_array_equal(g, e)
