@@ -503,6 +503,47 @@ def lstm_cell_backward(
             store(4 * H, &acc[0, 0], &b_grad[0])
 
 
+cdef void block_lstm_forward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
+        const floating* x,        # IN  [T, B, I]
+        const floating* cs_prev, const floating* h_prev,  # IN [B, H]
+        const floating* w,        # IN  [I+H, 4H]
+        const floating* wci, const floating* wcf, const floating* wco,  # IN [H]
+        const floating* b,        # IN  [4H]
+        floating forget_bias, floating cell_clip, bint use_peephole,
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* g,              # workspace [L*B, 4H]
+        floating* i_, floating* cs, floating* f, floating* o,  # OUT [T, B, H]
+        floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
+    """BlockLSTM / BlockLSTMV2 (SPEC §3, sequence): L steps, zeros for t >= L
+    (and, with `lengths`, zeros in row b for t >= lengths[b]).
+
+    The input projection of all L steps is one GEMM, G = x[:L] @ w[:I]; each
+    step then adds only its recurrent product h[t-1] @ w[I:] before the gates."""
+    cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
+    cdef GateOffsets off = gate_offsets(layout, H)
+    cdef const floating* cs_in
+    cdef const floating* h_in
+    cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
+    gemm(False, False, L * B, G4, I, 1, x, I, w, G4, 0, g, G4)
+    for t in range(L):
+        cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
+        h_in = h_prev if t == 0 else h + (t - 1) * BH
+        gemm(False, False, B, G4, H, 1, h_in, H, w + I * G4, G4, 1, g + t * B * G4, G4)
+        lstm_forward_rows(B, H, off, g + t * B * G4, b, cs_in, wci, wcf, wco,
+                          forget_bias, cell_clip, use_peephole, lengths, t,
+                          i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
+                          ci + t * BH, co + t * BH, h + t * BH, n_threads)
+    # TF leaves the gates past L uninitialised; blockrnn writes zeros.
+    memset(i_ + tail, 0, tail_size)
+    memset(cs + tail, 0, tail_size)
+    memset(f + tail, 0, tail_size)
+    memset(o + tail, 0, tail_size)
+    memset(ci + tail, 0, tail_size)
+    memset(co + tail, 0, tail_size)
+    memset(h + tail, 0, tail_size)
+
+
 def block_lstm_forward(
         Py_ssize_t L,
         const floating[:, :, ::1] x,     # IN  [T, B, I]
@@ -517,42 +558,84 @@ def block_lstm_forward(
         floating[:, :, ::1] o, floating[:, :, ::1] ci, floating[:, :, ::1] co,  # [T, B, H]
         floating[:, :, ::1] h,
         const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
-    """BlockLSTM / BlockLSTMV2 (SPEC §3, sequence): L steps, zeros for t >= L
-    (and, with `lengths`, zeros in row b for t >= lengths[b]).
-
-    The input projection of all L steps is one GEMM, G = x[:L] @ w[:I]; each
-    step then adds only its recurrent product h[t-1] @ w[I:] before the gates."""
+    """See block_lstm_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
-    cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
-    cdef GateOffsets off = gate_offsets(layout, H)
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[:, ::1] g = np.empty((L * B, G4), dtype=dtype)  # workspace [L*B, 4H]
-    cdef const floating* cs_in
-    cdef const floating* h_in
-    cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
+    cdef floating[::1] g = np.empty(L * B * 4 * H + 1, dtype=dtype)  # workspace [L*B, 4H]
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
     with nogil:
-        gemm(False, False, L * B, G4, I, 1, &x[0, 0, 0], I, &w[0, 0], G4, 0, &g[0, 0], G4)
-        for t in range(L):
-            cs_in = &cs_prev[0, 0] if t == 0 else &cs[t - 1, 0, 0]
-            h_in = &h_prev[0, 0] if t == 0 else &h[t - 1, 0, 0]
-            gemm(False, False, B, G4, H, 1, h_in, H, &w[I, 0], G4,
-                 1, &g[t * B, 0], G4)
-            lstm_forward_rows(B, H, off, &g[t * B, 0], &b[0], cs_in,
-                              &wci[0], &wcf[0], &wco[0],
-                              <floating>forget_bias, <floating>cell_clip, use_peephole,
-                              lens, t, &i_[t, 0, 0], &cs[t, 0, 0], &f[t, 0, 0], &o[t, 0, 0],
-                              &ci[t, 0, 0], &co[t, 0, 0], &h[t, 0, 0], n_threads)
-        # TF leaves the gates past L uninitialised; blockrnn writes zeros.
-        memset(&i_[0, 0, 0] + tail, 0, tail_size)
-        memset(&cs[0, 0, 0] + tail, 0, tail_size)
-        memset(&f[0, 0, 0] + tail, 0, tail_size)
-        memset(&o[0, 0, 0] + tail, 0, tail_size)
-        memset(&ci[0, 0, 0] + tail, 0, tail_size)
-        memset(&co[0, 0, 0] + tail, 0, tail_size)
-        memset(&h[0, 0, 0] + tail, 0, tail_size)
+        block_lstm_forward_compute(
+            L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w[0, 0],
+            &wci[0], &wcf[0], &wco[0], &b[0], <floating>forget_bias, <floating>cell_clip,
+            use_peephole, lens, &g[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
+            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads)
+
+
+cdef void block_lstm_backward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
+        const floating* x,        # IN  [T, B, I]
+        const floating* cs_prev, const floating* h_prev,  # IN [B, H]
+        const floating* w,        # IN  [I+H, 4H]
+        const floating* wci, const floating* wcf, const floating* wco,  # IN [H]
+        const floating* i_, const floating* cs, const floating* f,     # IN [T, B, H]
+        const floating* o, const floating* ci, const floating* co, const floating* h,
+        const floating* cs_grad, const floating* h_grad,  # IN [T, B, H]
+        bint use_peephole,
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* dg,             # workspace [L*B, 4H]
+        double* acc,              # workspace [3, 4H]
+        floating* x_grad,         # OUT [T, B, I]
+        floating* cs_prev_grad, floating* h_prev_grad,  # OUT [B, H]
+        floating* w_grad,         # OUT [I+H, 4H]
+        floating* wci_grad, floating* wcf_grad, floating* wco_grad,  # OUT [H] (if peephole)
+        floating* b_grad,         # OUT [4H]
+        int n_threads) noexcept nogil:
+    """BlockLSTMGrad / BlockLSTMGradV2 (SPEC §5); with `lengths`, row b's
+    gradients at t >= lengths[b] are zero (its upstream gradients there unused).
+
+    The reverse time loop does only the gate gradients of step t (kept in the
+    workspace dG[t]) and the recurrent product dh = dG[t] @ w[I:]^T. The
+    carries live in the outputs: cs_prev_grad holds d cs[t-1] and h_prev_grad
+    holds d h[t-1] while the loop runs. After the loop, x_grad, w_grad, b_grad
+    and the peephole gradients are single GEMMs / reductions over all steps:
+      x_grad[:L] = dG @ w[:I]^T,  w_grad[:I] = x[:L]^T @ dG,
+      w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG."""
+    cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
+    cdef GateOffsets off = gate_offsets(layout, H)
+    cdef const floating* cs_in
+    memset(cs_prev_grad, 0, BH * sizeof(floating))
+    memset(h_prev_grad, 0, BH * sizeof(floating))
+    memset(acc, 0, 3 * G4 * sizeof(double))
+    for t in range(L - 1, -1, -1):
+        cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
+        lstm_backward_rows(B, H, off, cs_in, i_ + t * BH, f + t * BH, o + t * BH,
+                           ci + t * BH, co + t * BH, cs_grad + t * BH, h_grad + t * BH,
+                           h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
+                           dg + t * B * G4, cs_prev_grad, n_threads)
+        gemm(False, True, B, H, G4, 1, dg + t * B * G4, G4, w + I * G4, G4,
+             0, h_prev_grad, H)
+
+    gemm(False, True, L * B, I, G4, 1, dg, G4, w, G4, 0, x_grad, I)
+    memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
+    gemm(True, False, I, G4, L * B, 1, x, I, dg, G4, 0, w_grad, G4)
+    gemm(True, False, H, G4, B if L > 0 else 0, 1, h_prev, H, dg, G4, 0, w_grad + I * G4, G4)
+    if L > 1:
+        gemm(True, False, H, G4, (L - 1) * B, 1, h, H, dg + B * G4, G4,
+             1, w_grad + I * G4, G4)
+    column_sums(L * B, G4, dg, acc)
+    store(G4, acc, b_grad)
+    if use_peephole:
+        memset(acc, 0, G4 * sizeof(double))
+        if L > 0:  # step 0 sees cs_prev, step t > 0 sees cs[t-1]
+            peephole_sums(B, H, off, dg, cs_prev, cs, acc, acc + G4, acc + 2 * G4)
+        if L > 1:
+            peephole_sums((L - 1) * B, H, off, dg + B * G4, cs, cs + BH,
+                          acc, acc + G4, acc + 2 * G4)
+        store(H, acc, wci_grad)
+        store(H, acc + G4, wcf_grad)
+        store(H, acc + 2 * G4, wco_grad)
 
 
 def block_lstm_backward(
@@ -575,62 +658,22 @@ def block_lstm_backward(
         floating[::1] wci_grad, floating[::1] wcf_grad, floating[::1] wco_grad,  # OUT [H]
         floating[::1] b_grad,            # OUT [4H]
         const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
-    """BlockLSTMGrad / BlockLSTMGradV2 (SPEC §5); with `lengths`, row b's
-    gradients at t >= lengths[b] are zero (its upstream gradients there unused).
-
-    The reverse time loop does only the gate gradients of step t (kept in the
-    workspace dG[t]) and the recurrent product dh = dG[t] @ w[I:]^T. The
-    carries live in the outputs: cs_prev_grad holds d cs[t-1] and h_prev_grad
-    holds d h[t-1] while the loop runs. After the loop, x_grad, w_grad, b_grad
-    and the peephole gradients are single GEMMs / reductions over all steps:
-      x_grad[:L] = dG @ w[:I]^T,  w_grad[:I] = x[:L]^T @ dG,
-      w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG."""
+    """See block_lstm_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
-    cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
-    cdef GateOffsets off = gate_offsets(layout, H)
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[:, ::1] dg = np.empty((L * B, G4), dtype=dtype)       # workspace
-    cdef double[:, ::1] acc = np.zeros((3, G4), dtype=np.float64)       # workspace
-    cdef const floating* cs_in
+    cdef floating[::1] dg = np.empty(L * B * 4 * H + 1, dtype=dtype)    # workspace
+    cdef double[::1] acc = np.empty(3 * 4 * H + 1, dtype=np.float64)    # workspace
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
     with nogil:
-        memset(&cs_prev_grad[0, 0], 0, BH * sizeof(floating))
-        memset(&h_prev_grad[0, 0], 0, BH * sizeof(floating))
-        for t in range(L - 1, -1, -1):
-            cs_in = &cs_prev[0, 0] if t == 0 else &cs[t - 1, 0, 0]
-            lstm_backward_rows(B, H, off, cs_in, &i_[t, 0, 0], &f[t, 0, 0], &o[t, 0, 0],
-                               &ci[t, 0, 0], &co[t, 0, 0],
-                               &cs_grad[t, 0, 0], &h_grad[t, 0, 0], &h_prev_grad[0, 0],
-                               &wci[0], &wcf[0], &wco[0], use_peephole, True, lens, t,
-                               &dg[t * B, 0], &cs_prev_grad[0, 0], n_threads)
-            gemm(False, True, B, H, G4, 1, &dg[t * B, 0], G4, &w[I, 0], G4,
-                 0, &h_prev_grad[0, 0], H)
-
-        gemm(False, True, L * B, I, G4, 1, &dg[0, 0], G4, &w[0, 0], G4,
-             0, &x_grad[0, 0, 0], I)
-        memset(&x_grad[0, 0, 0] + L * B * I, 0, (T - L) * B * I * sizeof(floating))
-        gemm(True, False, I, G4, L * B, 1, &x[0, 0, 0], I, &dg[0, 0], G4,
-             0, &w_grad[0, 0], G4)
-        gemm(True, False, H, G4, B if L > 0 else 0, 1, &h_prev[0, 0], H, &dg[0, 0], G4,
-             0, &w_grad[I, 0], G4)
-        if L > 1:
-            gemm(True, False, H, G4, (L - 1) * B, 1, &h[0, 0, 0], H, &dg[B, 0], G4,
-                 1, &w_grad[I, 0], G4)
-        column_sums(L * B, G4, &dg[0, 0], &acc[0, 0])
-        store(G4, &acc[0, 0], &b_grad[0])
-        if use_peephole:
-            memset(&acc[0, 0], 0, G4 * sizeof(double))
-            if L > 0:  # step 0 sees cs_prev, step t > 0 sees cs[t-1]
-                peephole_sums(B, H, off, &dg[0, 0], &cs_prev[0, 0], &cs[0, 0, 0],
-                              &acc[0, 0], &acc[1, 0], &acc[2, 0])
-            if L > 1:
-                peephole_sums((L - 1) * B, H, off, &dg[B, 0], &cs[0, 0, 0], &cs[1, 0, 0],
-                              &acc[0, 0], &acc[1, 0], &acc[2, 0])
-            store(H, &acc[0, 0], &wci_grad[0])
-            store(H, &acc[1, 0], &wcf_grad[0])
-            store(H, &acc[2, 0], &wco_grad[0])
+        block_lstm_backward_compute(
+            L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w[0, 0],
+            &wci[0], &wcf[0], &wco[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
+            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], &cs_grad[0, 0, 0],
+            &h_grad[0, 0, 0], use_peephole, lens, &dg[0], &acc[0], &x_grad[0, 0, 0],
+            &cs_prev_grad[0, 0], &h_prev_grad[0, 0], &w_grad[0, 0], &wci_grad[0],
+            &wcf_grad[0], &wco_grad[0], &b_grad[0], n_threads)
 
 
 # ---------------------------------------------------------------------------
@@ -948,6 +991,46 @@ def gru_cell_backward(
             store(H, &acc[0], &d_b_c[0])
 
 
+cdef void block_gru_forward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x,        # IN  [T, B, I]
+        const floating* h_prev,   # IN  [B, H]
+        const floating* w_ru,     # IN  [I+H, 2H]
+        const floating* w_c,      # IN  [I+H, H]
+        const floating* b_ru,     # IN  [2H]
+        const floating* b_c,      # IN  [H]
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* ru,             # workspace [L*B, 2H]
+        floating* rh,             # workspace [B, H]
+        floating* r, floating* u, floating* c, floating* h,  # OUT [T, B, H]
+        int n_threads) noexcept nogil:
+    """GRUBlockCell (SPEC §6) over L steps, zeros for t >= L (and in row b for
+    t >= lengths[b]). The input projections of all L steps are two GEMMs
+    before the loop: RU = x[:L] @ w_ru[:I] (workspace) and c[:L] = x[:L] @
+    w_c[:I]; each step adds h[t-1] @ w_ru[I:] and (r * h[t-1]) @ w_c[I:]."""
+    cdef Py_ssize_t t, BH = B * H
+    cdef const floating* h_in
+    cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
+    gemm(False, False, L * B, 2 * H, I, 1, x, I, w_ru, 2 * H, 0, ru, 2 * H)
+    gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
+    for t in range(L):
+        h_in = h_prev if t == 0 else h + (t - 1) * BH
+        gemm(False, False, B, 2 * H, H, 1, h_in, H, w_ru + I * 2 * H, 2 * H,
+             1, ru + t * B * 2 * H, 2 * H)
+        gru_gates_rows(B, H, ru + t * B * 2 * H, b_ru, h_in, r + t * BH, u + t * BH, rh,
+                       n_threads)
+        gemm(False, False, B, H, H, 1, rh, H, w_c + I * H, H, 1, c + t * BH, H)
+        gru_output_rows(B, H, b_c, h_in, u + t * BH, c + t * BH, h + t * BH, n_threads)
+        zero_rows(B, H, lengths, t, r + t * BH)
+        zero_rows(B, H, lengths, t, u + t * BH)
+        zero_rows(B, H, lengths, t, c + t * BH)
+        zero_rows(B, H, lengths, t, h + t * BH)
+    memset(r + tail, 0, tail_size)
+    memset(u + tail, 0, tail_size)
+    memset(c + tail, 0, tail_size)
+    memset(h + tail, 0, tail_size)
+
+
 def block_gru_forward(
         Py_ssize_t L,
         const floating[:, :, ::1] x,     # IN  [T, B, I]
@@ -960,44 +1043,88 @@ def block_gru_forward(
         floating[:, :, ::1] r, floating[:, :, ::1] u,   # OUT [T, B, H]
         floating[:, :, ::1] c, floating[:, :, ::1] h,
         const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
-    """GRUBlockCell (SPEC §6) over L steps, zeros for t >= L (and in row b for
-    t >= lengths[b]). The input projections of all L steps are two GEMMs
-    before the loop: RU = x[:L] @ w_ru[:I] (workspace [L*B, 2H]) and
-    c[:L] = x[:L] @ w_c[:I]; each step adds h[t-1] @ w_ru[I:] and
-    (r * h[t-1]) @ w_c[I:]."""
+    """See block_gru_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
-    cdef Py_ssize_t t, BH = B * H
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[:, ::1] ru = np.empty((L * B, 2 * H), dtype=dtype)  # workspace
-    cdef floating[:, ::1] rh = np.empty((B, H), dtype=dtype)          # workspace
-    cdef const floating* h_in
+    cdef floating[::1] ws = np.empty(L * B * 2 * H + B * H + 1, dtype=dtype)  # workspace
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
-    cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
     with nogil:
-        gemm(False, False, L * B, 2 * H, I, 1, &x[0, 0, 0], I, &w_ru[0, 0], 2 * H,
-             0, &ru[0, 0], 2 * H)
-        gemm(False, False, L * B, H, I, 1, &x[0, 0, 0], I, &w_c[0, 0], H,
-             0, &c[0, 0, 0], H)
-        for t in range(L):
-            h_in = &h_prev[0, 0] if t == 0 else &h[t - 1, 0, 0]
-            gemm(False, False, B, 2 * H, H, 1, h_in, H, &w_ru[I, 0], 2 * H,
-                 1, &ru[t * B, 0], 2 * H)
-            gru_gates_rows(B, H, &ru[t * B, 0], &b_ru[0], h_in, &r[t, 0, 0], &u[t, 0, 0],
-                           &rh[0, 0], n_threads)
-            gemm(False, False, B, H, H, 1, &rh[0, 0], H, &w_c[I, 0], H,
-                 1, &c[t, 0, 0], H)
-            gru_output_rows(B, H, &b_c[0], h_in, &u[t, 0, 0], &c[t, 0, 0], &h[t, 0, 0],
-                            n_threads)
-            zero_rows(B, H, lens, t, &r[t, 0, 0])
-            zero_rows(B, H, lens, t, &u[t, 0, 0])
-            zero_rows(B, H, lens, t, &c[t, 0, 0])
-            zero_rows(B, H, lens, t, &h[t, 0, 0])
-        memset(&r[0, 0, 0] + tail, 0, tail_size)
-        memset(&u[0, 0, 0] + tail, 0, tail_size)
-        memset(&c[0, 0, 0] + tail, 0, tail_size)
-        memset(&h[0, 0, 0] + tail, 0, tail_size)
+        block_gru_forward_compute(L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0],
+                                  &w_c[0, 0], &b_ru[0], &b_c[0], lens, &ws[0],
+                                  &ws[L * B * 2 * H], &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0],
+                                  &h[0, 0, 0], n_threads)
+
+
+cdef void block_gru_backward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x,        # IN  [T, B, I]
+        const floating* h_prev,   # IN  [B, H]
+        const floating* w_ru,     # IN  [I+H, 2H]
+        const floating* w_c,      # IN  [I+H, H]
+        const floating* r, const floating* u,  # IN [T, B, H] forward outputs
+        const floating* c, const floating* h,
+        const floating* h_grad,   # IN  [T, B, H]
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* ws,             # workspace [L*B, 4H]
+        floating* d_hr,           # workspace [B, H]
+        double* acc,              # workspace [2H]
+        floating* x_grad,         # OUT [T, B, I]
+        floating* h_prev_grad,    # OUT [B, H]
+        floating* w_ru_grad,      # OUT [I+H, 2H]
+        floating* w_c_grad,       # OUT [I+H, H]
+        floating* b_ru_grad,      # OUT [2H]
+        floating* b_c_grad,       # OUT [H]
+        int n_threads) noexcept nogil:
+    """Backward of block_gru_forward_compute: SPEC §7 at every step, in reverse.
+
+    The loop keeps the gate gradients of every step in the workspace: dRU
+    (d_r_bar_u_bar, [L*B, 2H]), dC (d_c_bar, [L*B, H]), and [L*B, H] that hold
+    r[t] * h[t-1] once the loop is done. h_prev_grad carries d h[t-1] while
+    the loop runs. After it, x_grad and the weight gradients are single GEMMs
+    over all steps:
+      x_grad[:L] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
+      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC."""
+    cdef Py_ssize_t t, k, BH = B * H, H2 = 2 * H
+    cdef floating* d_ru = ws                    # [L*B, 2H]
+    cdef floating* d_c = ws + L * B * H2        # [L*B, H]
+    cdef floating* rh = d_c + L * BH            # [L*B, H]
+    cdef const floating* h_in
+    memset(h_prev_grad, 0, BH * sizeof(floating))
+    for t in range(L - 1, -1, -1):
+        h_in = h_prev if t == 0 else h + (t - 1) * BH
+        gru_backward_output_rows(B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
+                                 True, h_prev_grad, d_c + t * BH, d_ru + t * B * H2,
+                                 lengths, t, n_threads)
+        gemm(False, True, B, H, H, 1, d_c + t * BH, H, w_c + I * H, H, 0, d_hr, H)
+        gru_backward_reset_rows(B, H, h_in, r + t * BH, d_hr, d_ru + t * B * H2,
+                                h_prev_grad, lengths, t, n_threads)
+        gemm(False, True, B, H, H2, 1, d_ru + t * B * H2, H2, w_ru + I * H2, H2,
+             1, h_prev_grad, H)
+
+    gemm(False, True, L * B, I, H2, 1, d_ru, H2, w_ru, H2, 0, x_grad, I)
+    gemm(False, True, L * B, I, H, 1, d_c, H, w_c, H, 1, x_grad, I)
+    memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
+    gemm(True, False, I, H2, L * B, 1, x, I, d_ru, H2, 0, w_ru_grad, H2)
+    gemm(True, False, H, H2, B if L > 0 else 0, 1, h_prev, H, d_ru, H2,
+         0, w_ru_grad + I * H2, H2)
+    if L > 1:
+        gemm(True, False, H, H2, (L - 1) * B, 1, h, H, d_ru + B * H2, H2,
+             1, w_ru_grad + I * H2, H2)
+    gemm(True, False, I, H, L * B, 1, x, I, d_c, H, 0, w_c_grad, H)
+    if L > 0:  # r[t] * h[t-1], step 0 sees h_prev
+        for k in range(BH):
+            rh[k] = r[k] * h_prev[k]
+        for k in range(BH, L * BH):
+            rh[k] = r[k] * h[k - BH]
+    gemm(True, False, H, H, L * B, 1, rh, H, d_c, H, 0, w_c_grad + I * H, H)
+    memset(acc, 0, H2 * sizeof(double))
+    column_sums(L * B, H2, d_ru, acc)
+    store(H2, acc, b_ru_grad)
+    memset(acc, 0, H * sizeof(double))
+    column_sums(L * B, H, d_c, acc)
+    store(H, acc, b_c_grad)
 
 
 def block_gru_backward(
@@ -1017,64 +1144,252 @@ def block_gru_backward(
         floating[::1] b_ru_grad,         # OUT [2H]
         floating[::1] b_c_grad,          # OUT [H]
         const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
-    """Backward of block_gru_forward: SPEC §7 at every step, in reverse.
-
-    The loop keeps the gate gradients of every step in one workspace of
-    [L*B, 4H]: dRU (d_r_bar_u_bar, 2H columns), dC (d_c_bar, H columns), and H
-    columns that hold r[t] * h[t-1] once the loop is done. h_prev_grad carries
-    d h[t-1] while the loop runs. After it, x_grad and the weight gradients
-    are single GEMMs over all steps:
-      x_grad[:L] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
-      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC."""
+    """See block_gru_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
-    cdef Py_ssize_t t, k, BH = B * H, H2 = 2 * H, H4 = 4 * H
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(L * B * H4, dtype=dtype)   # workspace [L*B, 4H]
-    cdef floating[:, ::1] d_hr = np.empty((B, H), dtype=dtype)  # workspace
-    cdef double[::1] acc = np.zeros(H2, dtype=np.float64)       # workspace
-    cdef floating* d_ru = &ws[0] if L > 0 else NULL             # [L*B, 2H]
-    cdef floating* d_c = d_ru + L * B * H2 if L > 0 else NULL   # [L*B, H]
-    cdef floating* rh = d_c + L * BH if L > 0 else NULL         # [L*B, H]
-    cdef const floating* h_in
+    cdef floating[::1] ws = np.empty(L * B * 4 * H + B * H + 1, dtype=dtype)  # workspace
+    cdef double[::1] acc = np.empty(2 * H + 1, dtype=np.float64)            # workspace
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
     with nogil:
-        memset(&h_prev_grad[0, 0], 0, BH * sizeof(floating))
-        for t in range(L - 1, -1, -1):
-            h_in = &h_prev[0, 0] if t == 0 else &h[t - 1, 0, 0]
-            gru_backward_output_rows(B, H, h_in, &u[t, 0, 0], &c[t, 0, 0], &h_grad[t, 0, 0],
-                                     True, &h_prev_grad[0, 0], d_c + t * BH,
-                                     d_ru + t * B * H2, lens, t, n_threads)
-            gemm(False, True, B, H, H, 1, d_c + t * BH, H, &w_c[I, 0], H,
-                 0, &d_hr[0, 0], H)
-            gru_backward_reset_rows(B, H, h_in, &r[t, 0, 0], &d_hr[0, 0],
-                                    d_ru + t * B * H2, &h_prev_grad[0, 0], lens, t,
-                                    n_threads)
-            gemm(False, True, B, H, H2, 1, d_ru + t * B * H2, H2, &w_ru[I, 0], H2,
-                 1, &h_prev_grad[0, 0], H)
+        block_gru_backward_compute(
+            L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0], &w_c[0, 0],
+            &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0], &h[0, 0, 0], &h_grad[0, 0, 0], lens,
+            &ws[0], &ws[L * B * 4 * H], &acc[0], &x_grad[0, 0, 0], &h_prev_grad[0, 0],
+            &w_ru_grad[0, 0], &w_c_grad[0, 0], &b_ru_grad[0], &b_c_grad[0], n_threads)
 
-        gemm(False, True, L * B, I, H2, 1, d_ru, H2, &w_ru[0, 0], H2,
-             0, &x_grad[0, 0, 0], I)
-        gemm(False, True, L * B, I, H, 1, d_c, H, &w_c[0, 0], H,
-             1 if L > 0 else 0, &x_grad[0, 0, 0], I)
-        memset(&x_grad[0, 0, 0] + L * B * I, 0, (T - L) * B * I * sizeof(floating))
-        gemm(True, False, I, H2, L * B, 1, &x[0, 0, 0], I, d_ru, H2,
-             0, &w_ru_grad[0, 0], H2)
-        gemm(True, False, H, H2, B if L > 0 else 0, 1, &h_prev[0, 0], H, d_ru, H2,
-             0, &w_ru_grad[I, 0], H2)
-        if L > 1:
-            gemm(True, False, H, H2, (L - 1) * B, 1, &h[0, 0, 0], H, d_ru + B * H2, H2,
-                 1, &w_ru_grad[I, 0], H2)
-        gemm(True, False, I, H, L * B, 1, &x[0, 0, 0], I, d_c, H, 0, &w_c_grad[0, 0], H)
-        if L > 0:  # r[t] * h[t-1], step 0 sees h_prev
-            for k in range(BH):
-                rh[k] = (&r[0, 0, 0])[k] * (&h_prev[0, 0])[k]
-            for k in range(BH, L * BH):
-                rh[k] = (&r[0, 0, 0])[k] * (&h[0, 0, 0])[k - BH]
-        gemm(True, False, H, H, L * B, 1, rh, H, d_c, H, 0, &w_c_grad[I, 0], H)
-        column_sums(L * B, H2, d_ru, &acc[0])
-        store(H2, &acc[0], &b_ru_grad[0])
-        memset(&acc[0], 0, H * sizeof(double))
-        column_sums(L * B, H, d_c, &acc[0])
-        store(H, &acc[0], &b_c_grad[0])
+
+# ---------------------------------------------------------------------------
+# C-level API (declared, with its contract, in _kernels.pxd; cimported from
+# blockrnn.capi). Each function allocates its workspace, runs the compute
+# function with serial gate loops and returns 0, or -1 without memory.
+# ---------------------------------------------------------------------------
+
+cdef int api_lstm_cell(
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout, const floating* x,
+        const floating* cs_prev, const floating* h_prev, const floating* w,
+        const floating* wci, const floating* wcf, const floating* wco, const floating* b,
+        floating forget_bias, floating cell_clip, int use_peephole, floating* i_,
+        floating* cs, floating* f, floating* o, floating* ci, floating* co,
+        floating* h) noexcept nogil:
+    cdef floating* ws = <floating*>malloc((B * (I + H) + B * 4 * H + 1) * sizeof(floating))
+    if ws == NULL:
+        return -1
+    lstm_cell_compute(B, I, H, gate_offsets(layout, H), x, cs_prev, h_prev, w, wci, wcf,
+                      wco, b, forget_bias, cell_clip, use_peephole != 0, ws,
+                      ws + B * (I + H), i_, cs, f, o, ci, co, h, 1)
+    free(ws)
+    return 0
+
+
+cdef int api_block_lstm(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
+        const floating* x, const floating* cs_prev, const floating* h_prev,
+        const floating* w, const floating* wci, const floating* wcf, const floating* wco,
+        const floating* b, floating forget_bias, floating cell_clip, int use_peephole,
+        const int64_t* lengths, floating* i_, floating* cs, floating* f, floating* o,
+        floating* ci, floating* co, floating* h) noexcept nogil:
+    cdef floating* g = <floating*>malloc((L * B * 4 * H + 1) * sizeof(floating))
+    if g == NULL:
+        return -1
+    block_lstm_forward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
+                               b, forget_bias, cell_clip, use_peephole != 0, lengths, g,
+                               i_, cs, f, o, ci, co, h, 1)
+    free(g)
+    return 0
+
+
+cdef int api_block_lstm_grad(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
+        const floating* x, const floating* cs_prev, const floating* h_prev,
+        const floating* w, const floating* wci, const floating* wcf, const floating* wco,
+        const floating* i_, const floating* cs, const floating* f, const floating* o,
+        const floating* ci, const floating* co, const floating* h,
+        const floating* cs_grad, const floating* h_grad, int use_peephole,
+        const int64_t* lengths, floating* x_grad, floating* cs_prev_grad,
+        floating* h_prev_grad, floating* w_grad, floating* wci_grad, floating* wcf_grad,
+        floating* wco_grad, floating* b_grad) noexcept nogil:
+    cdef floating* dg = <floating*>malloc((L * B * 4 * H + 1) * sizeof(floating))
+    cdef double* acc = <double*>malloc((3 * 4 * H + 1) * sizeof(double))
+    if dg == NULL or acc == NULL:
+        free(dg)
+        free(acc)
+        return -1
+    block_lstm_backward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
+                                i_, cs, f, o, ci, co, h, cs_grad, h_grad, use_peephole != 0,
+                                lengths, dg, acc, x_grad, cs_prev_grad, h_prev_grad, w_grad,
+                                wci_grad, wcf_grad, wco_grad, b_grad, 1)
+    free(dg)
+    free(acc)
+    return 0
+
+
+cdef int api_gru_cell(
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, const floating* x, const floating* h_prev,
+        const floating* w_ru, const floating* w_c, const floating* b_ru,
+        const floating* b_c, floating* r, floating* u, floating* c,
+        floating* h) noexcept nogil:
+    cdef floating* ws = <floating*>malloc((B * (I + H) + 3 * B * H + 1) * sizeof(floating))
+    if ws == NULL:
+        return -1
+    gru_cell_compute(B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, ws, ws + B * (I + H),
+                     ws + B * (I + H) + 2 * B * H, r, u, c, h, 1)
+    free(ws)
+    return 0
+
+
+cdef int api_block_gru(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x, const floating* h_prev, const floating* w_ru,
+        const floating* w_c, const floating* b_ru, const floating* b_c,
+        const int64_t* lengths, floating* r, floating* u, floating* c,
+        floating* h) noexcept nogil:
+    cdef floating* ws = <floating*>malloc((L * B * 2 * H + B * H + 1) * sizeof(floating))
+    if ws == NULL:
+        return -1
+    block_gru_forward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, lengths, ws,
+                              ws + L * B * 2 * H, r, u, c, h, 1)
+    free(ws)
+    return 0
+
+
+cdef int api_block_gru_grad(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x, const floating* h_prev, const floating* w_ru,
+        const floating* w_c, const floating* r, const floating* u, const floating* c,
+        const floating* h, const floating* h_grad, const int64_t* lengths,
+        floating* x_grad, floating* h_prev_grad, floating* w_ru_grad, floating* w_c_grad,
+        floating* b_ru_grad, floating* b_c_grad) noexcept nogil:
+    cdef floating* ws = <floating*>malloc((L * B * 4 * H + B * H + 1) * sizeof(floating))
+    cdef double* acc = <double*>malloc((2 * H + 1) * sizeof(double))
+    if ws == NULL or acc == NULL:
+        free(ws)
+        free(acc)
+        return -1
+    block_gru_backward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, r, u, c, h, h_grad,
+                               lengths, ws, ws + L * B * 4 * H, acc, x_grad, h_prev_grad,
+                               w_ru_grad, w_c_grad, b_ru_grad, b_c_grad, 1)
+    free(ws)
+    free(acc)
+    return 0
+
+
+
+cdef int brnn_lstm_cell_f32(
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout, const float* x,
+        const float* cs_prev, const float* h_prev, const float* w, const float* wci,
+        const float* wcf, const float* wco, const float* b, float forget_bias,
+        float cell_clip, int use_peephole, float* i, float* cs, float* f, float* o,
+        float* ci, float* co, float* h) noexcept nogil:
+    return api_lstm_cell(B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco, b,
+        forget_bias, cell_clip, use_peephole, i, cs, f, o, ci, co, h)
+
+
+cdef int brnn_lstm_cell_f64(
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout, const double* x,
+        const double* cs_prev, const double* h_prev, const double* w, const double* wci,
+        const double* wcf, const double* wco, const double* b, double forget_bias,
+        double cell_clip, int use_peephole, double* i, double* cs, double* f, double* o,
+        double* ci, double* co, double* h) noexcept nogil:
+    return api_lstm_cell(B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco, b,
+        forget_bias, cell_clip, use_peephole, i, cs, f, o, ci, co, h)
+
+
+cdef int brnn_block_lstm_f32(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
+        const float* x, const float* cs_prev, const float* h_prev, const float* w,
+        const float* wci, const float* wcf, const float* wco, const float* b,
+        float forget_bias, float cell_clip, int use_peephole, const int64_t* lengths,
+        float* i, float* cs, float* f, float* o, float* ci, float* co, float* h) noexcept nogil:
+    return api_block_lstm(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco, b,
+        forget_bias, cell_clip, use_peephole, lengths, i, cs, f, o, ci, co, h)
+
+
+cdef int brnn_block_lstm_f64(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
+        const double* x, const double* cs_prev, const double* h_prev, const double* w,
+        const double* wci, const double* wcf, const double* wco, const double* b,
+        double forget_bias, double cell_clip, int use_peephole, const int64_t* lengths,
+        double* i, double* cs, double* f, double* o, double* ci, double* co, double* h) noexcept nogil:
+    return api_block_lstm(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco, b,
+        forget_bias, cell_clip, use_peephole, lengths, i, cs, f, o, ci, co, h)
+
+
+cdef int brnn_block_lstm_grad_f32(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
+        const float* x, const float* cs_prev, const float* h_prev, const float* w,
+        const float* wci, const float* wcf, const float* wco, const float* i,
+        const float* cs, const float* f, const float* o, const float* ci, const float* co,
+        const float* h, const float* cs_grad, const float* h_grad, int use_peephole,
+        const int64_t* lengths, float* x_grad, float* cs_prev_grad, float* h_prev_grad,
+        float* w_grad, float* wci_grad, float* wcf_grad, float* wco_grad, float* b_grad) noexcept nogil:
+    return api_block_lstm_grad(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
+        i, cs, f, o, ci, co, h, cs_grad, h_grad, use_peephole, lengths, x_grad, cs_prev_grad,
+        h_prev_grad, w_grad, wci_grad, wcf_grad, wco_grad, b_grad)
+
+
+cdef int brnn_block_lstm_grad_f64(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
+        const double* x, const double* cs_prev, const double* h_prev, const double* w,
+        const double* wci, const double* wcf, const double* wco, const double* i,
+        const double* cs, const double* f, const double* o, const double* ci,
+        const double* co, const double* h, const double* cs_grad, const double* h_grad,
+        int use_peephole, const int64_t* lengths, double* x_grad, double* cs_prev_grad,
+        double* h_prev_grad, double* w_grad, double* wci_grad, double* wcf_grad,
+        double* wco_grad, double* b_grad) noexcept nogil:
+    return api_block_lstm_grad(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
+        i, cs, f, o, ci, co, h, cs_grad, h_grad, use_peephole, lengths, x_grad, cs_prev_grad,
+        h_prev_grad, w_grad, wci_grad, wcf_grad, wco_grad, b_grad)
+
+
+cdef int brnn_gru_cell_f32(
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, const float* x, const float* h_prev,
+        const float* w_ru, const float* w_c, const float* b_ru, const float* b_c, float* r,
+        float* u, float* c, float* h) noexcept nogil:
+    return api_gru_cell(B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h)
+
+
+cdef int brnn_gru_cell_f64(
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, const double* x, const double* h_prev,
+        const double* w_ru, const double* w_c, const double* b_ru, const double* b_c,
+        double* r, double* u, double* c, double* h) noexcept nogil:
+    return api_gru_cell(B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h)
+
+
+cdef int brnn_block_gru_f32(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* x, const float* h_prev, const float* w_ru, const float* w_c,
+        const float* b_ru, const float* b_c, const int64_t* lengths, float* r, float* u,
+        float* c, float* h) noexcept nogil:
+    return api_block_gru(L, T, B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, lengths, r, u, c,
+                  h)
+
+
+cdef int brnn_block_gru_f64(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const double* x, const double* h_prev, const double* w_ru, const double* w_c,
+        const double* b_ru, const double* b_c, const int64_t* lengths, double* r, double* u,
+        double* c, double* h) noexcept nogil:
+    return api_block_gru(L, T, B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, lengths, r, u, c,
+                  h)
+
+
+cdef int brnn_block_gru_grad_f32(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* x, const float* h_prev, const float* w_ru, const float* w_c,
+        const float* r, const float* u, const float* c, const float* h, const float* h_grad,
+        const int64_t* lengths, float* x_grad, float* h_prev_grad, float* w_ru_grad,
+        float* w_c_grad, float* b_ru_grad, float* b_c_grad) noexcept nogil:
+    return api_block_gru_grad(L, T, B, I, H, x, h_prev, w_ru, w_c, r, u, c, h, h_grad,
+        lengths, x_grad, h_prev_grad, w_ru_grad, w_c_grad, b_ru_grad, b_c_grad)
+
+
+cdef int brnn_block_gru_grad_f64(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const double* x, const double* h_prev, const double* w_ru, const double* w_c,
+        const double* r, const double* u, const double* c, const double* h,
+        const double* h_grad, const int64_t* lengths, double* x_grad, double* h_prev_grad,
+        double* w_ru_grad, double* w_c_grad, double* b_ru_grad, double* b_c_grad) noexcept nogil:
+    return api_block_gru_grad(L, T, B, I, H, x, h_prev, w_ru, w_c, r, u, c, h, h_grad,
+        lengths, x_grad, h_prev_grad, w_ru_grad, w_c_grad, b_ru_grad, b_c_grad)
