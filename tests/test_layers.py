@@ -1,0 +1,258 @@
+"""blockrnn.layers: NumPy LSTM / GRU layers over the sequence ops.
+
+* forward equals a step-by-step loop of lstm_block_cell / gru_block_cell (float64);
+* backward equals float64 central finite differences of a scalar loss that uses the
+  outputs AND the final state, for x, the initial state and every parameter, with and
+  without sequence_length;
+* argument checking names the argument.
+"""
+import numpy as np
+import pytest
+
+import blockrnn
+from blockrnn.layers import GRU, LSTM
+
+T, B, I, H = 5, 4, 3, 4
+LENGTHS = np.array([5, 2, 0, 3])          # full, partial, empty, partial (max 5 = T)
+SHORT = np.array([1, 3, 0, 2])            # max 3 < T: the op runs fewer steps
+
+
+def _ifco_to_icfo(a, H):
+    i, f, c, o = (a[..., k * H:(k + 1) * H] for k in range(4))
+    return np.concatenate([i, c, f, o], axis=-1)
+
+
+def _lstm_loop(layer, x, h0, c0, lengths=None):
+    """Reference: one lstm_block_cell per step (ICFO, forget_bias 0), rows frozen past
+    their length, outputs zero there."""
+    w, b = _ifco_to_icfo(layer.w, layer.hidden_size), _ifco_to_icfo(layer.b, layer.hidden_size)
+    n = np.full(x.shape[1], x.shape[0]) if lengths is None else np.asarray(lengths)
+    h, c, ys = h0.copy(), c0.copy(), []
+    for t in range(x.shape[0]):
+        out = blockrnn.lstm_block_cell(x[t], c, h, w, layer.wci, layer.wcf, layer.wco, b,
+                                       forget_bias=0.0, cell_clip=layer.cell_clip,
+                                       use_peephole=layer.use_peephole)
+        live = (t < n)[:, None]
+        h = np.where(live, out.h, h)
+        c = np.where(live, out.cs, c)
+        ys.append(np.where(live, out.h, 0.0))
+    return np.stack(ys), h, c
+
+
+def _gru_loop(layer, x, h0, lengths=None):
+    n = np.full(x.shape[1], x.shape[0]) if lengths is None else np.asarray(lengths)
+    h, ys = h0.copy(), []
+    for t in range(x.shape[0]):
+        out = blockrnn.gru_block_cell(x[t], h, layer.w_ru, layer.w_c, layer.b_ru, layer.b_c)
+        live = (t < n)[:, None]
+        h = np.where(live, out.h, h)
+        ys.append(np.where(live, out.h, 0.0))
+    return np.stack(ys), h
+
+
+def _inputs(seed, cell="lstm"):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (T, B, I))
+    h0 = rng.uniform(-1, 1, (B, H))
+    c0 = rng.uniform(-1, 1, (B, H))
+    return x, h0, c0
+
+
+@pytest.mark.parametrize("lengths", [None, LENGTHS, SHORT], ids=["full", "lengths", "short"])
+@pytest.mark.parametrize("peephole,clip", [(False, 0.0), (True, 0.0), (True, 0.5)])
+def test_lstm_forward_matches_cell_loop(peephole, clip, lengths):
+    layer = LSTM(I, H, use_peephole=peephole, cell_clip=clip, dtype=np.float64, seed=1)
+    x, h0, c0 = _inputs(2)
+    y, (h_n, c_n), _ = layer.forward(x, (h0, c0), sequence_length=lengths)
+    y_ref, h_ref, c_ref = _lstm_loop(layer, x, h0, c0, lengths)
+    np.testing.assert_allclose(y, y_ref, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(h_n, h_ref, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(c_n, c_ref, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("lengths", [None, LENGTHS, SHORT], ids=["full", "lengths", "short"])
+def test_gru_forward_matches_cell_loop(lengths):
+    layer = GRU(I, H, dtype=np.float64, seed=1)
+    x, h0, _ = _inputs(3)
+    y, h_n, _ = layer.forward(x, h0, sequence_length=lengths)
+    y_ref, h_ref = _gru_loop(layer, x, h0, lengths)
+    np.testing.assert_allclose(y, y_ref, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(h_n, h_ref, rtol=0, atol=1e-13)
+
+
+def _loss_weights(seed, has_c):
+    rng = np.random.default_rng(seed)
+    return (rng.uniform(-1, 1, (T, B, H)), rng.uniform(-1, 1, (B, H)),
+            rng.uniform(-1, 1, (B, H)) if has_c else None)
+
+
+def _fd_check(layer, loss_of, x, state, analytic_x, analytic_state, eps=1e-6, tol=1e-8):
+    """Compare analytic gradients with central differences of loss_of(x, state)."""
+    def fd(arr):
+        g = np.zeros_like(arr)
+        for idx in np.ndindex(arr.shape):
+            old = arr[idx]
+            arr[idx] = old + eps
+            lp = loss_of(x, state)
+            arr[idx] = old - eps
+            lm = loss_of(x, state)
+            arr[idx] = old
+            g[idx] = (lp - lm) / (2 * eps)
+        return g
+
+    np.testing.assert_allclose(analytic_x, fd(x), rtol=0, atol=tol, err_msg="x")
+    states = state if isinstance(state, tuple) else (state,)
+    astates = analytic_state if isinstance(analytic_state, tuple) else (analytic_state,)
+    for k, (s, a) in enumerate(zip(states, astates)):
+        np.testing.assert_allclose(a, fd(s), rtol=0, atol=tol, err_msg=f"state[{k}]")
+    grads = {k: v.copy() for k, v in layer.grads.items()}
+    assert set(grads) == set(layer.params)
+    for name, p in layer.params.items():
+        assert grads[name].shape == p.shape
+        np.testing.assert_allclose(grads[name], fd(p), rtol=0, atol=tol, err_msg=name)
+
+
+@pytest.mark.parametrize("lengths", [None, LENGTHS, SHORT], ids=["full", "lengths", "short"])
+@pytest.mark.parametrize("peephole", [False, True])
+def test_lstm_backward_finite_differences(peephole, lengths):
+    layer = LSTM(I, H, use_peephole=peephole, dtype=np.float64, seed=4)
+    x, h0, c0 = _inputs(5)
+    wy, wh, wc = _loss_weights(6, True)
+
+    def loss_of(x, state):
+        y, (h_n, c_n), _ = layer.forward(x, state, sequence_length=lengths)
+        return np.sum(wy * y) + np.sum(wh * h_n) + np.sum(wc * c_n ** 2)
+
+    y, (h_n, c_n), ctx = layer.forward(x, (h0, c0), sequence_length=lengths)
+    dx, (dh0, dc0) = layer.backward(ctx, wy, (wh, 2 * wc * c_n))
+    _fd_check(layer, loss_of, x, (h0, c0), dx, (dh0, dc0))
+
+
+@pytest.mark.parametrize("lengths", [None, LENGTHS, SHORT], ids=["full", "lengths", "short"])
+def test_gru_backward_finite_differences(lengths):
+    layer = GRU(I, H, dtype=np.float64, seed=4)
+    x, h0, _ = _inputs(7)
+    wy, wh, _ = _loss_weights(8, False)
+
+    def loss_of(x, h0):
+        y, h_n, _ = layer.forward(x, h0, sequence_length=lengths)
+        return np.sum(wy * y) + np.sum(wh * h_n ** 2)
+
+    y, h_n, ctx = layer.forward(x, h0, sequence_length=lengths)
+    dx, dh0 = layer.backward(ctx, wy, 2 * wh * h_n)
+    _fd_check(layer, loss_of, x, h0, dx, dh0)
+
+
+def test_lstm_partial_and_missing_upstream_gradients():
+    """dy=None, dstate entries None: the same as passing zeros there."""
+    layer = LSTM(I, H, dtype=np.float64, seed=0)
+    x, h0, c0 = _inputs(0)
+    _, (h_n, c_n), ctx = layer.forward(x, (h0, c0))
+    dc = np.ones((B, H))
+    dx1, s1 = layer.backward(ctx, None, (None, dc))
+    g1 = dict(layer.grads)
+    dx2, s2 = layer.backward(ctx, np.zeros((T, B, H)), (np.zeros((B, H)), dc))
+    np.testing.assert_array_equal(dx1, dx2)
+    for a, b in zip(s1, s2):
+        np.testing.assert_array_equal(a, b)
+    for k in g1:
+        np.testing.assert_array_equal(g1[k], layer.grads[k])
+
+
+def test_grads_are_overwritten_not_accumulated():
+    layer = GRU(I, H, dtype=np.float64, seed=0)
+    x, h0, _ = _inputs(0)
+    y, _, ctx = layer.forward(x, h0)
+    layer.backward(ctx, np.ones_like(y))
+    first = {k: v.copy() for k, v in layer.grads.items()}
+    layer.backward(ctx, np.ones_like(y))
+    for k in first:
+        np.testing.assert_array_equal(first[k], layer.grads[k])
+
+
+def test_default_state_is_zeros_and_T_zero():
+    layer = LSTM(I, H, seed=0)
+    x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
+    y1, s1, _ = layer.forward(x)
+    y2, s2, _ = layer.forward(x, (np.zeros((B, H), np.float32), np.zeros((B, H), np.float32)))
+    np.testing.assert_array_equal(y1, y2)
+    assert y1.dtype == np.float32 and s1[0].dtype == np.float32
+    # T = 0: the final state is the initial state, gradients pass straight through.
+    h0 = np.ones((B, H), np.float32)
+    y, (h_n, c_n), ctx = layer.forward(np.zeros((0, B, I), np.float32), (h0, 2 * h0))
+    assert y.shape == (0, B, H)
+    np.testing.assert_array_equal(h_n, h0)
+    np.testing.assert_array_equal(c_n, 2 * h0)
+    dx, (dh0, dc0) = layer.backward(ctx, None, (3 * h0, 4 * h0))
+    np.testing.assert_array_equal(dh0, 3 * h0)
+    np.testing.assert_array_equal(dc0, 4 * h0)
+
+
+def test_params_are_the_layer_arrays_and_sgd_step_reduces_loss():
+    layer = LSTM(I, H, dtype=np.float64, seed=0)
+    assert layer.params["w"] is layer.w and set(layer.params) == {"w", "b"}
+    assert layer.w.shape == (I + H, 4 * H) and layer.b.shape == (4 * H,)
+    assert np.all(np.abs(layer.w) <= 1 / np.sqrt(H))
+    x, _, _ = _inputs(1)
+    target = np.random.default_rng(2).uniform(-0.5, 0.5, (T, B, H))
+    losses = []
+    for _ in range(100):
+        y, _, ctx = layer.forward(x)
+        losses.append(0.5 * np.sum((y - target) ** 2))
+        layer.backward(ctx, y - target)
+        for name, p in layer.params.items():
+            p -= 0.1 * layer.grads[name]
+    assert losses[-1] < 0.6 * losses[0], losses[::10]
+    peep = LSTM(I, H, use_peephole=True, seed=0)
+    assert set(peep.params) == {"w", "b", "wci", "wcf", "wco"}
+    g = GRU(I, H, seed=0)
+    assert {k: v.shape for k, v in g.params.items()} == {
+        "w_ru": (I + H, 2 * H), "w_c": (I + H, H), "b_ru": (2 * H,), "b_c": (H,)}
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: LSTM(0, 4), ValueError, "input_size"),
+    (lambda: LSTM(3, -1), ValueError, "hidden_size"),
+    (lambda: LSTM(3.0, 4), TypeError, "input_size"),
+    (lambda: LSTM(3, 4, dtype=np.float16), TypeError, "dtype"),
+    (lambda: LSTM(3, 4, use_peephole=1), TypeError, "use_peephole"),
+    (lambda: LSTM(3, 4, cell_clip="1"), TypeError, "cell_clip"),
+    (lambda: GRU(3, 4, dtype=np.int32), TypeError, "dtype"),
+])
+def test_constructor_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_forward_backward_errors():
+    lstm, gru = LSTM(I, H, seed=0), GRU(I, H, seed=0)
+    x = np.zeros((T, B, I), np.float32)
+    z = np.zeros((B, H), np.float32)
+    with pytest.raises(ValueError, match=r"x must have shape \(\?, \?, 3\), got \(5, 4, 2\)"):
+        lstm.forward(np.zeros((T, B, 2), np.float32))
+    with pytest.raises(ValueError, match="x must have shape"):
+        lstm.forward(np.zeros((B, I), np.float32))
+    with pytest.raises(TypeError, match="x must have dtype float32"):
+        lstm.forward(x.astype(np.float64))
+    with pytest.raises(TypeError, match=r"state must be None or a tuple \(h, c\)"):
+        lstm.forward(x, z)
+    with pytest.raises(ValueError, match=r"state\[1\] \(c\) must have shape \(4, 4\)"):
+        lstm.forward(x, (z, np.zeros((B, H + 1), np.float32)))
+    with pytest.raises(ValueError, match="state must have shape"):
+        gru.forward(x, np.zeros((B + 1, H), np.float32))
+    with pytest.raises(TypeError, match="sequence_length must be an integer array"):
+        lstm.forward(x, sequence_length=np.ones(B))
+    with pytest.raises(ValueError, match=r"sequence_length must have shape \(4,\)"):
+        gru.forward(x, sequence_length=np.ones(B + 1, int))
+    with pytest.raises(ValueError, match=r"sequence_length values must be in \[0, T\]"):
+        lstm.forward(x, sequence_length=np.array([1, 2, 6, 0]))
+    y, _, ctx = lstm.forward(x)
+    _, _, gctx = gru.forward(x)
+    with pytest.raises(ValueError, match="dy must have shape"):
+        lstm.backward(ctx, np.zeros((T, B, H + 1), np.float32))
+    with pytest.raises(TypeError, match="context must be the LSTMContext"):
+        lstm.backward(gctx, y)
+    with pytest.raises(TypeError, match="context must be the GRUContext"):
+        gru.backward(ctx, y)
+    with pytest.raises(ValueError, match="dstate must have shape"):
+        gru.backward(gctx, y, np.zeros(H, np.float32))
