@@ -1,0 +1,191 @@
+"""Weight import: Keras 3 and PyTorch recurrent layers -> blockrnn's NumPy layers.
+
+* ``from_keras(layer)``: ``keras.layers.LSTM`` -> ``blockrnn.layers.LSTM``;
+  ``keras.layers.GRU(reset_after=False)`` -> ``blockrnn.layers.GRU``.
+* ``from_torch(module)``: ``torch.nn.LSTM`` (one layer, unidirectional, no
+  projection) -> ``blockrnn.layers.LSTM``; also ``blockrnn.torch.LSTM`` /
+  ``GRU`` -> the NumPy layer with the same weights.
+
+Neither Keras nor PyTorch is imported by this module; only the function given
+such a layer touches its framework.
+
+Not convertible, refused with a ValueError: Keras' ``GRU(reset_after=True)``
+(Keras 3's default) and ``torch.nn.GRU``. Both apply the reset gate AFTER
+the recurrent matmul, ``n = tanh(x W + b + r * (h U + b_h))``, whereas
+blockrnn's GRU (TensorFlow's GRUBlockCell) applies it BEFORE,
+``c = tanh([x, r * h] @ w_c + b_c)``: different functions, not a relayout.
+"""
+import numpy as np
+
+from blockrnn.layers import GRU, LSTM
+
+__all__ = ["from_keras", "from_torch"]
+
+_RESET_AFTER = (
+    "{what} applies the reset gate AFTER the recurrent matmul "
+    "(n = tanh(x @ W_n + b_n + r * (h @ U_n + b_hn))), while blockrnn's GRU (TensorFlow's "
+    "GRUBlockCell) applies it BEFORE (c = tanh([x, r * h] @ w_c + b_c)); these are "
+    "different functions, so the weights cannot be converted.{hint}")
+
+
+def _dtype(where, dtype, default):
+    dt = np.dtype(default if dtype is None else dtype)
+    if dt not in (np.float32, np.float64):
+        raise TypeError(f"{where}: dtype must be float32 or float64, got {dt}")
+    return dt
+
+
+def _fill(layer, **arrays):
+    for name, value in arrays.items():
+        target = getattr(layer, name)
+        value = np.asarray(value, dtype=layer.dtype)
+        assert value.shape == target.shape, (name, value.shape, target.shape)
+        target[...] = value
+    return layer
+
+
+# --------------------------------------------------------------------------
+# Keras 3
+# --------------------------------------------------------------------------
+
+def _activation_name(fn):
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _keras_numpy(variable):
+    import keras
+    return np.array(keras.ops.convert_to_numpy(variable))
+
+
+def from_keras(layer, *, dtype=None):
+    """A ``blockrnn.layers.LSTM`` / ``GRU`` with the weights of a Keras 3 layer.
+
+    Parameters
+    ----------
+    layer : keras.layers.LSTM or keras.layers.GRU (built: called once or
+        ``build()``-ed). Needs activation ``tanh``, recurrent_activation
+        ``sigmoid`` and ``go_backwards=False``; a GRU needs
+        ``reset_after=False``. Dropout settings are ignored (inference).
+    dtype : None (the layer's weight dtype) or float32 / float64
+
+    Keras LSTM: ``kernel`` (I, 4H) and ``recurrent_kernel`` (H, 4H) have gate
+    columns i, f, c, o = IFCO, so ``w = [kernel; recurrent_kernel]`` and
+    ``b = bias`` (Keras' unit_forget_bias only initialises the bias).
+    Keras GRU (reset_after=False): columns z (update), r (reset), h
+    (candidate), ``h' = z * h + (1 - z) * hh``, which is GRUBlockCell's
+    ``h' = u * h + (1 - u) * c`` with u = z: ``w_ru = [[W_r, W_z], [U_r, U_z]]``,
+    ``w_c = [W_h; U_h]``, ``b_ru = [b_r, b_z]``, ``b_c = b_h``.
+
+    Keras is batch-major: ``keras_layer(x)`` equals ``blockrnn_layer.forward(
+    x.transpose(1, 0, 2))[0].transpose(1, 0, 2)``.
+    """
+    import keras
+    where = "blockrnn.convert.from_keras"
+    if isinstance(layer, keras.layers.LSTM):
+        kind = "LSTM"
+    elif isinstance(layer, keras.layers.GRU):
+        kind = "GRU"
+    else:
+        raise TypeError(f"{where}: expected a keras.layers.LSTM or keras.layers.GRU, got "
+                        f"{type(layer).__name__}")
+    cell = layer.cell
+    if not layer.built or getattr(cell, "kernel", None) is None:
+        raise ValueError(f"{where}: the Keras {kind} has no weights yet; call it on an "
+                         f"input (or build it) first")
+    if _activation_name(cell.activation) != "tanh":
+        raise ValueError(f"{where}: only activation='tanh' is supported (blockrnn's "
+                         f"{kind} uses tanh), got {_activation_name(cell.activation)!r}")
+    if _activation_name(cell.recurrent_activation) != "sigmoid":
+        raise ValueError(f"{where}: only recurrent_activation='sigmoid' is supported, got "
+                         f"{_activation_name(cell.recurrent_activation)!r}")
+    if layer.go_backwards:
+        raise ValueError(f"{where}: go_backwards=True is not supported; reverse the "
+                         f"sequence yourself and convert a forward layer")
+    if kind == "GRU" and cell.reset_after:
+        raise ValueError(f"{where}: " + _RESET_AFTER.format(
+            what="keras.layers.GRU(reset_after=True) (Keras 3's default)",
+            hint=" Build the Keras GRU with reset_after=False to use it with blockrnn."))
+    kernel = _keras_numpy(cell.kernel)
+    recurrent = _keras_numpy(cell.recurrent_kernel)
+    I, H = kernel.shape[0], cell.units
+    dt = _dtype(where, dtype, kernel.dtype)
+    n_gates = 4 if kind == "LSTM" else 3
+    bias = (_keras_numpy(cell.bias) if cell.use_bias and cell.bias is not None
+            else np.zeros(n_gates * H, kernel.dtype))
+    w = np.concatenate([kernel, recurrent], axis=0)          # (I+H, n_gates*H)
+    if kind == "LSTM":
+        return _fill(LSTM(I, H, dtype=dt), w=w, b=bias)
+    z, r, h = (slice(k * H, (k + 1) * H) for k in range(3))
+    return _fill(GRU(I, H, dtype=dt),
+                 w_ru=np.concatenate([w[:, r], w[:, z]], axis=1), w_c=w[:, h],
+                 b_ru=np.concatenate([bias[r], bias[z]]), b_c=bias[h])
+
+
+# --------------------------------------------------------------------------
+# PyTorch
+# --------------------------------------------------------------------------
+
+def _torch_lstm_arrays(module):
+    """w (I+H, 4H) IFCO, b (4H,), sizes, batch_first and dtype of a torch.nn.LSTM."""
+    import torch
+    from torch import nn
+    where = "blockrnn.convert.from_torch"
+    if isinstance(module, nn.GRU):
+        raise ValueError(f"{where}: " + _RESET_AFTER.format(
+            what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU and train it instead."))
+    if not isinstance(module, nn.LSTM):
+        raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
+    if module.num_layers != 1:
+        raise ValueError(f"{where}: only single-layer nn.LSTMs convert (num_layers="
+                         f"{module.num_layers}); stack one blockrnn LSTM per layer")
+    if module.bidirectional:
+        raise ValueError(f"{where}: bidirectional nn.LSTMs are not supported")
+    if getattr(module, "proj_size", 0):
+        raise ValueError(f"{where}: nn.LSTM with proj_size={module.proj_size} (projected "
+                         f"LSTM) is not supported")
+    w_ih, w_hh = module.weight_ih_l0.detach(), module.weight_hh_l0.detach()
+    if w_ih.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{where}: nn.LSTM weights must be float32 or float64, got "
+                        f"{w_ih.dtype}")
+    w_ih, w_hh = w_ih.cpu().numpy(), w_hh.cpu().numpy()
+    H, I = module.hidden_size, module.input_size
+    w = np.concatenate([w_ih.T, w_hh.T], axis=0)   # torch gate rows i, f, g, o = IFCO
+    if module.bias:
+        b = (module.bias_ih_l0.detach().cpu().numpy() + module.bias_hh_l0.detach().cpu().numpy())
+    else:
+        b = np.zeros(4 * H, w.dtype)
+    return {"w": w, "b": b, "input_size": I, "hidden_size": H,
+            "batch_first": bool(module.batch_first), "torch_dtype": module.weight_ih_l0.dtype}
+
+
+def from_torch(module, *, dtype=None):
+    """A ``blockrnn.layers.LSTM`` / ``GRU`` with the weights of a PyTorch module.
+
+    Parameters
+    ----------
+    module : torch.nn.LSTM (num_layers=1, bidirectional=False, proj_size=0;
+        bias on or off: ``b = b_ih + b_hh`` or zeros), or a
+        ``blockrnn.torch.LSTM`` / ``blockrnn.torch.GRU``.
+        ``torch.nn.GRU`` is refused (reset-after GRU: different math).
+    dtype : None (the module's dtype) or float32 / float64
+
+    nn.LSTM's gate order (i, f, g, o) is IFCO and ``w = [W_ih.T; W_hh.T]``
+    (I+H, 4H). The NumPy layer is time-major: with ``batch_first=True``
+    transpose the input's first two axes yourself.
+    """
+    import torch
+    where = "blockrnn.convert.from_torch"
+    from blockrnn import torch as bt
+    if isinstance(module, (bt.LSTM, bt.GRU)):
+        p = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
+        dt = _dtype(where, dtype, next(iter(p.values())).dtype)
+        if isinstance(module, bt.GRU):
+            return _fill(GRU(module.input_size, module.hidden_size, dtype=dt), **p)
+        out = LSTM(module.input_size, module.hidden_size, use_peephole=module.use_peephole,
+                   cell_clip=module.cell_clip, dtype=dt)
+        return _fill(out, **p)
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
+    a = _torch_lstm_arrays(module)
+    dt = _dtype(where, dtype, a["w"].dtype)
+    return _fill(LSTM(a["input_size"], a["hidden_size"], dtype=dt), w=a["w"], b=a["b"])

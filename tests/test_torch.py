@@ -1,0 +1,223 @@
+"""blockrnn.torch: autograd functions and nn.Modules over the sequence ops.
+
+PyTorch is required (the test extras install it): a missing torch FAILS these tests.
+"""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+try:
+    import torch
+    from torch import nn
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    pytest.fail(f"PyTorch is required for the blockrnn.torch tests ({exc!r}); install the "
+                f"test extras with `pip install -e .[test]`", pytrace=False)
+
+import blockrnn.torch as bt
+from blockrnn.torch import BlockGRUFunction, BlockLSTMFunction
+
+T, B, I, H = 5, 3, 4, 3
+
+
+def _rand(*shape, dtype=torch.float64, seed=0, requires_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.rand(*shape, generator=g, dtype=dtype) * 2 - 1
+    return t.requires_grad_(requires_grad)
+
+
+@pytest.mark.parametrize("lengths", [None, np.array([5, 0, 2])], ids=["full", "lengths"])
+@pytest.mark.parametrize("peephole", [False, True])
+def test_gradcheck_lstm(peephole, lengths):
+    x, h0, c0 = _rand(T, B, I, seed=1), _rand(B, H, seed=2), _rand(B, H, seed=3)
+    w = _rand(I + H, 4 * H, seed=4) * (1 / np.sqrt(I + H))
+    w = w.detach().requires_grad_()
+    b, wci, wcf, wco = (_rand(k, seed=5 + n) for n, k in enumerate((4 * H, H, H, H)))
+
+    def f(x, h0, c0, w, b, wci, wcf, wco):
+        h, cs = BlockLSTMFunction.apply(x, h0, c0, w, wci, wcf, wco, b, peephole, 0.0,
+                                        lengths)
+        return h, cs, bt._final(h, h0, lengths), bt._final(cs, c0, lengths)
+
+    inputs = (x, h0, c0, w, b) + ((wci, wcf, wco) if peephole else
+                                  tuple(t.detach() for t in (wci, wcf, wco)))
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("lengths", [None, np.array([5, 0, 2])], ids=["full", "lengths"])
+def test_gradcheck_gru(lengths):
+    x, h0 = _rand(T, B, I, seed=1), _rand(B, H, seed=2)
+    w_ru = (_rand(I + H, 2 * H, seed=3) / np.sqrt(I + H)).detach().requires_grad_()
+    w_c = (_rand(I + H, H, seed=4) / np.sqrt(I + H)).detach().requires_grad_()
+    b_ru, b_c = _rand(2 * H, seed=5), _rand(H, seed=6)
+
+    def f(x, h0, w_ru, w_c, b_ru, b_c):
+        h = BlockGRUFunction.apply(x, h0, w_ru, w_c, b_ru, b_c, lengths)
+        return h, bt._final(h, h0, lengths)
+
+    assert torch.autograd.gradcheck(f, (x, h0, w_ru, w_c, b_ru, b_c), eps=1e-6, atol=1e-8,
+                                    rtol=1e-6)
+
+
+def test_gradcheck_modules_with_hx():
+    """The nn.Module path, hx gradients included (batch_first, peepholes)."""
+    lstm = bt.LSTM(I, H, batch_first=True, use_peephole=True).double()
+    gru = bt.GRU(I, H).double()
+    x = _rand(B, T, I, seed=7)
+    h0, c0 = _rand(1, B, H, seed=8), _rand(1, B, H, seed=9)
+
+    def f_lstm(x, h0, c0):
+        y, (h_n, c_n) = lstm(x, (h0, c0))
+        return y, h_n, c_n
+
+    def f_gru(x, h0):
+        y, h_n = gru(x.transpose(0, 1), h0)
+        return y, h_n
+
+    assert torch.autograd.gradcheck(f_lstm, (x, h0, c0), eps=1e-6, atol=1e-8)
+    assert torch.autograd.gradcheck(f_gru, (x, h0), eps=1e-6, atol=1e-8)
+
+
+def _run(module, x, hx):
+    y, state = module(x, hx)
+    h_n, c_n = state
+    loss = (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).reshape(y.shape)).sum() \
+        + (h_n ** 2).sum() + (c_n * 0.5).sum()
+    loss.backward()
+    return y, h_n, c_n
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)],
+                         ids=["float64", "float32"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_from_torch_matches_nn_lstm(dtype, tol, bias, batch_first):
+    torch.manual_seed(0)
+    ref = nn.LSTM(I, H, bias=bias, batch_first=batch_first).to(dtype)
+    ours = bt.LSTM.from_torch(ref)
+    assert ours.w.dtype == dtype and ours.batch_first == batch_first
+    shape = (B, T, I) if batch_first else (T, B, I)
+    xs = [_rand(*shape, dtype=dtype, seed=1) for _ in range(2)]
+    h0s = [_rand(1, B, H, dtype=dtype, seed=2) for _ in range(2)]
+    c0s = [_rand(1, B, H, dtype=dtype, seed=3) for _ in range(2)]
+    out_ref = _run(ref, xs[0], (h0s[0], c0s[0]))
+    out = _run(ours, xs[1], (h0s[1], c0s[1]))
+    for a, r in zip(out, out_ref):
+        torch.testing.assert_close(a, r, rtol=tol, atol=tol)
+    for a, r in ((xs[1], xs[0]), (h0s[1], h0s[0]), (c0s[1], c0s[0])):
+        torch.testing.assert_close(a.grad, r.grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(ours.w.grad[:I].T, ref.weight_ih_l0.grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(ours.w.grad[I:].T, ref.weight_hh_l0.grad, rtol=tol, atol=tol)
+    if bias:
+        torch.testing.assert_close(ours.b.grad, ref.bias_ih_l0.grad, rtol=tol, atol=tol)
+        torch.testing.assert_close(ours.b.grad, ref.bias_hh_l0.grad, rtol=tol, atol=tol)
+
+
+def test_nn_lstm_call_conventions():
+    """hx=None, unbatched input, shapes of (h_n, c_n), sequence_length."""
+    torch.manual_seed(0)
+    ref = nn.LSTM(I, H).double()
+    ours = bt.LSTM.from_torch(ref)
+    x = _rand(T, B, I, seed=1, requires_grad=False)
+    y, (h, c) = ours(x)
+    y_r, (h_r, c_r) = ref(x)
+    assert h.shape == c.shape == (1, B, H)
+    for a, r in ((y, y_r), (h, h_r), (c, c_r)):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+    y, (h, c) = ours(x[:, 0])                       # unbatched (T, I)
+    y_r, (h_r, c_r) = ref(x[:, 0])
+    assert y.shape == (T, H) and h.shape == (1, H)
+    for a, r in ((y, y_r), (h, h_r), (c, c_r)):
+        torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+    # sequence_length: row b stops after len_b steps, like a packed sequence.
+    lengths = torch.tensor([5, 2, 0])
+    y, (h, c) = ours(x, sequence_length=lengths)
+    packed = nn.utils.rnn.pack_padded_sequence(x[:, :2], lengths[:2], enforce_sorted=True)
+    y_p, (h_p, c_p) = ref(packed)
+    y_p, _ = nn.utils.rnn.pad_packed_sequence(y_p, total_length=T)
+    torch.testing.assert_close(y[:, :2], y_p, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h[:, :2], h_p, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(c[:, :2], c_p, rtol=1e-12, atol=1e-12)
+    assert torch.all(y[:, 2] == 0) and torch.all(h[:, 2] == 0) and torch.all(c[:, 2] == 0)
+
+
+def test_parameters_double_and_needs_input_grad():
+    lstm = bt.LSTM(I, H)
+    assert lstm.w.dtype == torch.get_default_dtype()
+    assert [n for n, _ in lstm.named_parameters()] == ["w", "b"]
+    peep = bt.LSTM(I, H, use_peephole=True).double()
+    assert [n for n, _ in peep.named_parameters()] == ["w", "b", "wci", "wcf", "wco"]
+    assert all(p.dtype == torch.float64 for p in peep.parameters())
+    assert peep.wci.shape == (H,) and peep.w.shape == (I + H, 4 * H)
+    gru = bt.GRU(I, H).double()
+    assert {n: tuple(p.shape) for n, p in gru.named_parameters()} == {
+        "w_ru": (I + H, 2 * H), "w_c": (I + H, H), "b_ru": (2 * H,), "b_c": (H,)}
+    # Frozen weights and an input without grad: only the requested gradients appear.
+    gru.w_c.requires_grad_(False)
+    x = _rand(T, B, I, seed=3, requires_grad=False)
+    y, h_n = gru(x)
+    (y.sum() + h_n.sum()).backward()
+    assert x.grad is None and gru.w_c.grad is None and gru.w_ru.grad is not None
+    # Nothing requires grad: no graph at all.
+    with torch.no_grad():
+        y, _ = peep(x)
+    assert not y.requires_grad
+
+
+def test_adam_training_reduces_loss():
+    torch.manual_seed(0)
+    for model in (bt.LSTM(I, 8, batch_first=True), bt.GRU(I, 8, batch_first=True)):
+        head = nn.Linear(8, 1)
+        opt = torch.optim.Adam(list(model.parameters()) + list(head.parameters()), lr=0.02)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(16, 10, I, generator=g)
+        target = x[:, :, :1].cumsum(1) * 0.3          # needs memory across steps
+        losses = []
+        for _ in range(60):
+            opt.zero_grad()
+            y, _ = model(x)
+            loss = ((head(y) - target) ** 2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[-1] < 0.3 * losses[0], (type(model).__name__, losses[::10])
+
+
+def test_errors():
+    lstm = bt.LSTM(I, H)
+    with pytest.raises(ValueError, match="CPU only; input is on meta"):
+        lstm(torch.empty(T, B, I, device="meta"))
+    with pytest.raises(TypeError, match="input must be float32 or float64, got torch.float16"):
+        lstm(torch.zeros(T, B, I, dtype=torch.float16))
+    with pytest.raises(TypeError, match="input has dtype torch.float64 but the parameters"):
+        lstm(torch.zeros(T, B, I, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"input must have shape \(T, B, I\)"):
+        lstm(torch.zeros(T, B, I + 1))
+    with pytest.raises(ValueError, match=r"h0 must have shape \(1, 3, 3\)"):
+        lstm(torch.zeros(T, B, I), (torch.zeros(B, H), torch.zeros(1, B, H)))
+    with pytest.raises(TypeError, match=r"hx must be None or a tuple \(h0, c0\)"):
+        lstm(torch.zeros(T, B, I), torch.zeros(1, B, H))
+    with pytest.raises(ValueError, match=r"sequence_length values must be in \[0, T\]"):
+        lstm(torch.zeros(T, B, I), sequence_length=[1, 2, 6])
+    with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
+        bt.GRU(I, H, dtype=torch.float16)
+    with pytest.raises(ValueError, match="hidden_size must be positive"):
+        bt.GRU(I, 0)
+    with pytest.raises(ValueError, match="num_layers=2"):
+        bt.LSTM.from_torch(nn.LSTM(I, H, num_layers=2))
+    with pytest.raises(ValueError, match="bidirectional"):
+        bt.LSTM.from_torch(nn.LSTM(I, H, bidirectional=True))
+    with pytest.raises(ValueError, match="proj_size=2"):
+        bt.LSTM.from_torch(nn.LSTM(I, H, proj_size=2))
+    with pytest.raises(ValueError, match="reset gate AFTER the recurrent matmul"):
+        bt.LSTM.from_torch(nn.GRU(I, H))
+    with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
+        bt.LSTM.from_torch(nn.Linear(I, H))
+
+
+def test_import_blockrnn_does_not_import_torch():
+    code = ("import sys, blockrnn, blockrnn.layers, blockrnn.convert; "
+            "bad = [m for m in ('torch', 'tensorflow', 'keras') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
