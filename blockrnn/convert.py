@@ -53,8 +53,7 @@ def _activation_name(fn):
 
 
 def _keras_numpy(variable):
-    import keras
-    return np.array(keras.ops.convert_to_numpy(variable))
+    return np.array(variable.numpy())
 
 
 def from_keras(layer, *, dtype=None):

@@ -1,0 +1,138 @@
+"""blockrnn.convert: weights from Keras 3 and PyTorch layers give the source's outputs.
+
+Keras (TensorFlow backend, from tensorflow-cpu) and PyTorch are required: missing ones
+FAIL these tests.
+"""
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+try:
+    import keras
+    import torch
+    from torch import nn
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    pytest.fail(f"Keras (tensorflow-cpu) and PyTorch are required for the convert tests "
+                f"({exc!r}); install the test extras with `pip install -e .[test]`",
+                pytrace=False)
+
+from blockrnn import convert
+from blockrnn.layers import GRU, LSTM
+
+T, B, I, H = 7, 3, 4, 5
+
+
+def _x(dtype=np.float32, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (B, T, I)).astype(dtype)  # batch-major
+
+
+def _keras(layer_cls, seed, **kw):
+    keras.utils.set_random_seed(seed)
+    layer = layer_cls(H, return_sequences=True, return_state=True, **kw)
+    layer(_x())        # build
+    if layer.cell.use_bias:   # non-trivial biases (Keras initialises them to 0 / 1)
+        b = np.random.default_rng(seed).uniform(-0.5, 0.5, tuple(layer.cell.bias.shape))
+        layer.cell.bias.assign(b.astype(np.float32))
+    return layer
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_from_keras_lstm(use_bias):
+    layer = _keras(keras.layers.LSTM, 1, use_bias=use_bias)
+    ours = convert.from_keras(layer)
+    assert isinstance(ours, LSTM) and ours.dtype == np.float32
+    assert (ours.input_size, ours.hidden_size) == (I, H)
+    x = _x(seed=2)
+    h0 = np.random.default_rng(3).uniform(-1, 1, (B, H)).astype(np.float32)
+    c0 = np.random.default_rng(4).uniform(-1, 1, (B, H)).astype(np.float32)
+    y_k, h_k, c_k = (np.asarray(t) for t in layer(x, initial_state=[h0, c0]))
+    y, (h, c), _ = ours.forward(x.transpose(1, 0, 2), (h0, c0))
+    np.testing.assert_allclose(y.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(h, h_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(c, c_k, rtol=0, atol=2e-6)
+    # float64 conversion of the same weights agrees too
+    ours64 = convert.from_keras(layer, dtype=np.float64)
+    y64, _, _ = ours64.forward(x.transpose(1, 0, 2).astype(np.float64),
+                               (h0.astype(np.float64), c0.astype(np.float64)))
+    np.testing.assert_allclose(y64.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_from_keras_gru_reset_before(use_bias):
+    layer = _keras(keras.layers.GRU, 5, reset_after=False, use_bias=use_bias)
+    ours = convert.from_keras(layer)
+    assert isinstance(ours, GRU)
+    x = _x(seed=6)
+    h0 = np.random.default_rng(7).uniform(-1, 1, (B, H)).astype(np.float32)
+    y_k, h_k = (np.asarray(t) for t in layer(x, initial_state=[h0]))
+    y, h, _ = ours.forward(x.transpose(1, 0, 2), h0)
+    np.testing.assert_allclose(y.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(h, h_k, rtol=0, atol=2e-6)
+
+
+def test_from_keras_refusals():
+    gru = _keras(keras.layers.GRU, 0)   # Keras 3 default: reset_after=True
+    with pytest.raises(ValueError, match=r"reset_after=True\) \(Keras 3's default\) applies "
+                                         r"the reset gate AFTER the recurrent matmul.*"
+                                         r"reset_after=False"):
+        convert.from_keras(gru)
+    with pytest.raises(ValueError, match="activation='tanh'.*got 'relu'"):
+        convert.from_keras(_keras(keras.layers.LSTM, 0, activation="relu"))
+    with pytest.raises(ValueError, match="recurrent_activation='sigmoid'.*'hard_sigmoid'"):
+        convert.from_keras(_keras(keras.layers.LSTM, 0, recurrent_activation="hard_sigmoid"))
+    with pytest.raises(ValueError, match="go_backwards"):
+        convert.from_keras(_keras(keras.layers.LSTM, 0, go_backwards=True))
+    with pytest.raises(ValueError, match="no weights yet"):
+        convert.from_keras(keras.layers.LSTM(H))
+    with pytest.raises(TypeError, match="expected a keras.layers.LSTM or keras.layers.GRU"):
+        convert.from_keras(keras.layers.Dense(H))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_from_torch_lstm(bias):
+    torch.manual_seed(0)
+    ref = nn.LSTM(I, H, bias=bias).double()
+    ours = convert.from_torch(ref)
+    assert isinstance(ours, LSTM) and ours.dtype == np.float64
+    x = _x(np.float64, seed=8).transpose(1, 0, 2).copy()          # time-major
+    h0 = np.random.default_rng(9).uniform(-1, 1, (B, H))
+    c0 = np.random.default_rng(10).uniform(-1, 1, (B, H))
+    with torch.no_grad():
+        y_t, (h_t, c_t) = ref(torch.from_numpy(x), (torch.from_numpy(h0)[None],
+                                                    torch.from_numpy(c0)[None]))
+    y, (h, c), _ = ours.forward(x, (h0, c0))
+    np.testing.assert_allclose(y, y_t.numpy(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(h, h_t[0].numpy(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(c, c_t[0].numpy(), rtol=0, atol=1e-13)
+    f32 = convert.from_torch(ref, dtype=np.float32)
+    assert f32.dtype == np.float32 and f32.w.dtype == np.float32
+
+
+def test_from_blockrnn_torch_modules():
+    import blockrnn.torch as bt
+    for module in (bt.LSTM(I, H, use_peephole=True, cell_clip=2.0).double(),
+                   bt.GRU(I, H).double()):
+        ours = convert.from_torch(module)
+        x = _x(np.float64, seed=11).transpose(1, 0, 2).copy()
+        with torch.no_grad():
+            y_t = module(torch.from_numpy(x))[0].numpy()
+        np.testing.assert_allclose(ours.forward(x)[0], y_t, rtol=0, atol=1e-14)
+
+
+def test_from_torch_refusals():
+    with pytest.raises(ValueError, match=r"torch.nn.GRU applies the reset gate AFTER the "
+                                         r"recurrent matmul .*BEFORE"):
+        convert.from_torch(nn.GRU(I, H))
+    with pytest.raises(ValueError, match="num_layers=2"):
+        convert.from_torch(nn.LSTM(I, H, num_layers=2))
+    with pytest.raises(ValueError, match="bidirectional"):
+        convert.from_torch(nn.LSTM(I, H, bidirectional=True))
+    with pytest.raises(ValueError, match="proj_size"):
+        convert.from_torch(nn.LSTM(I, H, proj_size=2))
+    with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
+        convert.from_torch(nn.RNN(I, H))
+    with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
+        convert.from_torch("not a module")
