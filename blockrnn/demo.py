@@ -186,7 +186,7 @@ def _blas_threads(n):
 
 
 def train(seconds=45.0, cell="lstm", seed=0, hidden=128, embed=32, batch=32, bptt=64,
-          lr=5e-3, clip=5.0, eval_every=5.0, sample_length=300, progress=True,
+          lr=5e-3, clip=5.0, eval_every=3.0, sample_length=300, progress=True,
           text=None, out=None, blas_threads=1):
     """Train for ``seconds`` of wall time; return a dict of results (see ``_train``).
 
@@ -205,8 +205,13 @@ def _train(seconds, cell, seed, hidden, embed, batch, bptt, lr, clip, eval_every
            sample_length, progress, text, out):
     """Train for ``seconds`` of wall time; return a dict of results.
 
+    The held-out loss is measured every ``eval_every`` seconds and the parameters of the
+    best measurement are kept at the end (early stopping: the 64 KB text is small enough
+    for a long run to overfit).
+
     Keys: ``cell``, ``entropy`` (unigram entropy of the text, nats/char), ``train_loss``
-    and ``val_loss`` (final, nats/char, on a training slice and on the held-out 10%),
+    and ``val_loss`` (nats/char, of the kept parameters, on a training slice and on the
+    held-out 10%),
     ``history`` (list of (seconds, characters seen, smoothed train loss, held-out loss)),
     ``chars_per_second``, ``steps``, ``sample`` (generated text).
     """
@@ -228,6 +233,7 @@ def _train(seconds, cell, seed, hidden, embed, batch, bptt, lr, clip, eval_every
     state = model.zero_state(batch)
     t0 = last_eval = last_print = time.perf_counter()
     history.append((0.0, 0, None, evaluate(model, val_ids)))
+    best = (history[0][3], {k: v.copy() for k, v in params.items()})
     while True:
         now = time.perf_counter()
         if now - t0 >= seconds:
@@ -245,7 +251,10 @@ def _train(seconds, cell, seed, hidden, embed, batch, bptt, lr, clip, eval_every
         now = time.perf_counter()
         elapsed = now - t0
         if now - last_eval >= eval_every:
-            history.append((elapsed, seen, ema, evaluate(model, val_ids)))
+            val = evaluate(model, val_ids)
+            history.append((elapsed, seen, ema, val))
+            if val < best[0]:
+                best = (val, {k: v.copy() for k, v in params.items()})
             last_eval = now
         if bar is not None:
             bar.update(min(elapsed, seconds) - bar.n)
@@ -259,8 +268,12 @@ def _train(seconds, cell, seed, hidden, embed, batch, bptt, lr, clip, eval_every
     if bar is not None:
         bar.close()
     val_loss = evaluate(model, val_ids)
-    train_loss = evaluate(model, train_ids[:len(val_ids)])
     history.append((elapsed, seen, ema, val_loss))
+    if best[0] < val_loss:          # early stopping: keep the best checkpoint
+        for k, p in params.items():
+            p[...] = best[1][k]
+        val_loss = best[0]
+    train_loss = evaluate(model, train_ids[:len(val_ids)])
     sample = model.sample(vocab, sample_length, rng) if sample_length else ""
     return {"cell": cell, "entropy": entropy, "train_loss": train_loss, "val_loss": val_loss,
             "history": history, "chars_per_second": seen / elapsed, "steps": steps,
@@ -304,6 +317,8 @@ def report(r, out=None):
         trs = "       -" if tr is None else f"{tr:8.3f}"
         print(f"  {sec:8.1f} {seen:12,d}   {trs:>16}   {va:8.3f}", file=out)
     print(f"unigram entropy of the text: {both(r['entropy'])}", file=out)
+    print("final model = the checkpoint with the lowest held-out loss (early stopping)",
+          file=out)
     print(f"final train loss:            {both(r['train_loss'])}", file=out)
     print(f"final held-out loss:         {both(r['val_loss'])} = "
           f"{r['val_loss'] / r['entropy']:.2f} x unigram entropy", file=out)
