@@ -4,7 +4,11 @@ The eight ops of ``tf.raw_ops`` (LSTMBlockCell, LSTMBlockCellGrad, BlockLSTM,
 BlockLSTMGrad, BlockLSTMV2, BlockLSTMGradV2, GRUBlockCell, GRUBlockCellGrad)
 with TensorFlow 2.21's exact semantics, as snake_case functions here and under
 their TensorFlow names in ``blockrnn.raw_ops``, plus a sequence GRU
-(``block_gru``, ``block_gru_grad``) and per-row ``sequence_length``. Every call releases the GIL
+(``block_gru``, ``block_gru_grad``) and per-row ``sequence_length``.
+``LSTM`` and ``GRU`` are trainable NumPy layers over the sequence ops,
+``blockrnn.convert`` imports Keras / PyTorch weights, and ``blockrnn.torch``
+(imported on its own; it needs PyTorch) wraps the ops as autograd Functions
+and ``nn.Module``s. Every call releases the GIL
 around its compiled work and keeps no global state, so threads may call
 blockrnn concurrently.
 """
@@ -24,6 +28,8 @@ from blockrnn.gru import (
 from blockrnn.lstm import (
     block_lstm, block_lstm_grad, block_lstm_grad_v2, block_lstm_v2, lstm_block_cell,
     lstm_block_cell_grad, lstm_block_cell_grad_full)
+from blockrnn import convert  # noqa: E402  (after the ops: the layers call them)
+from blockrnn.layers import GRU, LSTM  # noqa: E402
 
 __all__ = [
     "__version__", "raw_ops", "show_config", "build_config",
@@ -31,4 +37,5 @@ __all__ = [
     "block_lstm", "block_lstm_v2", "block_lstm_grad", "block_lstm_grad_v2",
     "gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full",
     "block_gru", "block_gru_grad",
+    "LSTM", "GRU", "convert",
 ]
