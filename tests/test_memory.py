@@ -1,0 +1,49 @@
+"""Memory of the sequence ops: beyond the outputs, one call allocates at most one
+T x B x 4H workspace plus O(B x H) (NumPy reports its allocations to tracemalloc)."""
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import blockrnn
+
+T, B, I, H = 40, 16, 24, 32
+SLACK = 64 * 1024   # O(B*H) scratch, small NumPy objects, the namedtuple
+
+
+def _peak(fn, *args, **kwargs):
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        start = tracemalloc.get_traced_memory()[0]
+        out = fn(*args, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+    return out, peak
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sequence_ops_stay_within_one_workspace(dtype):
+    rng = np.random.default_rng(0)
+    rand = lambda *s: rng.uniform(-1, 1, s).astype(dtype)  # noqa: E731
+    item = np.dtype(dtype).itemsize
+    workspace = T * B * 4 * H * item
+    lstm = (T, rand(T, B, I), rand(B, H), rand(B, H), rand(I + H, 4 * H), rand(H), rand(H),
+            rand(H), rand(4 * H))
+    fwd, peak = _peak(blockrnn.block_lstm_v2, *lstm, use_peephole=True)
+    outputs = sum(a.nbytes for a in fwd)
+    assert outputs <= peak <= outputs + workspace + SLACK, (peak, outputs, workspace)
+
+    grads, peak = _peak(blockrnn.block_lstm_grad_v2, *lstm, *fwd, fwd.cs, fwd.h,
+                        use_peephole=True)
+    outputs = sum(a.nbytes for a in grads)
+    assert outputs <= peak <= outputs + workspace + SLACK, (peak, outputs, workspace)
+
+    gru = (T, lstm[1], lstm[3], rand(I + H, 2 * H), rand(I + H, H), rand(2 * H), rand(H))
+    g_fwd, peak = _peak(blockrnn.block_gru, *gru)
+    outputs = sum(a.nbytes for a in g_fwd)
+    assert outputs <= peak <= outputs + workspace + SLACK, (peak, outputs, workspace)
+    g_grads, peak = _peak(blockrnn.block_gru_grad, *gru, *g_fwd, g_fwd.h)
+    outputs = sum(a.nbytes for a in g_grads)
+    assert outputs <= peak <= outputs + workspace + SLACK, (peak, outputs, workspace)
