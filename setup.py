@@ -82,7 +82,8 @@ class BuildExt(build_ext):
             # -fno-trapping-math changes no result (nobody reads the FP
             # exception flags); it lets GCC vectorise the branch-free selects
             # of include/brnn_math.h's activations.
-            opt = ["-O0", "-g"] if DEBUG else ["-O3", "-fno-trapping-math"]
+            # -g0 drops the debug info Python's own CFLAGS ask for (2.5 MB -> 0.5 MB).
+            opt = ["-O0", "-g"] if DEBUG else ["-O3", "-g0", "-fno-trapping-math"]
         for ext in self.extensions:
             ext.extra_compile_args = opt + flags + ext.extra_compile_args
             ext.extra_link_args = flags + ext.extra_link_args

@@ -3,8 +3,9 @@
 GNU libgomp's thread pool does not survive ``fork`` (GCC bug 60035): the child
 inherits the parent's pool bookkeeping but none of its threads, and the first
 parallel region it enters can wait forever for them. blockrnn's remedy
-(``blockrnn/_config.py``): an ``os.register_at_fork(after_in_child=...)`` hook after
-which ``kernel_threads`` returns 1, so a forked child runs the gate loops serially.
+(``blockrnn/_config.py``): ``kernel_threads`` returns 1 in any process other than the
+one that imported blockrnn, and a gate loop with one thread enters no OpenMP region at
+all, so a forked child never touches the inherited pool.
 
 Every test here forces the gate loops parallel in the parent
 (``_config.MIN_PARALLEL_WORK = 0``, as in test_threads.py), runs every op family
@@ -32,7 +33,7 @@ from blockrnn import _config, _kernels
 CHILD_TIMEOUT = 60.0
 HANG = ("the forked child did not finish within {:.0f} s and was killed: libgomp's "
         "thread pool does not survive fork (GCC bug 60035); blockrnn must run its gate "
-        "loops serially in a forked child (os.register_at_fork hook in blockrnn/_config.py)")
+        "loops serially in a forked child (kernel_threads in blockrnn/_config.py)")
 
 pytestmark = pytest.mark.filterwarnings(
     # Python >= 3.12 warns that forking a multi-threaded process may deadlock the
