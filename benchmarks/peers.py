@@ -1,0 +1,594 @@
+"""The benchmark problems and one callable per (workload, implementation).
+
+Workloads (``WORKLOADS``):
+
+* ``lstm_fwd``     -- LSTM over a sequence, forward. blockrnn ``block_lstm_v2`` and TF
+  ``BlockLSTMV2`` with peepholes; torch ``nn.LSTM`` under ``no_grad`` (no peepholes: torch
+  has none); ONNX Runtime ``LSTM`` with peepholes (input ``P``).
+* ``lstm_fwdbwd``  -- forward + backward: blockrnn ``block_lstm_v2`` + ``block_lstm_grad_v2``,
+  TF ``BlockLSTMV2`` + ``BlockLSTMGradV2`` (loss gradient: ones for every h, zeros for cs),
+  torch forward + ``backward()`` of the sum of the outputs (gradients of x, h0, c0 and the
+  weights).
+* ``gru_fwd`` / ``gru_fwdbwd`` -- GRU over a sequence: blockrnn ``block_gru`` (+
+  ``block_gru_grad``) when blockrnn has them, torch ``nn.GRU`` (reset-*after*: a slightly
+  different model with the same matmul flops), ORT ``GRU`` (forward only,
+  ``linear_before_reset=0``: TF's reset-before GRU). TensorFlow has no sequence GRU op; a
+  Python loop of ``GRUBlockCell`` would not be a fair peer, so there is no TF row.
+* ``lstm_cell`` / ``gru_cell`` -- one step at B=1 (latency): blockrnn ``lstm_block_cell`` /
+  ``gru_block_cell``, TF eager ``tf.raw_ops.LSTMBlockCell`` / ``GRUBlockCell``, torch
+  ``nn.LSTMCell`` / ``nn.GRUCell`` under ``no_grad``.
+
+Every implementation gets its inputs in its native form, converted before timing
+(``tf.constant``, ``torch.from_numpy``, NumPy for ORT); the timed call returns the native
+outputs (no conversion back to NumPy).
+
+Parity (``Impl.check``, run once before timing; a failing implementation is not timed):
+TF vs blockrnn with the timed configuration; torch ``nn.LSTM`` vs blockrnn *without*
+peepholes (same weights: torch's gate order i,f,g,o is V2's IFCO; ``W_ih = w[:I].T``,
+``W_hh = w[I:].T``, ``b_ih = b``, ``b_hh = 0``); ORT ``LSTM`` vs blockrnn with peepholes
+(ONNX gate order i,o,f,c; ``P`` ordered i,o,f); ORT ``GRU`` vs blockrnn's GRU (``block_gru``,
+or a loop of ``gru_block_cell`` until blockrnn has ``block_gru``); torch's reset-after GRU
+vs a float64 NumPy reset-after GRU on the same weights. Forward: max |h - h_ref| <
+``FWD_TOL``; gradients: max |g - g_ref| / max(1, max |g_ref|) < ``GRAD_TOL``.
+"""
+import dataclasses
+import os
+from typing import Callable, Optional
+
+import numpy as np
+
+import blockrnn
+
+WORKLOADS = ("lstm_fwd", "lstm_fwdbwd", "gru_fwd", "gru_fwdbwd", "lstm_cell", "gru_cell")
+SEQUENCE_WORKLOADS = WORKLOADS[:4]
+CELL_WORKLOADS = WORKLOADS[4:]
+WORKLOAD_TITLES = {
+    "lstm_fwd": "LSTM fwd", "lstm_fwdbwd": "LSTM fwd+bwd", "gru_fwd": "GRU fwd",
+    "gru_fwdbwd": "GRU fwd+bwd", "lstm_cell": "LSTMCell B=1", "gru_cell": "GRUCell B=1",
+}
+IMPLS = ("blockrnn", "tf", "torch", "ort")
+IMPL_TITLES = {"blockrnn": "blockrnn", "tf": "TensorFlow", "torch": "PyTorch",
+               "ort": "ONNX Runtime"}
+
+# The shapes (T, B, I, H) of issue 3, and the batch-1 cell shape (B, I, H).
+DEFAULT_SHAPES = ((100, 32, 256, 256), (100, 64, 512, 512), (50, 1, 128, 128),
+                  (200, 16, 128, 256))
+CELL_SHAPE = (1, 32, 32)
+
+FWD_TOL = 1e-4
+GRAD_TOL = 1e-3
+
+
+def flops(workload, T, B, I, H):
+    """Matmul flops of one call: 2*T*B*(I+H)*G*H, G = 4 (LSTM) or 3 (GRU); x3 with backward."""
+    gates = 4 if workload.startswith("lstm") else 3
+    steps = 1 if workload.endswith("_cell") else T
+    fwd = 2.0 * steps * B * (I + H) * gates * H
+    return 3 * fwd if workload.endswith("fwdbwd") else fwd
+
+
+def memory_bound(workload, T, B, I, H, itemsize=4):
+    """blockrnn's memory bound in bytes: outputs + one T x B x GH workspace (G = 4 or 3)."""
+    if workload == "lstm_cell":
+        return itemsize * (7 * B * H + B * 4 * H)
+    if workload == "gru_cell":
+        return itemsize * (4 * B * H + B * 3 * H)
+    lstm = workload.startswith("lstm")
+    gates = 4 if lstm else 3
+    outputs = (7 if lstm else 4) * T * B * H
+    if workload.endswith("fwdbwd"):
+        if lstm:   # x, cs_prev, h_prev, w, wci, wcf, wco, b gradients
+            outputs += T * B * I + 2 * B * H + (I + H) * 4 * H + 3 * H + 4 * H
+        else:      # x, h_prev, w_ru, w_c, b_ru, b_c gradients
+            outputs += T * B * I + B * H + (I + H) * 3 * H + 3 * H
+    return itemsize * (outputs + T * B * gates * H)
+
+
+@dataclasses.dataclass
+class Impl:
+    """One implementation of one workload: ``run()`` is what is timed."""
+    impl: str                      # one of IMPLS
+    label: str                     # what exactly is called
+    run: Callable[[], object]
+    check: Optional[Callable[[], "Parity"]] = None
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Parity:
+    ok: bool
+    text: str                      # e.g. "max|h - h_blockrnn| = 3.1e-07 (< 1e-04)"
+
+
+def _fwd_parity(got, want, what):
+    diff = float(np.max(np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64)),
+                        initial=0.0))
+    ok = diff < FWD_TOL   # NaN fails too
+    return ok, f"max|{what}| = {diff:.1e} (tol {FWD_TOL:.0e})"
+
+
+def _grad_parity(pairs):
+    """pairs: (name, got, want); relative error max|g - r| / max(1, max|r|)."""
+    worst, worst_name = 0.0, ""
+    for name, got, want in pairs:
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        err = float(np.max(np.abs(got - want), initial=0.0) / max(1.0, np.max(np.abs(want),
+                                                                               initial=0.0)))
+        if not err <= worst:
+            worst, worst_name = err, name
+    ok = worst < GRAD_TOL
+    return ok, f"grads: worst rel. error {worst:.1e} in {worst_name} (tol {GRAD_TOL:.0e})"
+
+
+def _combine(*results):
+    return Parity(all(ok for ok, _ in results), "; ".join(text for _, text in results))
+
+
+class Problem:
+    """Random float32 inputs of one shape; blockrnn's reference outputs are computed lazily."""
+
+    def __init__(self, T, B, I, H, seed=0):
+        self.T, self.B, self.I, self.H = T, B, I, H
+        rng = np.random.default_rng(seed)
+        scale = 1.0 / np.sqrt(I + H)
+
+        def rand(*shape, s=1.0):
+            return (s * rng.uniform(-1, 1, shape)).astype(np.float32)
+
+        self.x = rand(T, B, I)
+        self.cs0, self.h0 = rand(B, H, s=0.5), rand(B, H, s=0.5)
+        self.w = rand(I + H, 4 * H, s=scale)          # IFCO (V2) columns
+        self.wci, self.wcf, self.wco = rand(H, s=0.5), rand(H, s=0.5), rand(H, s=0.5)
+        self.b = rand(4 * H, s=0.5)
+        self.w_ru = rand(I + H, 2 * H, s=scale)
+        self.w_c = rand(I + H, H, s=scale)
+        self.b_ru, self.b_c = rand(2 * H, s=0.5), rand(H, s=0.5)
+        self.cs_grad = np.zeros((T, B, H), np.float32)
+        self.h_grad = np.ones((T, B, H), np.float32)   # d(sum of all h) / dh
+        self._cache = {}
+
+    @property
+    def shape(self):
+        return (self.T, self.B, self.I, self.H)
+
+    def lstm_args(self):
+        return (self.T, self.x, self.cs0, self.h0, self.w, self.wci, self.wcf, self.wco, self.b)
+
+    def gru_args(self):
+        return (self.T, self.x, self.h0, self.w_ru, self.w_c, self.b_ru, self.b_c)
+
+    def _cached(self, key, compute):
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def lstm_fwd(self, peephole=True):
+        return self._cached(("lstm_fwd", peephole), lambda: blockrnn.block_lstm_v2(
+            *self.lstm_args(), use_peephole=peephole))
+
+    def lstm_grad(self, peephole=True):
+        return self._cached(("lstm_grad", peephole), lambda: blockrnn.block_lstm_grad_v2(
+            *self.lstm_args(), *self.lstm_fwd(peephole), self.cs_grad, self.h_grad,
+            use_peephole=peephole))
+
+    def gru_h(self):
+        """blockrnn's GRU h (T, B, H): ``block_gru`` if present, else a gru_block_cell loop."""
+        def loop():
+            h, hs = self.h0, []
+            for t in range(self.T):
+                h = blockrnn.gru_block_cell(self.x[t], h, self.w_ru, self.w_c, self.b_ru,
+                                            self.b_c).h
+                hs.append(h)
+            return np.stack(hs)
+        return self._cached("gru_h", loop)
+
+
+# --------------------------------------------------------------------------
+# Peer discovery
+# --------------------------------------------------------------------------
+
+class Peers:
+    """The importable peers. ``skipped`` holds one line per missing peer."""
+
+    def __init__(self, wanted=IMPLS, threads=None):
+        self.threads = threads or 1
+        self.tf = self.torch = self.ort = self.onnx = None
+        self.skipped = []
+        self.notes = []
+        if "tf" in wanted:
+            try:
+                os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+                import tensorflow as tf
+                try:
+                    tf.config.threading.set_intra_op_parallelism_threads(self.threads)
+                except RuntimeError as exc:  # TF already initialised in this process
+                    self.notes.append(f"TensorFlow intra-op threads not set: {exc}")
+                self.tf = tf
+            except Exception as exc:  # noqa: BLE001 - any import failure means "missing"
+                self.skipped.append(
+                    f"tensorflow not importable ({type(exc).__name__}: {exc}): "
+                    "TensorFlow columns skipped")
+        if "torch" in wanted:
+            try:
+                import torch
+                torch.set_num_threads(self.threads)
+                self.torch = torch
+            except Exception as exc:  # noqa: BLE001
+                self.skipped.append(
+                    f"torch not importable ({type(exc).__name__}: {exc}): "
+                    "PyTorch columns skipped")
+        if "ort" in wanted:
+            try:
+                import onnx
+                import onnxruntime
+                self.ort, self.onnx = onnxruntime, onnx
+            except Exception as exc:  # noqa: BLE001
+                self.skipped.append(
+                    f"onnxruntime/onnx not importable ({type(exc).__name__}: {exc}): "
+                    "ONNX Runtime columns skipped")
+
+    def versions(self):
+        out = {}
+        for name, mod in (("tensorflow", self.tf), ("torch", self.torch),
+                          ("onnxruntime", self.ort), ("onnx", self.onnx)):
+            out[name] = getattr(mod, "__version__", "?") if mod is not None else None
+        return out
+
+    def thread_settings(self):
+        out = {}
+        if self.tf is not None:
+            out["tensorflow intra_op"] = \
+                self.tf.config.threading.get_intra_op_parallelism_threads()
+        if self.torch is not None:
+            out["torch num_threads"] = self.torch.get_num_threads()
+        if self.ort is not None:
+            out["onnxruntime intra_op_num_threads"] = self.threads
+        return out
+
+
+# --------------------------------------------------------------------------
+# blockrnn
+# --------------------------------------------------------------------------
+
+def _blockrnn(workload, p):
+    if workload == "lstm_fwd":
+        args = p.lstm_args()
+        return Impl("blockrnn", "block_lstm_v2 (peepholes)",
+                    lambda: blockrnn.block_lstm_v2(*args, use_peephole=True))
+    if workload == "lstm_fwdbwd":
+        args = p.lstm_args()
+
+        def run():
+            fwd = blockrnn.block_lstm_v2(*args, use_peephole=True)
+            return blockrnn.block_lstm_grad_v2(*args, *fwd, p.cs_grad, p.h_grad,
+                                               use_peephole=True)
+        return Impl("blockrnn", "block_lstm_v2 + block_lstm_grad_v2 (peepholes)", run)
+    if workload in ("gru_fwd", "gru_fwdbwd"):
+        if not hasattr(blockrnn, "block_gru"):
+            raise Skip("blockrnn has no block_gru yet: blockrnn GRU sequence rows skipped")
+        args = p.gru_args()
+
+        def check():
+            h = blockrnn.block_gru(*args).h
+            return _combine(_fwd_parity(h, p.gru_h(), "h - h(gru_block_cell loop)"))
+        if workload == "gru_fwd":
+            return Impl("blockrnn", "block_gru", lambda: blockrnn.block_gru(*args), check)
+        if not hasattr(blockrnn, "block_gru_grad"):
+            raise Skip("blockrnn has no block_gru_grad yet: blockrnn GRU fwd+bwd row skipped")
+
+        def run():
+            fwd = blockrnn.block_gru(*args)
+            return blockrnn.block_gru_grad(*args, *fwd, p.h_grad)
+        return Impl("blockrnn", "block_gru + block_gru_grad", run, check)
+    if workload == "lstm_cell":
+        args = p.cell_lstm_args
+        return Impl("blockrnn", "lstm_block_cell (peepholes)",
+                    lambda: blockrnn.lstm_block_cell(*args, use_peephole=True))
+    if workload == "gru_cell":
+        args = p.cell_gru_args
+        return Impl("blockrnn", "gru_block_cell", lambda: blockrnn.gru_block_cell(*args))
+    raise ValueError(workload)
+
+
+class Skip(Exception):
+    """This implementation does not exist for this workload; the message says why."""
+
+
+# --------------------------------------------------------------------------
+# TensorFlow raw ops
+# --------------------------------------------------------------------------
+
+def _tf(tf, workload, p):
+    c = tf.constant
+    raw = tf.raw_ops
+    if workload in ("gru_fwd", "gru_fwdbwd"):
+        raise Skip("TensorFlow has no sequence GRU op (a Python loop of GRUBlockCell is not "
+                   "a fair peer): no TF row")
+    if workload in ("lstm_fwd", "lstm_fwdbwd"):
+        kw = dict(seq_len_max=c(p.T, tf.int64), x=c(p.x), cs_prev=c(p.cs0), h_prev=c(p.h0),
+                  w=c(p.w), wci=c(p.wci), wcf=c(p.wcf), wco=c(p.wco), b=c(p.b))
+        fwd = lambda: raw.BlockLSTMV2(**kw, cell_clip=0.0, use_peephole=True)  # noqa: E731
+        fwd_check = lambda: _fwd_parity(fwd()[6], p.lstm_fwd().h, "h - h_blockrnn")  # noqa
+        if workload == "lstm_fwd":
+            return Impl("tf", "tf.raw_ops.BlockLSTMV2 (peepholes)", fwd,
+                        lambda: _combine(fwd_check()))
+        cs_grad, h_grad = c(p.cs_grad), c(p.h_grad)
+
+        def run():
+            i, cs, f, o, ci, co, h = fwd()
+            return raw.BlockLSTMGradV2(**kw, i=i, cs=cs, f=f, o=o, ci=ci, co=co, h=h,
+                                       cs_grad=cs_grad, h_grad=h_grad, use_peephole=True)
+
+        def check():
+            got, want = run(), p.lstm_grad()
+            return _combine(fwd_check(), _grad_parity(
+                (name, g.numpy(), getattr(want, name)) for name, g in
+                zip(want._fields, got)))
+        return Impl("tf", "tf.raw_ops.BlockLSTMV2 + BlockLSTMGradV2 (peepholes)", run, check)
+    if workload == "lstm_cell":
+        names = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
+        kw = {n: c(a) for n, a in zip(names, p.cell_lstm_args)}
+        run = lambda: raw.LSTMBlockCell(**kw, forget_bias=1.0, cell_clip=3.0,  # noqa: E731
+                                        use_peephole=True)
+        want = blockrnn.lstm_block_cell(*p.cell_lstm_args, use_peephole=True).h
+        return Impl("tf", "tf.raw_ops.LSTMBlockCell (eager, peepholes)", run,
+                    lambda: _combine(_fwd_parity(run()[6], want, "h - h_blockrnn")))
+    if workload == "gru_cell":
+        names = ("x", "h_prev", "w_ru", "w_c", "b_ru", "b_c")
+        kw = {n: c(a) for n, a in zip(names, p.cell_gru_args)}
+        run = lambda: raw.GRUBlockCell(**kw)  # noqa: E731
+        want = blockrnn.gru_block_cell(*p.cell_gru_args).h
+        return Impl("tf", "tf.raw_ops.GRUBlockCell (eager)", run,
+                    lambda: _combine(_fwd_parity(run()[3], want, "h - h_blockrnn")))
+    raise ValueError(workload)
+
+
+# --------------------------------------------------------------------------
+# PyTorch
+# --------------------------------------------------------------------------
+
+def _reorder(w, H, blocks):
+    """Columns of w (..., n*H) reordered by gate block indices."""
+    return np.concatenate([w[..., k * H:(k + 1) * H] for k in blocks], axis=-1)
+
+
+def _torch_gru_weights(p, I, H, w_ru, w_c, b_ru, b_c):
+    """torch GRU parameters (gate order r, z, n) from TF's w_ru [r, u], w_c, b_ru, b_c."""
+    w_all = np.concatenate([w_ru, w_c], axis=1)       # columns r, u(=z), c(=n)
+    return (np.ascontiguousarray(w_all[:I].T), np.ascontiguousarray(w_all[I:].T),
+            np.concatenate([b_ru, b_c]), np.zeros(3 * H, np.float32))
+
+
+def numpy_gru_reset_after(x, h0, w_ih, w_hh, b_ih, b_hh):
+    """float64 reference of torch's nn.GRU (reset-after), time-major x (T, B, I)."""
+    x, h = x.astype(np.float64), h0.astype(np.float64)
+    w_ih, w_hh, b_ih, b_hh = (a.astype(np.float64) for a in (w_ih, w_hh, b_ih, b_hh))
+    H = h.shape[1]
+    sig = lambda v: 1.0 / (1.0 + np.exp(-v))  # noqa: E731
+    hs = []
+    for t in range(x.shape[0]):
+        gi, gh = x[t] @ w_ih.T + b_ih, h @ w_hh.T + b_hh
+        r, z = sig(gi[:, :H] + gh[:, :H]), sig(gi[:, H:2 * H] + gh[:, H:2 * H])
+        n = np.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:])
+        h = (1 - z) * n + z * h
+        hs.append(h)
+    return np.stack(hs)
+
+
+def _torch(torch, workload, p):
+    nn = torch.nn
+    T, B, I, H = p.shape
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    if workload in ("lstm_fwd", "lstm_fwdbwd"):
+        model = nn.LSTM(I, H)
+        with torch.no_grad():
+            model.weight_ih_l0.copy_(t(p.w[:I].T))   # torch i,f,g,o == V2's IFCO
+            model.weight_hh_l0.copy_(t(p.w[I:].T))
+            model.bias_ih_l0.copy_(t(p.b))
+            model.bias_hh_l0.zero_()
+        x, h0, c0 = t(p.x), t(p.h0[None]), t(p.cs0[None])
+        note = "no peepholes (torch has none)"
+        if workload == "lstm_fwd":
+            def run():
+                with torch.no_grad():
+                    return model(x, (h0, c0))[0]
+            return Impl("torch", "nn.LSTM forward, no_grad", run, lambda: _combine(
+                _fwd_parity(run().numpy(), p.lstm_fwd(False).h, "h - h_blockrnn(no peep.)")),
+                note)
+        xg, h0g, c0g = (a.clone().requires_grad_(True) for a in (x, h0, c0))
+        params = list(model.parameters())
+
+        def run():
+            for a in [xg, h0g, c0g, *params]:
+                a.grad = None
+            out = model(xg, (h0g, c0g))[0]
+            out.sum().backward()
+            return out
+
+        def check():
+            out = run()
+            want = p.lstm_grad(False)
+            return _combine(
+                _fwd_parity(out.detach().numpy(), p.lstm_fwd(False).h,
+                            "h - h_blockrnn(no peep.)"),
+                _grad_parity([
+                    ("x_grad", xg.grad.numpy(), want.x_grad),
+                    ("h_prev_grad", h0g.grad[0].numpy(), want.h_prev_grad),
+                    ("cs_prev_grad", c0g.grad[0].numpy(), want.cs_prev_grad),
+                    ("w_grad[:I]", model.weight_ih_l0.grad.numpy().T, want.w_grad[:I]),
+                    ("w_grad[I:]", model.weight_hh_l0.grad.numpy().T, want.w_grad[I:]),
+                    ("b_grad", model.bias_ih_l0.grad.numpy(), want.b_grad)]))
+        return Impl("torch", "nn.LSTM forward + backward(sum of outputs)", run, check, note)
+    if workload in ("gru_fwd", "gru_fwdbwd"):
+        w_ih, w_hh, b_ih, b_hh = _torch_gru_weights(p, I, H, p.w_ru, p.w_c, p.b_ru, p.b_c)
+        model = nn.GRU(I, H)
+        with torch.no_grad():
+            for param, value in zip(model.parameters(), (w_ih, w_hh, b_ih, b_hh)):
+                param.copy_(t(value))
+        x, h0 = t(p.x), t(p.h0[None])
+        note = "reset-after GRU (TF/ORT: reset-before); parity vs a NumPy reset-after GRU"
+
+        def fwd_check(h):
+            return _fwd_parity(h, numpy_gru_reset_after(p.x, p.h0, w_ih, w_hh, b_ih, b_hh),
+                               "h - h_numpy")
+        if workload == "gru_fwd":
+            def run():
+                with torch.no_grad():
+                    return model(x, h0)[0]
+            return Impl("torch", "nn.GRU forward, no_grad", run,
+                        lambda: _combine(fwd_check(run().numpy())), note)
+        xg, h0g = (a.clone().requires_grad_(True) for a in (x, h0))
+        params = list(model.parameters())
+
+        def run():
+            for a in [xg, h0g, *params]:
+                a.grad = None
+            out = model(xg, h0g)[0]
+            out.sum().backward()
+            return out
+        return Impl("torch", "nn.GRU forward + backward(sum of outputs)", run,
+                    lambda: _combine(fwd_check(run().detach().numpy())),
+                    note + " (forward checked)")
+    if workload == "lstm_cell":
+        x, cs, h, w, wci, wcf, wco, b = p.cell_lstm_args
+        Bc, Ic, Hc = p.cell_shape
+        cell = nn.LSTMCell(Ic, Hc)
+        icfo_to_ifgo = (0, 2, 1, 3)
+        with torch.no_grad():
+            cell.weight_ih.copy_(t(_reorder(w[:Ic], Hc, icfo_to_ifgo).T))
+            cell.weight_hh.copy_(t(_reorder(w[Ic:], Hc, icfo_to_ifgo).T))
+            cell.bias_ih.copy_(t(_reorder(b, Hc, icfo_to_ifgo)))
+            cell.bias_hh.zero_()
+        xt, ht, ct = t(x), t(h), t(cs)
+
+        def run():
+            with torch.no_grad():
+                return cell(xt, (ht, ct))
+        want = blockrnn.lstm_block_cell(x, cs, h, w, wci, wcf, wco, b, forget_bias=0.0,
+                                        cell_clip=0.0, use_peephole=False).h
+        return Impl("torch", "nn.LSTMCell, no_grad", run, lambda: _combine(_fwd_parity(
+            run()[0].numpy(), want, "h - h_blockrnn(no peep., forget_bias 0, no clip)")),
+            "no peepholes, forget bias or cell clip")
+    if workload == "gru_cell":
+        x, h, w_ru, w_c, b_ru, b_c = p.cell_gru_args
+        Bc, Ic, Hc = p.cell_shape
+        w_ih, w_hh, b_ih, b_hh = _torch_gru_weights(p, Ic, Hc, w_ru, w_c, b_ru, b_c)
+        cell = nn.GRUCell(Ic, Hc)
+        with torch.no_grad():
+            for param, value in zip(cell.parameters(), (w_ih, w_hh, b_ih, b_hh)):
+                param.copy_(t(value))
+        xt, ht = t(x), t(h)
+
+        def run():
+            with torch.no_grad():
+                return cell(xt, ht)
+        want = numpy_gru_reset_after(x[None], h, w_ih, w_hh, b_ih, b_hh)[0]
+        return Impl("torch", "nn.GRUCell, no_grad", run, lambda: _combine(_fwd_parity(
+            run().numpy(), want, "h - h_numpy")), "reset-after GRU")
+    raise ValueError(workload)
+
+
+# --------------------------------------------------------------------------
+# ONNX Runtime
+# --------------------------------------------------------------------------
+
+ONNX_OPSET = 17
+
+
+def _ort_session(peers, node, inputs, outputs, initializers):
+    onnx, ort = peers.onnx, peers.ort
+    h = onnx.helper
+    f32 = onnx.TensorProto.FLOAT
+    graph = h.make_graph(
+        [node], "blockrnn_bench",
+        [h.make_tensor_value_info(name, f32, list(a.shape)) for name, a in inputs.items()],
+        [h.make_tensor_value_info(name, f32, shape) for name, shape in outputs.items()],
+        [onnx.numpy_helper.from_array(np.ascontiguousarray(a, np.float32), name)
+         for name, a in initializers.items()])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", ONNX_OPSET)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = peers.threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+    return sess
+
+
+def _ort(peers, workload, p):
+    T, B, I, H = p.shape
+    if workload == "lstm_fwd":
+        ifco_to_iofc = (0, 3, 1, 2)
+        w = _reorder(p.w, H, ifco_to_iofc)
+        init = {"W": w[:I].T[None], "R": w[I:].T[None],
+                "B": np.concatenate([_reorder(p.b, H, ifco_to_iofc),
+                                     np.zeros(4 * H, np.float32)])[None],
+                "P": np.concatenate([p.wci, p.wco, p.wcf])[None]}    # i, o, f
+        node = peers.onnx.helper.make_node(
+            "LSTM", ["X", "W", "R", "B", "", "initial_h", "initial_c", "P"], ["Y", "Y_h"],
+            hidden_size=H)
+        feeds = {"X": p.x, "initial_h": p.h0[None], "initial_c": p.cs0[None]}
+        sess = _ort_session(peers, node, feeds, {"Y": [T, 1, B, H], "Y_h": [1, B, H]}, init)
+        run = lambda: sess.run(["Y"], feeds)  # noqa: E731
+        return Impl("ort", "onnxruntime LSTM (peepholes P)", run, lambda: _combine(
+            _fwd_parity(run()[0][:, 0], p.lstm_fwd().h, "h - h_blockrnn")))
+    if workload == "gru_fwd":
+        # ONNX gate order z, r, h  ==  TF's u, r, c
+        w = np.concatenate([p.w_ru[:, H:], p.w_ru[:, :H], p.w_c], axis=1)
+        b = np.concatenate([p.b_ru[H:], p.b_ru[:H], p.b_c, np.zeros(3 * H, np.float32)])
+        init = {"W": w[:I].T[None], "R": w[I:].T[None], "B": b[None]}
+        node = peers.onnx.helper.make_node(
+            "GRU", ["X", "W", "R", "B", "", "initial_h"], ["Y", "Y_h"], hidden_size=H,
+            linear_before_reset=0)
+        feeds = {"X": p.x, "initial_h": p.h0[None]}
+        sess = _ort_session(peers, node, feeds, {"Y": [T, 1, B, H], "Y_h": [1, B, H]}, init)
+        run = lambda: sess.run(["Y"], feeds)  # noqa: E731
+        what = ("h - h_blockrnn(block_gru)" if hasattr(blockrnn, "block_gru")
+                else "h - h_blockrnn(gru_block_cell loop)")
+        return Impl("ort", "onnxruntime GRU (linear_before_reset=0)", run,
+                    lambda: _combine(_fwd_parity(run()[0][:, 0], p.gru_h(), what)))
+    if workload in ("lstm_fwdbwd", "gru_fwdbwd"):
+        raise Skip("ONNX Runtime is inference only: no fwd+bwd row")
+    if workload in ("lstm_cell", "gru_cell"):
+        raise Skip(None)   # not a requested peer of the cell latency
+    raise ValueError(workload)
+
+
+class CellProblem(Problem):
+    """The batch-1 cell latency problem: one step, ICFO LSTM weights (LSTMBlockCell)."""
+
+    def __init__(self, B, I, H, seed=0):
+        super().__init__(1, B, I, H, seed)
+        self.cell_shape = (B, I, H)
+        w_icfo = _reorder(self.w, H, (0, 2, 1, 3))   # IFCO -> ICFO (a permutation is its own)
+        self.cell_lstm_args = (self.x[0], self.cs0, self.h0, w_icfo, self.wci, self.wcf,
+                               self.wco, self.b)
+        self.cell_gru_args = (self.x[0], self.h0, self.w_ru, self.w_c, self.b_ru, self.b_c)
+
+
+def build(workload, problem, peers, wanted=IMPLS):
+    """The implementations of ``workload`` on ``problem``: (list of Impl, list of messages)."""
+    impls, messages = [], []
+    makers = {"blockrnn": lambda: _blockrnn(workload, problem),
+              "tf": lambda: _tf(peers.tf, workload, problem) if peers.tf else None,
+              "torch": lambda: _torch(peers.torch, workload, problem) if peers.torch else None,
+              "ort": lambda: _ort(peers, workload, problem) if peers.ort else None}
+    for name in IMPLS:
+        if name not in wanted:
+            continue
+        try:
+            impl = makers[name]()
+        except Skip as exc:
+            if exc.args and exc.args[0]:
+                messages.append(str(exc))
+            continue
+        except Exception as exc:  # noqa: BLE001 - a broken peer must not stop the run
+            messages.append(f"{IMPL_TITLES[name]} {WORKLOAD_TITLES[workload]}: setup failed "
+                            f"({type(exc).__name__}: {exc}); row skipped")
+            continue
+        if impl is not None:
+            impls.append(impl)
+    return impls, messages
