@@ -1,0 +1,179 @@
+"""Smoke tests of the benchmark harness (benchmarks/): tiny shapes, one repeat, no timed
+assertions. They pass whichever peers (TF, torch, ONNX Runtime, matplotlib) are installed:
+a missing peer must give its "not importable" line instead of rows."""
+import json
+import math
+import os
+import sys
+from collections import namedtuple
+
+import numpy as np
+
+import blockrnn
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:   # benchmarks/ is a top-level package of the repository
+    sys.path.insert(0, _ROOT)
+
+from benchmarks import peers, run, threads  # noqa: E402
+
+TINY = ["--quick", "--repeats", "1", "--shapes", "5,2,4,6", "3,1,2,3", "--cell-shape", "1,4,4",
+        "--sgemm-size", "64"]
+
+# The rows each peer must produce when installed (blockrnn: every workload).
+EXPECTED = {
+    "blockrnn": set(peers.WORKLOADS),
+    "tf": {"lstm_fwd", "lstm_fwdbwd", "lstm_cell", "gru_cell"},
+    "torch": set(peers.WORKLOADS),
+    "ort": {"lstm_fwd", "gru_fwd"},
+}
+VERSION_KEY = {"tf": "tensorflow", "torch": "torch", "ort": "onnxruntime"}
+
+_GRU = namedtuple("BlockGRUOutput", "r u c h")
+
+
+def _loop_block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c):
+    """block_gru's contract as a loop of gru_block_cell (until blockrnn has the real one)."""
+    outs, h = [], h_prev
+    for t in range(seq_len_max):
+        step = blockrnn.gru_block_cell(x[t], h, w_ru, w_c, b_ru, b_c)
+        outs.append(step)
+        h = step.h
+    return _GRU(*(np.stack([getattr(o, f) for o in outs]) for f in _GRU._fields))
+
+
+def _loop_block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad):
+    d_x, d_h = np.zeros_like(x), np.zeros_like(h_prev)
+    d_params = [np.zeros_like(a) for a in (w_ru, w_c, b_ru, b_c)]
+    for t in reversed(range(seq_len_max)):
+        g = blockrnn.gru_block_cell_grad_full(x[t], h[t - 1] if t else h_prev, w_ru, w_c,
+                                              b_ru, b_c, r[t], u[t], c[t], h_grad[t] + d_h)
+        d_x[t], d_h = g.d_x, g.d_h_prev
+        for acc, value in zip(d_params, g[2:]):
+            acc += value
+    return (d_x, d_h, *d_params)
+
+
+def _with_gru(monkeypatch):
+    if not hasattr(blockrnn, "block_gru"):
+        monkeypatch.setattr(blockrnn, "block_gru", _loop_block_gru, raising=False)
+    if not hasattr(blockrnn, "block_gru_grad"):
+        monkeypatch.setattr(blockrnn, "block_gru_grad", _loop_block_gru_grad, raising=False)
+
+
+def test_table_rows_columns_and_ratios(tmp_path, capsys, monkeypatch):
+    _with_gru(monkeypatch)
+    path = tmp_path / "bench.json"
+    assert run.main(TINY + ["--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    results = json.loads(path.read_text())
+
+    # Header and table layout.
+    assert f"blockrnn {blockrnn.__version__}" in out
+    assert "sgemm roofline" in out and "threads per library" in out
+    header = [line for line in out.splitlines() if line.startswith("workload  ")]
+    assert len(header) == 1
+    for column in run.COLUMNS:
+        assert column in header[0]
+    table = out[out.index(header[0]):].splitlines()
+    body = [line for line in table[2:] if line.strip()][:len(results["rows"])]
+    assert len(body) == len(results["rows"])
+
+    # Rows: every installed peer where it has the op; a missing peer says so in one line.
+    rows = results["rows"]
+    shapes = {(5, 2, 4, 6), (3, 1, 2, 3)}
+    for impl, workloads in EXPECTED.items():
+        installed = impl == "blockrnn" or \
+            results["header"][VERSION_KEY[impl]] != "not installed"
+        if not installed:
+            assert any("not importable" in m and peers.IMPL_TITLES[impl] in m
+                       for m in results["messages"]), impl
+            assert not any(r["impl"] == impl for r in rows)
+            continue
+        for workload in workloads:
+            wanted = [(1, 4, 4)] if workload in peers.CELL_WORKLOADS else shapes
+            got = {tuple(r["shape"]) for r in rows
+                   if r["impl"] == impl and r["workload"] == workload}
+            assert got == set(wanted), (impl, workload, got)
+    assert all(p["ok"] for p in results["parity"]), results["parity"]
+    assert not results["failed"]
+
+    # Derived columns come from the measured times.
+    peak = results["roofline"]["gflops"]
+    assert peak > 0
+    for r in rows:
+        assert r["best_ms"] > 0 and r["best_ms"] <= r["median_ms"]
+        assert len(r["samples_ms"]) == 1 and r["samples_ms"][0] == r["best_ms"]
+        T, B, I, H = ((1, *r["shape"]) if r["workload"] in peers.CELL_WORKLOADS
+                      else r["shape"])
+        assert r["flops"] == peers.flops(r["workload"], T, B, I, H)
+        assert math.isclose(r["gflops"], r["flops"] / (r["best_ms"] * 1e-3) / 1e9)
+        assert math.isclose(r["sgemm_share"], r["gflops"] / peak)
+        base = [b for b in rows if b["impl"] == "blockrnn" and b["workload"] == r["workload"]
+                and b["shape"] == r["shape"]]
+        if r["impl"] == "blockrnn":
+            assert r["ratio_blockrnn_over_peer"] is None
+            assert r["tracemalloc_peak_bytes"] > 0
+            assert r["memory_bound_bytes"] == peers.memory_bound(r["workload"], T, B, I, H)
+        else:
+            assert math.isclose(r["ratio_blockrnn_over_peer"],
+                                base[0]["best_ms"] / r["best_ms"])
+            assert r["tracemalloc_peak_bytes"] is None
+
+
+def test_flops_and_memory_bound_formulas():
+    assert peers.flops("lstm_fwd", 100, 32, 256, 256) == 2 * 100 * 32 * 512 * 4 * 256
+    assert peers.flops("lstm_fwdbwd", 2, 3, 4, 5) == 3 * peers.flops("lstm_fwd", 2, 3, 4, 5)
+    assert peers.flops("gru_fwd", 2, 3, 4, 5) == 2 * 2 * 3 * 9 * 3 * 5
+    assert peers.flops("gru_cell", 1, 1, 4, 5) == 2 * 1 * 9 * 3 * 5
+    assert peers.memory_bound("lstm_fwd", 2, 3, 4, 5) == 4 * (7 * 30 + 2 * 3 * 20)
+
+
+def test_a_failed_parity_check_excludes_the_row_loudly(capsys, monkeypatch):
+    real_build = peers.build
+
+    def build(workload, problem, found, wanted=peers.IMPLS):
+        impls, messages = real_build(workload, problem, found, ("blockrnn",))
+        wrong = peers.Impl("ort", "a wrong implementation", impls[0].run,
+                           lambda: peers.Parity(False, "max|h - h_blockrnn| = 1.0e+00"))
+        return impls + [wrong], messages
+
+    monkeypatch.setattr(peers, "build", build)
+    assert run.main(TINY + ["--impls", "blockrnn", "--workloads", "lstm_fwd"]) == 1
+    out = capsys.readouterr().out
+    assert "!!! PARITY FAILURE LSTM fwd" in out
+    assert "ONNX Runtime" not in out.split("workload  ")[-1].split("implementations:")[0]
+
+
+def test_thread_scaling_mode(tmp_path, capsys):
+    path = tmp_path / "threads.json"
+    assert run.main(["--threads", "--thread-counts", "1,2", "--thread-shape", "4,1,3,5",
+                     "--thread-duration", "0.05", "--blas-threads", "default,1",
+                     "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "sequences/s" in out and "speed-up" in out
+    rows = json.loads(path.read_text())["thread_scaling"]
+    assert [(r["blas_threads"], r["threads"]) for r in rows] == \
+        [("default", 1), ("default", 2), (1, 1), (1, 2)]
+    for r in rows:
+        assert r["calls"] >= r["threads"] and r["bitwise_equal"]
+        assert math.isclose(r["sequences_per_s"], r["calls"] / r["seconds"])
+    assert rows[0]["speedup"] == 1.0 and rows[2]["speedup"] == 1.0
+    assert math.isclose(rows[1]["speedup"], rows[1]["sequences_per_s"]
+                        / rows[0]["sequences_per_s"])
+    assert threads.main(["--counts", "1", "--shape", "2,1,2,2", "--duration", "0.02",
+                         "--blas-threads", "1"]) == 0
+
+
+def test_plot_or_a_clear_error(tmp_path, capsys):
+    png = tmp_path / "bench.png"
+    status = run.main(TINY + ["--impls", "blockrnn", "--workloads", "lstm_fwd",
+                              "--plot", str(png)])
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert status == 2
+        assert "--plot needs matplotlib" in capsys.readouterr().err
+    else:
+        assert status == 0
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
