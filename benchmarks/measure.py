@@ -1,4 +1,6 @@
 """Measurement helpers: round-robin timing, peak memory, the sgemm roofline, the header."""
+import ctypes
+import ctypes.util
 import gc
 import os
 import platform
@@ -65,25 +67,53 @@ def _status_kb(field):
     raise KeyError(field)
 
 
+def _load_malloc_trim():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+        return trim
+    except (OSError, AttributeError):   # not glibc
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+class _NoGC:
+    """No garbage-collection pass inside a measured call (gc.collect() itself takes
+    ~0.2 s once TensorFlow is loaded, so it is not called either)."""
+
+    def __enter__(self):
+        self.enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            gc.enable()
+
+
 def rss_peak_increase(fn):
     """Peak resident memory increase (bytes) during one ``fn()`` call, or None.
 
-    Linux only: writing "5" to /proc/self/clear_refs resets VmHWM (the RSS high-water
-    mark) to the current RSS; after the call, VmHWM - VmRSS(before) is the increase.
-    Memory that an allocator kept resident from earlier calls (glibc's heap, TF's and
-    torch's caching allocators) is reused without raising the RSS, so this is a lower
-    bound for peers with caching allocators.
+    Linux only: glibc's free heap memory is first returned to the OS (malloc_trim(0)),
+    then writing "5" to /proc/self/clear_refs resets VmHWM (the RSS high-water mark) to
+    the current RSS; after the call, VmHWM - VmRSS(before) is the increase. Memory that
+    an allocator of its own keeps resident from earlier calls (TF's, ORT's arenas) is
+    reused without raising the RSS, so this is a lower bound for such peers.
     """
     try:
-        gc.collect()
+        if _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)
         before = _status_kb("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         if _status_kb("VmHWM") > before + 1024:   # reset did not take
             return None
-        result = fn()
-        peak = _status_kb("VmHWM")
-        del result
+        with _NoGC():
+            result = fn()
+            peak = _status_kb("VmHWM")
+            del result
         return max(0, peak - before) * 1024
     except (OSError, KeyError, ValueError):
         return None
@@ -95,16 +125,16 @@ def tracemalloc_peak(fn):
     NumPy reports its array buffers to tracemalloc, so for blockrnn (whose outputs and
     workspaces are NumPy arrays) this is its exact allocation peak.
     """
-    gc.collect()
     was_tracing = tracemalloc.is_tracing()
     if not was_tracing:
         tracemalloc.start()
     try:
         base, _ = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        result = fn()
-        _, peak = tracemalloc.get_traced_memory()
-        del result
+        with _NoGC():
+            result = fn()
+            _, peak = tracemalloc.get_traced_memory()
+            del result
         return max(0, peak - base)
     finally:
         if not was_tracing:
