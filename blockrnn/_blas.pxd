@@ -10,19 +10,47 @@ from cython cimport floating
 from scipy.linalg.cython_blas cimport sgemm, dgemm
 
 
-cdef inline void gemm(bint trans_a, bint trans_b,
-                      Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
-                      floating alpha, const floating* a, Py_ssize_t lda,
-                      const floating* b, Py_ssize_t ldb,
-                      floating beta, floating* c, Py_ssize_t ldc) noexcept nogil:
-    """C[m, n] = alpha * op(A) @ op(B) + beta * C, all row-major."""
-    cdef Py_ssize_t i, j
+# Small products run on the calling thread. OpenBLAS's interface runs a
+# product of m*n*k <= 65536 * 4 on its caller and may hand larger ones to its
+# thread pool; for a product below SMALL_GEMM_WORK waking the pool costs about
+# what it saves, and with several Python threads calling at once the pool is
+# shared and serialises them (measured: two threads doing batch-1 sequences
+# got 0.82x one thread's throughput). So a small product is issued in blocks
+# of rows of at most CALLER_GEMM_WORK each. Each element of C is still one dot
+# product over all of k; the blocks depend only on the shapes, never on what
+# other threads do.
+cdef enum:
+    SMALL_GEMM_WORK = 1 << 22
+    CALLER_GEMM_WORK = 1 << 18
+
+
+cdef inline void blas_gemm(bint trans_a, bint trans_b,
+                           Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                           floating alpha, const floating* a, Py_ssize_t lda,
+                           const floating* b, Py_ssize_t ldb,
+                           floating beta, floating* c, Py_ssize_t ldc) noexcept nogil:
+    """One row-major GEMM call (m, n, k > 0)."""
     cdef char ta = b't' if trans_a else b'n'
     cdef char tb = b't' if trans_b else b'n'
     cdef int m_ = <int>m, n_ = <int>n, k_ = <int>k
     cdef int lda_ = <int>(lda if lda > 1 else 1)
     cdef int ldb_ = <int>(ldb if ldb > 1 else 1)
     cdef int ldc_ = <int>(ldc if ldc > 1 else 1)
+    if floating is float:
+        sgemm(&tb, &ta, &n_, &m_, &k_, &alpha, <float*>b, &ldb_, <float*>a, &lda_,
+              &beta, c, &ldc_)
+    else:
+        dgemm(&tb, &ta, &n_, &m_, &k_, &alpha, <double*>b, &ldb_, <double*>a, &lda_,
+              &beta, c, &ldc_)
+
+
+cdef inline void gemm(bint trans_a, bint trans_b,
+                      Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                      floating alpha, const floating* a, Py_ssize_t lda,
+                      const floating* b, Py_ssize_t ldb,
+                      floating beta, floating* c, Py_ssize_t ldc) noexcept nogil:
+    """C[m, n] = alpha * op(A) @ op(B) + beta * C, all row-major."""
+    cdef Py_ssize_t i, j, rows
     if m == 0 or n == 0:
         return
     if k == 0:  # empty sum: C = beta * C (beta == 0 must not read C: NaN * 0)
@@ -30,9 +58,12 @@ cdef inline void gemm(bint trans_a, bint trans_b,
             for j in range(n):
                 c[i * ldc + j] = 0 if beta == 0 else beta * c[i * ldc + j]
         return
-    if floating is float:
-        sgemm(&tb, &ta, &n_, &m_, &k_, &alpha, <float*>b, &ldb_, <float*>a, &lda_,
-              &beta, c, &ldc_)
-    else:
-        dgemm(&tb, &ta, &n_, &m_, &k_, &alpha, <double*>b, &ldb_, <double*>a, &lda_,
-              &beta, c, &ldc_)
+    if m * n * k > SMALL_GEMM_WORK or n * k >= CALLER_GEMM_WORK:
+        blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+        return
+    rows = CALLER_GEMM_WORK // (n * k)  # >= 1
+    i = 0
+    while i < m:  # row i of op(A) starts at a + i*lda, or at a + i if transposed
+        blas_gemm(trans_a, trans_b, min(rows, m - i), n, k, alpha,
+                  a + (i if trans_a else i * lda), lda, b, ldb, beta, c + i * ldc, ldc)
+        i += rows

@@ -73,6 +73,11 @@ def _worker(rank, port, out_dir):
         _train(model, x[part], target[part])
         np.savez(os.path.join(out_dir, f"rank{rank}.npz"),
                  **{k: v.detach().numpy() for k, v in model.module.named_parameters()})
+        del model
+        # Both ranks leave together: a rank that tears gloo down while the other
+        # still talks to it can die in gloo's destructor ("terminate called
+        # without an active exception", seen once in CI).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
