@@ -25,12 +25,21 @@ def calibrate(fn, target):
     return max(1, min(100_000, int(target / max(single, 1e-9))))
 
 
-def round_robin(fns, repeats, numbers, on_error):
+# Pause before each sample. Every library here leaves worker threads spinning
+# after a call (OpenBLAS's pool, libgomp's team in PyTorch, ONNX Runtime's and
+# TensorFlow's pools); without a pause the next implementation in the round
+# shares the cores with the previous one's spinners (measured: blockrnn's
+# forward at 100,32,256,256 took 56 ms right after the peers, 30 ms alone).
+SETTLE_S = 0.2
+
+
+def round_robin(fns, repeats, numbers, on_error, settle=SETTLE_S):
     """Time ``fns`` (dict name -> callable) in turn, ``repeats`` rounds.
 
     Each round times every function once (``numbers[name]`` calls per sample, the sample
     being the mean per call), so slow drifts of the machine hit every implementation
-    alike. A function that raises is dropped (``on_error(name, exc)``).
+    alike; each sample starts ``settle`` seconds after the previous one ended, on idle
+    cores. A function that raises is dropped (``on_error(name, exc)``).
     Returns dict name -> list of per-call seconds, one per round.
     """
     samples = {name: [] for name in fns}
@@ -38,6 +47,8 @@ def round_robin(fns, repeats, numbers, on_error):
     for _ in range(repeats):
         for name, fn in list(live.items()):
             n = numbers.get(name, 1)
+            if settle and len(live) > 1:
+                time.sleep(settle)
             try:
                 start = time.perf_counter()
                 for _ in range(n):

@@ -93,6 +93,10 @@ def parse_args(argv):
     parser.add_argument("--num-threads", type=int, default=None,
                         help="threads for every library (default OMP_NUM_THREADS or the "
                              "usable CPUs); also limits SciPy's BLAS when given")
+    parser.add_argument("--settle", type=float, default=measure.SETTLE_S, metavar="S",
+                        help="pause before each timed sample so that the previous "
+                             "implementation's spinning threads are idle (default %(default)s s;"
+                             " 0 with --quick)")
     parser.add_argument("--sgemm-size", type=int, default=2048,
                         help="n of the n x n x n sgemm roofline (default 2048)")
     parser.add_argument("--seed", type=int, default=0)
@@ -181,6 +185,7 @@ class Run:
         self.rows, self.parity, self.messages = [], [], []
         self.failed = False
         self.repeats = opts.repeats or (2 if opts.quick else 7)
+        self.settle = 0.0 if opts.quick else opts.settle
         self.cell_target = QUICK_CELL_TARGET_S if opts.quick else CELL_TARGET_S
 
     def say(self, text, loud=False):
@@ -228,7 +233,8 @@ class Run:
                 self._call_failed(title, impl.impl, exc)
 
         samples = measure.round_robin(fns, self.repeats, numbers,
-                                      lambda name, exc: self._call_failed(title, name, exc))
+                                      lambda name, exc: self._call_failed(title, name, exc),
+                                      settle=self.settle)
         by_name = {impl.impl: impl for impl in live}
         flops = peers.flops(workload, T, B, I, H)
         base = measure.summarize(samples["blockrnn"])["best_s"] if "blockrnn" in samples \
@@ -283,7 +289,8 @@ def run(opts):
           "better of the two is used)")
     bench = Run(opts, found, roofline)
     print(f"timing: round-robin over implementations, {bench.repeats} rounds, BEST round "
-          "reported (median also shown)\n")
+          f"reported (median also shown); {bench.settle:g} s pause before each sample "
+          "(idle cores: no thread of the previous implementation still spinning)\n")
     for shape in (opts.shapes or DEFAULT_SHAPES):
         problem = peers.Problem(*shape, seed=opts.seed)
         for workload in SEQUENCE_WORKLOADS:
