@@ -451,6 +451,72 @@ def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_cl
     return tuple.__new__(output_type, outs)
 
 
+def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias,
+                    cell_clip, use_peephole, int layout, Py_ssize_t max_serial_work,
+                    output_type):
+    """BlockLSTM / BlockLSTMV2 for the common call (no sequence_length), or None.
+
+    Returns output_type(i, cs, f, o, ci, co, h) of (T, B, H) arrays."""
+    if not (type(seq_len_max) is int and cnp.PyArray_CheckExact(x)
+            and plain_float(forget_bias) and plain_float(cell_clip)
+            and type(use_peephole) is bool):
+        return None
+    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
+        return None
+    if not (plain_array(x, 3, typenum) and plain_array(cs_prev, 2, typenum)
+            and plain_array(h_prev, 2, typenum) and plain_array(w, 2, typenum)
+            and plain_array(b, 1, typenum) and plain_array(wci, 1, typenum)
+            and plain_array(wcf, 1, typenum) and plain_array(wco, 1, typenum)):
+        return None
+    cdef Py_ssize_t T = dim(x, 0), B = dim(x, 1), I = dim(x, 2), H = dim(cs_prev, 1)
+    if not 0 <= seq_len_max <= T:
+        return None
+    cdef Py_ssize_t L = seq_len_max
+    if (B * H >= max_serial_work or T * B > 2**30 or I + H > 2**30 // 4
+            or dim(cs_prev, 0) != B or dim(h_prev, 0) != B or dim(h_prev, 1) != H
+            or dim(w, 0) != I + H or dim(w, 1) != 4 * H or dim(b, 0) != 4 * H
+            or dim(wci, 0) != H or dim(wcf, 0) != H or dim(wco, 0) != H):
+        return None
+    cdef cnp.npy_intp dims[3]
+    dims[0] = T
+    dims[1] = B
+    dims[2] = H
+    outs = [cnp.PyArray_EMPTY(3, dims, typenum, 0) for _ in range(7)]
+    cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
+    cdef void* g = malloc((L * B * 4 * H + 1) * item)
+    if g == NULL:
+        raise MemoryError()
+    cdef void* p[7]
+    for k in range(7):
+        p[k] = data(outs[k])
+    cdef void* px = data(x)
+    cdef void* pcs = data(cs_prev)
+    cdef void* ph = data(h_prev)
+    cdef void* pw = data(w)
+    cdef void* pci = data(wci)
+    cdef void* pcf = data(wcf)
+    cdef void* pco = data(wco)
+    cdef void* pb = data(b)
+    cdef double fb = forget_bias, clip_ = cell_clip
+    cdef bint peep = use_peephole
+    with nogil:
+        if typenum == cnp.NPY_FLOAT32:
+            block_lstm_forward_compute[float](
+                L, T, B, I, H, layout, <float*>px, <float*>pcs, <float*>ph, <float*>pw,
+                <float*>pci, <float*>pcf, <float*>pco, <float*>pb, <float>fb, <float>clip_,
+                peep, NULL, <float*>g, <float*>p[0], <float*>p[1], <float*>p[2],
+                <float*>p[3], <float*>p[4], <float*>p[5], <float*>p[6], 1)
+        else:
+            block_lstm_forward_compute[double](
+                L, T, B, I, H, layout, <double*>px, <double*>pcs, <double*>ph, <double*>pw,
+                <double*>pci, <double*>pcf, <double*>pco, <double*>pb, fb, clip_, peep, NULL,
+                <double*>g, <double*>p[0], <double*>p[1], <double*>p[2], <double*>p[3],
+                <double*>p[4], <double*>p[5], <double*>p[6], 1)
+    free(g)
+    return tuple.__new__(output_type, outs)
+
+
 def lstm_cell_backward(
         const floating[:, ::1] x,        # IN  [B, I] (used by the full gradient only)
         const floating[:, ::1] cs_prev,  # IN  [B, H]

@@ -218,6 +218,12 @@ def lstm_block_cell_grad_full(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f,
 
 def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_peephole,
                 sequence_length):
+    if sequence_length is None:
+        out = _kernels.block_lstm_fast(
+            seq_len_max, *values.values(), forget_bias, cell_clip, use_peephole, layout,
+            _config.MIN_PARALLEL_WORK, BlockLSTMOutput)
+        if out is not None:  # the common call, checked and computed in compiled code
+            return out
     forget_bias = check_float(op, "forget_bias", forget_bias)
     cell_clip = check_float(op, "cell_clip", cell_clip)
     use_peephole = check_bool(op, "use_peephole", use_peephole)

@@ -109,3 +109,28 @@ def test_cell_fast_path_is_taken_only_for_plain_arrays():
     _assert_same(fast, blockrnn.gru_block_cell(*[np.asfortranarray(a) for a in g_args]))
     assert _kernels.gru_cell_fast(*g_args[:-1], g_args[-1][:-1], 1 << 20,
                                   gru.GRUBlockCellOutput) is None
+
+
+def test_sequence_fast_path_is_taken_only_for_plain_calls():
+    """block_lstm/block_lstm_v2 without sequence_length check plain calls in compiled
+    code; the general path (here via Fortran-ordered inputs) gives the same bits."""
+    from blockrnn import _kernels, lstm
+
+    L, *arrays = _lstm_args()
+    for layout, fwd, attrs in [(_kernels.GateLayout.ICFO, blockrnn.block_lstm,
+                                dict(forget_bias=0.5, cell_clip=0.2)),
+                               (_kernels.GateLayout.IFCO, blockrnn.block_lstm_v2,
+                                dict(cell_clip=0.0))]:
+        fast = _kernels.block_lstm_fast(L, *arrays, attrs.get("forget_bias", 0.0),
+                                        attrs["cell_clip"], True, layout, 1 << 20,
+                                        lstm.BlockLSTMOutput)
+        assert isinstance(fast, lstm.BlockLSTMOutput)
+        general = fwd(L, *[np.asfortranarray(a) for a in arrays], use_peephole=True, **attrs)
+        _assert_same(fast, general)
+        _assert_same(fast, fwd(L, *arrays, use_peephole=True, **attrs))
+        for bad_L in (np.int64(L), T + 1, -1, True):   # general path (converts or raises)
+            assert _kernels.block_lstm_fast(bad_L, *arrays, 0.0, 0.0, True, layout, 1 << 20,
+                                            lstm.BlockLSTMOutput) is None
+        short = arrays[:4] + [arrays[4][:-1]] + arrays[5:]   # a peephole vector of H - 1
+        assert _kernels.block_lstm_fast(L, *short, 0.0, 0.0, False, layout, 1 << 20,
+                                        lstm.BlockLSTMOutput) is None
