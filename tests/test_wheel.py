@@ -41,11 +41,15 @@ PACKAGE_FILES = [
     "blockrnn/__init__.py", "blockrnn/__main__.py", "blockrnn/_config.py",
     "blockrnn/_reference.py", "blockrnn/_validation.py", "blockrnn/_version.py",
     "blockrnn/gru.py", "blockrnn/lstm.py", "blockrnn/raw_ops.py",
-    "blockrnn/_blas.pxd", "blockrnn/_openmp.pxd",
+    "blockrnn/layers.py", "blockrnn/torch.py", "blockrnn/convert.py", "blockrnn/demo.py",
+    "blockrnn/data/shakespeare.txt",
+    "blockrnn/_blas.pxd", "blockrnn/_openmp.pxd", "blockrnn/_kernels.pxd", "blockrnn/capi.pxd",
 ]
-# The installed-wheel run leaves out this module (it would recurse) and the slow
-# randomised modules, which test the same compiled code as the in-place run.
-NOT_RERUN = ("test_wheel.py", "test_fuzz.py", "test_stress.py")
+# The installed-wheel run leaves out this module (it would recurse), the slow
+# randomised modules, which test the same compiled code as the in-place run, and
+# the benchmark harness's smoke test (benchmarks/ belongs to the source checkout,
+# not to the package).
+NOT_RERUN = ("test_wheel.py", "test_fuzz.py", "test_stress.py", "test_benchmarks.py")
 COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "wheelhouse", "*.egg-info", "__pycache__",
     ".pytest_cache", ".hypothesis", "*.so", "*.o", "_kernels.c", "_kernels.html")
