@@ -34,6 +34,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
+# An absolute path (the script changes directory); symlinks kept: a venv's python is one.
+case "$PYTHON" in */*) PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")" ;; esac
 CC_BASE=${CC_BASE:-gcc}
 if [ "$#" -eq 0 ]; then
     set -- tests --ignore=tests/test_wheel.py

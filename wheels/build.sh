@@ -25,6 +25,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
+# An absolute path (the script changes directory); symlinks kept: a venv's python is one.
+case "$PYTHON" in */*) PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")" ;; esac
 PLAT=${PLAT:-auto}
 DIST=$ROOT/dist
 WHEELHOUSE=$ROOT/wheelhouse
