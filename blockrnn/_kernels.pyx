@@ -19,6 +19,7 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
+from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
 
 import numpy as np
 
@@ -390,21 +391,47 @@ cdef inline bint plain_float(object v) noexcept:
     return type(v) is float or type(v) is int
 
 
+cdef int lstm_plain_dtype(int x_rank, x, cs_prev, h_prev, w, wci, wcf, wco, b,
+                          void** ptr) noexcept:
+    """NPY_FLOAT32 or NPY_FLOAT64 if the LSTM arguments are plain arrays of one
+    float dtype (x of rank x_rank, the states and w of rank 2, the vectors of
+    rank 1; the shapes are checked by the caller), with ptr[0:8] their data in
+    this order; else -1."""
+    if not cnp.PyArray_CheckExact(x):
+        return -1
+    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
+        return -1
+    if not (plain_array(x, x_rank, typenum) and plain_array(cs_prev, 2, typenum)
+            and plain_array(h_prev, 2, typenum) and plain_array(w, 2, typenum)
+            and plain_array(wci, 1, typenum) and plain_array(wcf, 1, typenum)
+            and plain_array(wco, 1, typenum) and plain_array(b, 1, typenum)):
+        return -1
+    for k, arg in enumerate((x, cs_prev, h_prev, w, wci, wcf, wco, b)):
+        ptr[k] = data(arg)
+    return typenum
+
+
+cdef list new_outputs(int count, int ndim, cnp.npy_intp* dims, int typenum, void** ptr):
+    """`count` new C-contiguous arrays of shape dims, with ptr[k] their data."""
+    outs = [cnp.PyArray_EMPTY(ndim, dims, typenum, 0) for _ in range(count)]
+    for k in range(count):
+        ptr[k] = data(outs[k])
+    return outs
+
+
 def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
                    use_peephole, Py_ssize_t max_serial_work, output_type):
     """LSTMBlockCell (ICFO) for the common call, or None (see above).
 
     Returns output_type(i, cs, f, o, ci, co, h) of (B, H) arrays."""
-    if not (cnp.PyArray_CheckExact(x) and plain_float(forget_bias)
-            and plain_float(cell_clip) and type(use_peephole) is bool):
+    cdef void* a[8]   # x, cs_prev, h_prev, w, wci, wcf, wco, b
+    cdef void* o[7]   # i, cs, f, o, ci, co, h
+    if not (plain_float(forget_bias) and plain_float(cell_clip)
+            and type(use_peephole) is bool):
         return None
-    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
-    if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
-        return None
-    if not (plain_array(x, 2, typenum) and plain_array(cs_prev, 2, typenum)
-            and plain_array(h_prev, 2, typenum) and plain_array(w, 2, typenum)
-            and plain_array(b, 1, typenum) and plain_array(wci, 1, typenum)
-            and plain_array(wcf, 1, typenum) and plain_array(wco, 1, typenum)):
+    cdef int typenum = lstm_plain_dtype(2, x, cs_prev, h_prev, w, wci, wcf, wco, b, a)
+    if typenum < 0:
         return None
     cdef Py_ssize_t B = dim(x, 0), I = dim(x, 1), H = dim(cs_prev, 1)
     cdef bint peep = use_peephole
@@ -416,38 +443,28 @@ def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_cl
     cdef cnp.npy_intp dims[2]
     dims[0] = B
     dims[1] = H
-    outs = [cnp.PyArray_EMPTY(2, dims, typenum, 0) for _ in range(7)]
+    outs = new_outputs(7, 2, dims, typenum, o)
     cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
-    cdef void* ws = malloc((B * (I + H) + B * 4 * H) * item)
+    cdef void* ws = PyMem_RawMalloc((B * (I + H) + B * 4 * H) * item)  # seen by tracemalloc
     if ws == NULL:
         raise MemoryError()
-    cdef void* p[7]
-    for k in range(7):
-        p[k] = data(outs[k])
-    cdef void* px = data(x)
-    cdef void* pcs = data(cs_prev)
-    cdef void* ph = data(h_prev)
-    cdef void* pw = data(w)
-    cdef void* pci = data(wci)
-    cdef void* pcf = data(wcf)
-    cdef void* pco = data(wco)
-    cdef void* pb = data(b)
     cdef double fb = forget_bias, clip_ = cell_clip
     cdef GateOffsets off = gate_offsets(ICFO, H)
     with nogil:
         if typenum == cnp.NPY_FLOAT32:
             lstm_cell_compute[float](
-                B, I, H, off, <float*>px, <float*>pcs, <float*>ph, <float*>pw, <float*>pci,
-                <float*>pcf, <float*>pco, <float*>pb, <float>fb, <float>clip_, peep,
-                <float*>ws, <float*>ws + B * (I + H), <float*>p[0], <float*>p[1],
-                <float*>p[2], <float*>p[3], <float*>p[4], <float*>p[5], <float*>p[6], 1)
+                B, I, H, off, <float*>a[0], <float*>a[1], <float*>a[2], <float*>a[3],
+                <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7], <float>fb,
+                <float>clip_, peep, <float*>ws, <float*>ws + B * (I + H), <float*>o[0],
+                <float*>o[1], <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5],
+                <float*>o[6], 1)
         else:
             lstm_cell_compute[double](
-                B, I, H, off, <double*>px, <double*>pcs, <double*>ph, <double*>pw,
-                <double*>pci, <double*>pcf, <double*>pco, <double*>pb, fb, clip_, peep,
-                <double*>ws, <double*>ws + B * (I + H), <double*>p[0], <double*>p[1],
-                <double*>p[2], <double*>p[3], <double*>p[4], <double*>p[5], <double*>p[6], 1)
-    free(ws)
+                B, I, H, off, <double*>a[0], <double*>a[1], <double*>a[2], <double*>a[3],
+                <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7], fb, clip_, peep,
+                <double*>ws, <double*>ws + B * (I + H), <double*>o[0], <double*>o[1],
+                <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1)
+    PyMem_RawFree(ws)
     return tuple.__new__(output_type, outs)
 
 
@@ -457,17 +474,13 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
     """BlockLSTM / BlockLSTMV2 for the common call (no sequence_length), or None.
 
     Returns output_type(i, cs, f, o, ci, co, h) of (T, B, H) arrays."""
-    if not (type(seq_len_max) is int and cnp.PyArray_CheckExact(x)
-            and plain_float(forget_bias) and plain_float(cell_clip)
-            and type(use_peephole) is bool):
+    cdef void* a[8]   # x, cs_prev, h_prev, w, wci, wcf, wco, b
+    cdef void* o[7]   # i, cs, f, o, ci, co, h
+    if not (type(seq_len_max) is int and plain_float(forget_bias)
+            and plain_float(cell_clip) and type(use_peephole) is bool):
         return None
-    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
-    if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
-        return None
-    if not (plain_array(x, 3, typenum) and plain_array(cs_prev, 2, typenum)
-            and plain_array(h_prev, 2, typenum) and plain_array(w, 2, typenum)
-            and plain_array(b, 1, typenum) and plain_array(wci, 1, typenum)
-            and plain_array(wcf, 1, typenum) and plain_array(wco, 1, typenum)):
+    cdef int typenum = lstm_plain_dtype(3, x, cs_prev, h_prev, w, wci, wcf, wco, b, a)
+    if typenum < 0:
         return None
     cdef Py_ssize_t T = dim(x, 0), B = dim(x, 1), I = dim(x, 2), H = dim(cs_prev, 1)
     if not 0 <= seq_len_max <= T:
@@ -482,38 +495,27 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
     dims[0] = T
     dims[1] = B
     dims[2] = H
-    outs = [cnp.PyArray_EMPTY(3, dims, typenum, 0) for _ in range(7)]
+    outs = new_outputs(7, 3, dims, typenum, o)
     cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
-    cdef void* g = malloc((L * B * 4 * H + 1) * item)
+    cdef void* g = PyMem_RawMalloc((L * B * 4 * H + 1) * item)  # seen by tracemalloc
     if g == NULL:
         raise MemoryError()
-    cdef void* p[7]
-    for k in range(7):
-        p[k] = data(outs[k])
-    cdef void* px = data(x)
-    cdef void* pcs = data(cs_prev)
-    cdef void* ph = data(h_prev)
-    cdef void* pw = data(w)
-    cdef void* pci = data(wci)
-    cdef void* pcf = data(wcf)
-    cdef void* pco = data(wco)
-    cdef void* pb = data(b)
     cdef double fb = forget_bias, clip_ = cell_clip
     cdef bint peep = use_peephole
     with nogil:
         if typenum == cnp.NPY_FLOAT32:
             block_lstm_forward_compute[float](
-                L, T, B, I, H, layout, <float*>px, <float*>pcs, <float*>ph, <float*>pw,
-                <float*>pci, <float*>pcf, <float*>pco, <float*>pb, <float>fb, <float>clip_,
-                peep, NULL, <float*>g, <float*>p[0], <float*>p[1], <float*>p[2],
-                <float*>p[3], <float*>p[4], <float*>p[5], <float*>p[6], 1)
+                L, T, B, I, H, layout, <float*>a[0], <float*>a[1], <float*>a[2],
+                <float*>a[3], <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7],
+                <float>fb, <float>clip_, peep, NULL, <float*>g, <float*>o[0], <float*>o[1],
+                <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5], <float*>o[6], 1)
         else:
             block_lstm_forward_compute[double](
-                L, T, B, I, H, layout, <double*>px, <double*>pcs, <double*>ph, <double*>pw,
-                <double*>pci, <double*>pcf, <double*>pco, <double*>pb, fb, clip_, peep, NULL,
-                <double*>g, <double*>p[0], <double*>p[1], <double*>p[2], <double*>p[3],
-                <double*>p[4], <double*>p[5], <double*>p[6], 1)
-    free(g)
+                L, T, B, I, H, layout, <double*>a[0], <double*>a[1], <double*>a[2],
+                <double*>a[3], <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7],
+                fb, clip_, peep, NULL, <double*>g, <double*>o[0], <double*>o[1],
+                <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1)
+    PyMem_RawFree(g)
     return tuple.__new__(output_type, outs)
 
 
@@ -967,16 +969,13 @@ def gru_cell_fast(x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work, o
     cdef cnp.npy_intp dims[2]
     dims[0] = B
     dims[1] = H
-    outs = [cnp.PyArray_EMPTY(2, dims, typenum, 0) for _ in range(4)]
+    cdef void* o[4]   # r, u, c, h
+    outs = new_outputs(4, 2, dims, typenum, o)
     cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
     cdef Py_ssize_t n_xh = B * (I + H)
-    cdef void* ws = malloc((n_xh + B * 3 * H) * item)
+    cdef void* ws = PyMem_RawMalloc((n_xh + B * 3 * H) * item)  # seen by tracemalloc
     if ws == NULL:
         raise MemoryError()
-    cdef void* pr = data(outs[0])
-    cdef void* pu = data(outs[1])
-    cdef void* pc = data(outs[2])
-    cdef void* ph_out = data(outs[3])
     cdef void* px = data(x)
     cdef void* ph = data(h_prev)
     cdef void* pwru = data(w_ru)
@@ -988,14 +987,14 @@ def gru_cell_fast(x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work, o
             gru_cell_compute[float](
                 B, I, H, <float*>px, <float*>ph, <float*>pwru, <float*>pwc, <float*>pbru,
                 <float*>pbc, <float*>ws, <float*>ws + n_xh, <float*>ws + n_xh + 2 * B * H,
-                <float*>pr, <float*>pu, <float*>pc, <float*>ph_out, 1)
+                <float*>o[0], <float*>o[1], <float*>o[2], <float*>o[3], 1)
         else:
             gru_cell_compute[double](
                 B, I, H, <double*>px, <double*>ph, <double*>pwru, <double*>pwc,
                 <double*>pbru, <double*>pbc, <double*>ws, <double*>ws + n_xh,
-                <double*>ws + n_xh + 2 * B * H, <double*>pr, <double*>pu, <double*>pc,
-                <double*>ph_out, 1)
-    free(ws)
+                <double*>ws + n_xh + 2 * B * H, <double*>o[0], <double*>o[1], <double*>o[2],
+                <double*>o[3], 1)
+    PyMem_RawFree(ws)
     return tuple.__new__(output_type, outs)
 
 
