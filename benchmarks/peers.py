@@ -68,20 +68,21 @@ def flops(workload, T, B, I, H):
 
 
 def memory_bound(workload, T, B, I, H, itemsize=4):
-    """blockrnn's memory bound in bytes: outputs + one T x B x GH workspace (G = 4 or 3)."""
+    """blockrnn's memory bound in bytes: its outputs plus its workspace, which is at
+    most one T x B x 4H buffer plus B x H for a sequence op (the GRU forward uses
+    2H of the 4H) and [x, h] plus the gate block for a cell op."""
     if workload == "lstm_cell":
-        return itemsize * (7 * B * H + B * 4 * H)
+        return itemsize * (7 * B * H + B * (I + H) + B * 4 * H)
     if workload == "gru_cell":
-        return itemsize * (4 * B * H + B * 3 * H)
+        return itemsize * (4 * B * H + B * (I + H) + B * 3 * H)
     lstm = workload.startswith("lstm")
-    gates = 4 if lstm else 3
     outputs = (7 if lstm else 4) * T * B * H
     if workload.endswith("fwdbwd"):
         if lstm:   # x, cs_prev, h_prev, w, wci, wcf, wco, b gradients
             outputs += T * B * I + 2 * B * H + (I + H) * 4 * H + 3 * H + 4 * H
         else:      # x, h_prev, w_ru, w_c, b_ru, b_c gradients
             outputs += T * B * I + B * H + (I + H) * 3 * H + 3 * H
-    return itemsize * (outputs + T * B * gates * H)
+    return itemsize * (outputs + T * B * 4 * H + B * H)
 
 
 @dataclasses.dataclass

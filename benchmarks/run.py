@@ -33,7 +33,7 @@ increase during the call (VmHWM after resetting it through /proc/self/clear_refs
 the RSS before; Linux only; allocators that keep memory from earlier calls make it a lower
 bound) and, for blockrnn, the tracemalloc peak (NumPy reports its buffers to tracemalloc,
 so this is blockrnn's exact allocation peak). blockrnn's memory bound -- its outputs plus
-one T x B x 4H (GRU: 3H) workspace -- is shown next to it.
+one T x B x 4H workspace and B x H -- is shown next to it.
 
 Columns: GFLOP/s = matmul flops / best time, flops = 2*T*B*(I+H)*4H for the LSTM forward
 (3H for the GRU), x3 with the backward; ``blockrnn/peer`` = blockrnn's best time divided by
@@ -378,7 +378,7 @@ def legend(results):
         "  peak RSS +MB: VmHWM increase during one call after warm-up (resident memory kept "
         "by an allocator from earlier calls is not counted)",
         "  tracemalloc MB: blockrnn's NumPy allocation peak during one call (exact); "
-        "bound MB: blockrnn outputs + one T x B x 4H (GRU 3H) workspace",
+        "bound MB: blockrnn outputs + one T x B x 4H workspace + B x H",
     ]
     return "\n".join(lines)
 

@@ -126,7 +126,9 @@ def test_flops_and_memory_bound_formulas():
     assert peers.flops("lstm_fwdbwd", 2, 3, 4, 5) == 3 * peers.flops("lstm_fwd", 2, 3, 4, 5)
     assert peers.flops("gru_fwd", 2, 3, 4, 5) == 2 * 2 * 3 * 9 * 3 * 5
     assert peers.flops("gru_cell", 1, 1, 4, 5) == 2 * 1 * 9 * 3 * 5
-    assert peers.memory_bound("lstm_fwd", 2, 3, 4, 5) == 4 * (7 * 30 + 2 * 3 * 20)
+    # T=2, B=3, I=4, H=5: outputs 7*T*B*H, workspace T*B*4H + B*H
+    assert peers.memory_bound("lstm_fwd", 2, 3, 4, 5) == 4 * (7 * 30 + 2 * 3 * 20 + 15)
+    assert peers.memory_bound("gru_fwd", 2, 3, 4, 5) == 4 * (4 * 30 + 2 * 3 * 20 + 15)
 
 
 def test_a_failed_parity_check_excludes_the_row_loudly(capsys, monkeypatch):
