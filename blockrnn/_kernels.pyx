@@ -162,17 +162,13 @@ cdef void lstm_forward_block(
     sigmoid_inplace(n, o)
     for k in range(n):
         h[k] = o[k] * co[k]
-    if lengths != NULL:
-        for r in range(rows):
-            if t >= lengths[r]:
-                for k in range(r * H, (r + 1) * H):
-                    i_[k] = 0
-                    cs[k] = 0
-                    f[k] = 0
-                    o[k] = 0
-                    ci[k] = 0
-                    co[k] = 0
-                    h[k] = 0
+    zero_rows(rows, H, lengths, t, i_)
+    zero_rows(rows, H, lengths, t, cs)
+    zero_rows(rows, H, lengths, t, f)
+    zero_rows(rows, H, lengths, t, o)
+    zero_rows(rows, H, lengths, t, ci)
+    zero_rows(rows, H, lengths, t, co)
+    zero_rows(rows, H, lengths, t, h)
 
 
 cdef void lstm_backward_block(

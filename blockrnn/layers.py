@@ -37,6 +37,7 @@ from collections import namedtuple
 import numpy as np
 
 import blockrnn  # the ops are looked up at call time (blockrnn imports this module)
+from blockrnn._validation import check_sequence_length, steps_to_run
 
 __all__ = ["LSTM", "GRU", "LSTMContext", "GRUContext"]
 
@@ -101,23 +102,6 @@ def _array(where, name, value, dtype, shape):
             ("," if len(shape) == 1 else "") + ")"
         raise ValueError(f"{where}: {name} must have shape {want}, got {arr.shape}")
     return arr
-
-
-def _lengths(where, sequence_length, T, B):
-    """Per-row step counts (B,) int64 from ``sequence_length``, or None."""
-    if sequence_length is None:
-        return None
-    arr = np.asarray(sequence_length)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{where}: sequence_length must be an integer array, "
-                        f"got dtype {arr.dtype}")
-    if arr.shape != (B,):
-        raise ValueError(f"{where}: sequence_length must have shape ({B},) (one length per "
-                         f"batch row), got {arr.shape}")
-    if B and (arr.min() < 0 or arr.max() > T):
-        raise ValueError(f"{where}: sequence_length values must be in [0, T] = [0, {T}], "
-                         f"got min {arr.min()}, max {arr.max()}")
-    return arr.astype(np.int64)
 
 
 def _last(seq, init, lengths):
@@ -272,8 +256,8 @@ class LSTM(_Layer):
         where = "LSTM.forward"
         x, T, B = self._x(x)
         h0, c0 = self._unpack(where, "state", state, B)
-        lengths = _lengths(where, sequence_length, T, B)
-        L = T if lengths is None else (int(lengths.max()) if B else 0)
+        lengths = check_sequence_length(where, sequence_length, B, T)
+        L = steps_to_run(T, lengths)
         fwd = blockrnn.block_lstm_v2(L, x, c0, h0, self.w, self.wci, self.wcf, self.wco,
                                      self.b, cell_clip=self.cell_clip,
                                      use_peephole=self.use_peephole, **_kw(lengths))
@@ -398,8 +382,8 @@ class GRU(_Layer):
         x, T, B = self._x(x)
         h0 = self._state_part(where, "state", state, B)
         h0 = np.zeros((B, self.hidden_size), self.dtype) if h0 is None else h0
-        lengths = _lengths(where, sequence_length, T, B)
-        L = T if lengths is None else (int(lengths.max()) if B else 0)
+        lengths = check_sequence_length(where, sequence_length, B, T)
+        L = steps_to_run(T, lengths)
         fwd = blockrnn.block_gru(L, x, h0, self.w_ru, self.w_c, self.b_ru, self.b_c,
                                  **_kw(lengths))
         return fwd.h, _last(fwd.h, h0, lengths), GRUContext(x, h0, fwd, L, lengths)

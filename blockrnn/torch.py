@@ -31,6 +31,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 import blockrnn
+from blockrnn._validation import check_sequence_length, steps_to_run
 
 __all__ = ["LSTM", "GRU", "BlockLSTMFunction", "BlockGRUFunction"]
 
@@ -54,23 +55,9 @@ def _numpy(where, name, t, dtype=None):
 
 def _lengths(where, sequence_length, T, B):
     """sequence_length (tensor, array or list of B ints in [0, T]) as int64 NumPy, or None."""
-    if sequence_length is None:
-        return None
     if isinstance(sequence_length, torch.Tensor):
         sequence_length = sequence_length.detach().cpu().numpy()
-    arr = np.asarray(sequence_length)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{where}: sequence_length must hold integers, got dtype {arr.dtype}")
-    if arr.shape != (B,):
-        raise ValueError(f"{where}: sequence_length must have shape ({B},), got {arr.shape}")
-    if B and (arr.min() < 0 or arr.max() > T):
-        raise ValueError(f"{where}: sequence_length values must be in [0, T] = [0, {T}], "
-                         f"got min {arr.min()}, max {arr.max()}")
-    return arr.astype(np.int64)
-
-
-def _steps(T, lengths):
-    return T if lengths is None else (int(lengths.max()) if lengths.size else 0)
+    return check_sequence_length(where, sequence_length, B, T)
 
 
 def _kw(lengths):
@@ -100,7 +87,7 @@ class BlockLSTMFunction(torch.autograd.Function):
                   zip(("x", "h0", "c0", "w", "wci", "wcf", "wco", "b"),
                       (x, h0, c0, w, wci, wcf, wco, b))]
         xa, h0a, c0a, wa, wcia, wcfa, wcoa, ba = arrays
-        L = _steps(xa.shape[0], lengths)
+        L = steps_to_run(xa.shape[0], lengths)
         fwd = blockrnn.block_lstm_v2(L, xa, c0a, h0a, wa, wcia, wcfa, wcoa, ba,
                                      cell_clip=cell_clip, use_peephole=use_peephole,
                                      **_kw(lengths))
@@ -147,7 +134,7 @@ class BlockGRUFunction(torch.autograd.Function):
         xa, h0a, wrua, wca, brua, bca = (
             _numpy(where, n, t, dt) for n, t in
             zip(("x", "h0", "w_ru", "w_c", "b_ru", "b_c"), (x, h0, w_ru, w_c, b_ru, b_c)))
-        L = _steps(xa.shape[0], lengths)
+        L = steps_to_run(xa.shape[0], lengths)
         fwd = blockrnn.block_gru(L, xa, h0a, wrua, wca, brua, bca, **_kw(lengths))
         h = _tensor(fwd.h)
         ctx.save_for_backward(x, h0, w_ru, w_c, b_ru, b_c, h)
@@ -177,7 +164,7 @@ def _final(seq, init, lengths):
     T = seq.shape[0]
     if lengths is None:
         return seq[T - 1] if T else init
-    if _steps(T, lengths) == 0:
+    if steps_to_run(T, lengths) == 0:
         return init
     B = seq.shape[1]
     idx = torch.from_numpy(np.maximum(lengths - 1, 0))

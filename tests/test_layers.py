@@ -240,11 +240,11 @@ def test_forward_backward_errors():
         lstm.forward(x, (z, np.zeros((B, H + 1), np.float32)))
     with pytest.raises(ValueError, match="state must have shape"):
         gru.forward(x, np.zeros((B + 1, H), np.float32))
-    with pytest.raises(TypeError, match="sequence_length must be an integer array"):
+    with pytest.raises(TypeError, match="sequence_length must have an integer dtype"):
         lstm.forward(x, sequence_length=np.ones(B))
-    with pytest.raises(ValueError, match=r"sequence_length must have shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"sequence_length must have shape \(B,\) = \(4,\)"):
         gru.forward(x, sequence_length=np.ones(B + 1, int))
-    with pytest.raises(ValueError, match=r"sequence_length values must be in \[0, T\]"):
+    with pytest.raises(ValueError, match=r"sequence_length entries must be in \[0, T\]"):
         lstm.forward(x, sequence_length=np.array([1, 2, 6, 0]))
     y, _, ctx = lstm.forward(x)
     _, _, gctx = gru.forward(x)

@@ -198,7 +198,7 @@ def test_errors():
         lstm(torch.zeros(T, B, I), (torch.zeros(B, H), torch.zeros(1, B, H)))
     with pytest.raises(TypeError, match=r"hx must be None or a tuple \(h0, c0\)"):
         lstm(torch.zeros(T, B, I), torch.zeros(1, B, H))
-    with pytest.raises(ValueError, match=r"sequence_length values must be in \[0, T\]"):
+    with pytest.raises(ValueError, match=r"sequence_length entries must be in \[0, T\]"):
         lstm(torch.zeros(T, B, I), sequence_length=[1, 2, 6])
     with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
         bt.GRU(I, H, dtype=torch.float16)
