@@ -67,3 +67,33 @@ cdef inline void gemm(bint trans_a, bint trans_b,
         blas_gemm(trans_a, trans_b, min(rows, m - i), n, k, alpha,
                   a + (i if trans_a else i * lda), lda, b, ldb, beta, c + i * ldc, ldc)
         i += rows
+
+
+cdef inline void gemm_small_by_weights_t(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                                         const floating* a, Py_ssize_t lda,
+                                         const floating* w, Py_ssize_t ldw,
+                                         bint accumulate, floating* c, Py_ssize_t ldc,
+                                         floating* tmp) noexcept nogil:
+    """C[m, n] (+)= A[m, k] @ W[n, k]^T for a small m (a batch of rows) and a
+    weight matrix W, all row-major; tmp is an [n, m] workspace.
+
+    OpenBLAS is 1.3-2.3x faster at this shape when the weights are the second
+    column-major operand, unpacked as stored (measured on the per-step
+    recurrent product dh = dG @ W_h^T, B = 16..64, H = 256..512). That is the
+    row-major product C^T = W @ A^T, so it is computed into tmp and transposed
+    into C in cache-sized tiles. Each C[i, j] is still one dot product over k."""
+    cdef Py_ssize_t i0, j0, i, j, i_end, j_end
+    if m == 0 or n == 0:
+        return
+    gemm(False, True, n, m, k, 1, w, ldw, a, lda, 0, tmp, m)
+    for i0 in range(0, m, 16):
+        i_end = min(i0 + 16, m)
+        for j0 in range(0, n, 16):
+            j_end = min(j0 + 16, n)
+            for i in range(i0, i_end):
+                if accumulate:
+                    for j in range(j0, j_end):
+                        c[i * ldc + j] = c[i * ldc + j] + tmp[j * m + i]
+                else:
+                    for j in range(j0, j_end):
+                        c[i * ldc + j] = tmp[j * m + i]

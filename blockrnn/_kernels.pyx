@@ -25,7 +25,7 @@ import numpy as np
 
 cnp.import_array()
 
-from blockrnn._blas cimport gemm
+from blockrnn._blas cimport gemm, gemm_small_by_weights_t
 from blockrnn._openmp cimport BRNN_OPENMP_ENABLED, brnn_omp_get_max_threads
 
 cdef extern from "brnn_math.h" nogil:
@@ -649,6 +649,7 @@ cdef void block_lstm_backward_compute(
         bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
         floating* dg,             # workspace [L*B, 4H]
+        floating* dh_t,           # workspace [H, B]
         double* acc,              # workspace [3, 4H]
         floating* x_grad,         # OUT [T, B, I]
         floating* cs_prev_grad, floating* h_prev_grad,  # OUT [B, H]
@@ -678,8 +679,8 @@ cdef void block_lstm_backward_compute(
                            ci + t * BH, co + t * BH, cs_grad + t * BH, h_grad + t * BH,
                            h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
                            dg + t * B * G4, cs_prev_grad, n_threads)
-        gemm(False, True, B, H, G4, 1, dg + t * B * G4, G4, w + I * G4, G4,
-             0, h_prev_grad, H)
+        gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w + I * G4, G4,
+                                False, h_prev_grad, H, dh_t)
 
     gemm(False, True, L * B, I, G4, 1, dg, G4, w, G4, 0, x_grad, I)
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
@@ -725,7 +726,7 @@ def block_lstm_backward(
     """See block_lstm_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] dg = np.empty(L * B * 4 * H + 1, dtype=dtype)    # workspace
+    cdef floating[::1] dg = np.empty(L * B * 4 * H + B * H + 1, dtype=dtype)  # workspace
     cdef double[::1] acc = np.empty(3 * 4 * H + 1, dtype=np.float64)    # workspace
     cdef const int64_t* lens = NULL
     if lengths is not None:
@@ -735,7 +736,8 @@ def block_lstm_backward(
             L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w[0, 0],
             &wci[0], &wcf[0], &wco[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
             &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], &cs_grad[0, 0, 0],
-            &h_grad[0, 0, 0], use_peephole, lens, &dg[0], &acc[0], &x_grad[0, 0, 0],
+            &h_grad[0, 0, 0], use_peephole, lens, &dg[0], &dg[L * B * 4 * H], &acc[0],
+            &x_grad[0, 0, 0],
             &cs_prev_grad[0, 0], &h_prev_grad[0, 0], &w_grad[0, 0], &wci_grad[0],
             &wcf_grad[0], &wco_grad[0], &b_grad[0], n_threads)
 
@@ -1142,7 +1144,8 @@ cdef void block_gru_backward_compute(
 
     The loop keeps the gate gradients of every step in the workspace: dRU
     (d_r_bar_u_bar, [L*B, 2H]), dC (d_c_bar, [L*B, H]), and [L*B, H] that hold
-    r[t] * h[t-1] once the loop is done. h_prev_grad carries d h[t-1] while
+    r[t] * h[t-1] once the loop is done (their first B*H are the scratch of the
+    recurrent products while it runs). h_prev_grad carries d h[t-1] while
     the loop runs. After it, x_grad and the weight gradients are single GEMMs
     over all steps:
       x_grad[:L] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
@@ -1158,11 +1161,12 @@ cdef void block_gru_backward_compute(
         gru_backward_output_rows(B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
                                  True, h_prev_grad, d_c + t * BH, d_ru + t * B * H2,
                                  lengths, t, n_threads)
-        gemm(False, True, B, H, H, 1, d_c + t * BH, H, w_c + I * H, H, 0, d_hr, H)
+        gemm_small_by_weights_t(B, H, H, d_c + t * BH, H, w_c + I * H, H, False, d_hr, H,
+                                rh)
         gru_backward_reset_rows(B, H, h_in, r + t * BH, d_hr, d_ru + t * B * H2,
                                 h_prev_grad, lengths, t, n_threads)
-        gemm(False, True, B, H, H2, 1, d_ru + t * B * H2, H2, w_ru + I * H2, H2,
-             1, h_prev_grad, H)
+        gemm_small_by_weights_t(B, H, H2, d_ru + t * B * H2, H2, w_ru + I * H2, H2,
+                                True, h_prev_grad, H, rh)
 
     gemm(False, True, L * B, I, H2, 1, d_ru, H2, w_ru, H2, 0, x_grad, I)
     gemm(False, True, L * B, I, H, 1, d_c, H, w_c, H, 1, x_grad, I)
@@ -1271,7 +1275,7 @@ cdef int api_block_lstm_grad(
         const int64_t* lengths, floating* x_grad, floating* cs_prev_grad,
         floating* h_prev_grad, floating* w_grad, floating* wci_grad, floating* wcf_grad,
         floating* wco_grad, floating* b_grad) noexcept nogil:
-    cdef floating* dg = <floating*>malloc((L * B * 4 * H + 1) * sizeof(floating))
+    cdef floating* dg = <floating*>malloc((L * B * 4 * H + B * H + 1) * sizeof(floating))
     cdef double* acc = <double*>malloc((3 * 4 * H + 1) * sizeof(double))
     if dg == NULL or acc == NULL:
         free(dg)
@@ -1279,7 +1283,7 @@ cdef int api_block_lstm_grad(
         return -1
     block_lstm_backward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
                                 i_, cs, f, o, ci, co, h, cs_grad, h_grad, use_peephole != 0,
-                                lengths, dg, acc, x_grad, cs_prev_grad, h_prev_grad, w_grad,
+                                lengths, dg, dg + L * B * 4 * H, acc, x_grad, cs_prev_grad, h_prev_grad, w_grad,
                                 wci_grad, wcf_grad, wco_grad, b_grad, 1)
     free(dg)
     free(acc)
