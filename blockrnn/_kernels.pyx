@@ -120,6 +120,12 @@ cdef inline floating clip(floating v, floating limit) noexcept nogil:
 # LSTM elementwise kernels (one batch row each)
 # ---------------------------------------------------------------------------
 
+cdef enum:
+    # The gate kernels work on tiles of about this many elements per array, so
+    # that the passes over a tile's seven outputs hit L1/L2 and not memory.
+    TILE_ELEMENTS = 2048
+
+
 cdef void lstm_forward_block(
         Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
         const floating* g,        # IN  [rows, 4H] x@Wx + h_prev@Wh (no bias yet)
@@ -130,38 +136,16 @@ cdef void lstm_forward_block(
         const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [rows, H] each
         floating* ci, floating* co, floating* h) noexcept nogil:
-    """SPEC §3 for a block of rows: the pre-activations are written into the
-    outputs, then each activation runs once over the whole block (vectorised).
-    Rows past their length (`lengths`, if given) get zeros."""
-    cdef Py_ssize_t r, j, k, n = rows * H
-    cdef const floating* gr
-    for r in range(rows):
-        gr = g + r * 4 * H
-        for j in range(H):
-            k = r * H + j
-            i_[k] = gr[off.i + j] + bias[off.i + j]
-            f[k] = gr[off.f + j] + bias[off.f + j] + forget_bias
-            ci[k] = gr[off.c + j] + bias[off.c + j]
-            o[k] = gr[off.o + j] + bias[off.o + j]
-            if use_peephole:
-                i_[k] = i_[k] + wci[j] * cs_prev[k]
-                f[k] = f[k] + wcf[j] * cs_prev[k]
-    sigmoid_inplace(n, i_)
-    sigmoid_inplace(n, f)
-    tanh_inplace(n, ci)
-    for r in range(rows):
-        for j in range(H):
-            k = r * H + j
-            cs[k] = i_[k] * ci[k] + f[k] * cs_prev[k]
-            if cell_clip > 0:
-                cs[k] = clip(cs[k], cell_clip)
-            co[k] = cs[k]
-            if use_peephole:  # o's peephole sees the new, clipped cs
-                o[k] = o[k] + wco[j] * cs[k]
-    tanh_inplace(n, co)
-    sigmoid_inplace(n, o)
-    for k in range(n):
-        h[k] = o[k] * co[k]
+    """SPEC §3 for a block of rows, in tiles of rows of about TILE_ELEMENTS
+    elements per output. Rows past their length (`lengths`, if given) get zeros."""
+    cdef Py_ssize_t r0 = 0, tile = max(1, TILE_ELEMENTS // max(H, 1))
+    while r0 < rows:
+        lstm_forward_tile(min(tile, rows - r0), H, off, g + r0 * 4 * H, bias,
+                          cs_prev + r0 * H, wci, wcf, wco, forget_bias, cell_clip,
+                          use_peephole, lengths_from(lengths, r0), t, i_ + r0 * H,
+                          cs + r0 * H, f + r0 * H, o + r0 * H, ci + r0 * H,
+                          co + r0 * H, h + r0 * H)
+        r0 += tile
     zero_rows(rows, H, lengths, t, i_)
     zero_rows(rows, H, lengths, t, cs)
     zero_rows(rows, H, lengths, t, f)
@@ -169,6 +153,64 @@ cdef void lstm_forward_block(
     zero_rows(rows, H, lengths, t, ci)
     zero_rows(rows, H, lengths, t, co)
     zero_rows(rows, H, lengths, t, h)
+
+
+cdef inline void lstm_forward_tile(
+        Py_ssize_t rows, Py_ssize_t H, GateOffsets off, const floating* g,
+        const floating* bias, const floating* cs_prev,
+        const floating* wci, const floating* wcf, const floating* wco,
+        floating forget_bias, floating cell_clip, bint use_peephole,
+        const int64_t* lengths, Py_ssize_t t,
+        floating* i_, floating* cs, floating* f, floating* o,
+        floating* ci, floating* co, floating* h) noexcept nogil:
+    """lstm_forward_block's math for one tile: the pre-activations are written
+    into the outputs, then each activation runs once over the tile. Each loop
+    writes one array and has no branch, so the compiler vectorises it."""
+    cdef Py_ssize_t r, j, k, n = rows * H
+    cdef const floating* gr
+    cdef const floating* cpr
+    cdef floating* dst
+    for r in range(rows):
+        gr = g + r * 4 * H
+        dst = i_ + r * H
+        for j in range(H):
+            dst[j] = gr[off.i + j] + bias[off.i + j]
+        dst = f + r * H
+        for j in range(H):
+            dst[j] = gr[off.f + j] + bias[off.f + j] + forget_bias
+        dst = ci + r * H
+        for j in range(H):
+            dst[j] = gr[off.c + j] + bias[off.c + j]
+        dst = o + r * H
+        for j in range(H):
+            dst[j] = gr[off.o + j] + bias[off.o + j]
+        if use_peephole:
+            cpr = cs_prev + r * H
+            dst = i_ + r * H
+            for j in range(H):
+                dst[j] = dst[j] + wci[j] * cpr[j]
+            dst = f + r * H
+            for j in range(H):
+                dst[j] = dst[j] + wcf[j] * cpr[j]
+    sigmoid_inplace(n, i_)
+    sigmoid_inplace(n, f)
+    tanh_inplace(n, ci)
+    for k in range(n):
+        cs[k] = i_[k] * ci[k] + f[k] * cs_prev[k]
+    if cell_clip > 0:
+        for k in range(n):
+            cs[k] = clip(cs[k], cell_clip)
+    memcpy(co, cs, n * sizeof(floating))
+    if use_peephole:  # o's peephole sees the new, clipped cs
+        for r in range(rows):
+            dst = o + r * H
+            cpr = cs + r * H
+            for j in range(H):
+                dst[j] = dst[j] + wco[j] * cpr[j]
+    tanh_inplace(n, co)
+    sigmoid_inplace(n, o)
+    for k in range(n):
+        h[k] = o[k] * co[k]
 
 
 cdef void lstm_backward_block(
