@@ -134,15 +134,18 @@ cdef void lstm_forward_block(
         const floating* wci, const floating* wcf, const floating* wco,  # IN [H], if peephole
         floating forget_bias, floating cell_clip, bint use_peephole,
         const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
+        bint accumulate,          # IN: i, ci, f, o hold x @ Wx (g is h_prev @ Wh)
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [rows, H] each
         floating* ci, floating* co, floating* h) noexcept nogil:
     """SPEC §3 for a block of rows, in tiles of rows of about TILE_ELEMENTS
-    elements per output. Rows past their length (`lengths`, if given) get zeros."""
+    elements per output. With `accumulate`, the pre-activation of each gate is
+    (its output's value + g + bias), else (g + bias). Rows past their length
+    (`lengths`, if given) get zeros."""
     cdef Py_ssize_t r0 = 0, tile = max(1, TILE_ELEMENTS // max(H, 1))
     while r0 < rows:
         lstm_forward_tile(min(tile, rows - r0), H, off, g + r0 * 4 * H, bias,
                           cs_prev + r0 * H, wci, wcf, wco, forget_bias, cell_clip,
-                          use_peephole, lengths_from(lengths, r0), t, i_ + r0 * H,
+                          use_peephole, lengths_from(lengths, r0), t, accumulate, i_ + r0 * H,
                           cs + r0 * H, f + r0 * H, o + r0 * H, ci + r0 * H,
                           co + r0 * H, h + r0 * H)
         r0 += tile
@@ -155,12 +158,25 @@ cdef void lstm_forward_block(
     zero_rows(rows, H, lengths, t, h)
 
 
+cdef inline void gate_preactivation(Py_ssize_t H, const floating* g, const floating* bias,
+                                   floating extra, floating* dst) noexcept nogil:
+    """dst[j] = ((dst[j] + g[j]) + bias[j]) + extra: x@Wx + h@Wh + b (+ forget_bias),
+    summed in the order of one GEMM accumulating onto the other."""
+    cdef Py_ssize_t j
+    if extra != 0:
+        for j in range(H):
+            dst[j] = dst[j] + g[j] + bias[j] + extra
+    else:
+        for j in range(H):
+            dst[j] = dst[j] + g[j] + bias[j]
+
+
 cdef inline void lstm_forward_tile(
         Py_ssize_t rows, Py_ssize_t H, GateOffsets off, const floating* g,
         const floating* bias, const floating* cs_prev,
         const floating* wci, const floating* wcf, const floating* wco,
         floating forget_bias, floating cell_clip, bint use_peephole,
-        const int64_t* lengths, Py_ssize_t t,
+        const int64_t* lengths, Py_ssize_t t, bint accumulate,
         floating* i_, floating* cs, floating* f, floating* o,
         floating* ci, floating* co, floating* h) noexcept nogil:
     """lstm_forward_block's math for one tile: the pre-activations are written
@@ -172,18 +188,24 @@ cdef inline void lstm_forward_tile(
     cdef floating* dst
     for r in range(rows):
         gr = g + r * 4 * H
-        dst = i_ + r * H
-        for j in range(H):
-            dst[j] = gr[off.i + j] + bias[off.i + j]
-        dst = f + r * H
-        for j in range(H):
-            dst[j] = gr[off.f + j] + bias[off.f + j] + forget_bias
-        dst = ci + r * H
-        for j in range(H):
-            dst[j] = gr[off.c + j] + bias[off.c + j]
-        dst = o + r * H
-        for j in range(H):
-            dst[j] = gr[off.o + j] + bias[off.o + j]
+        if accumulate:
+            gate_preactivation(H, gr + off.i, bias + off.i, 0, i_ + r * H)
+            gate_preactivation(H, gr + off.f, bias + off.f, forget_bias, f + r * H)
+            gate_preactivation(H, gr + off.c, bias + off.c, 0, ci + r * H)
+            gate_preactivation(H, gr + off.o, bias + off.o, 0, o + r * H)
+        else:
+            dst = i_ + r * H
+            for j in range(H):
+                dst[j] = gr[off.i + j] + bias[off.i + j]
+            dst = f + r * H
+            for j in range(H):
+                dst[j] = gr[off.f + j] + bias[off.f + j] + forget_bias
+            dst = ci + r * H
+            for j in range(H):
+                dst[j] = gr[off.c + j] + bias[off.c + j]
+            dst = o + r * H
+            for j in range(H):
+                dst[j] = gr[off.o + j] + bias[off.o + j]
         if use_peephole:
             cpr = cs_prev + r * H
             dst = i_ + r * H
@@ -270,21 +292,22 @@ cdef void lstm_forward_rows(
         const floating* g, const floating* bias, const floating* cs_prev,
         const floating* wci, const floating* wcf, const floating* wco,
         floating forget_bias, floating cell_clip, bint use_peephole,
-        const int64_t* lengths, Py_ssize_t t,
+        const int64_t* lengths, Py_ssize_t t, bint accumulate,
         floating* i_, floating* cs, floating* f, floating* o,
         floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
     """lstm_forward_block over B rows split in n_threads blocks of rows."""
     cdef Py_ssize_t k, r0 = 0, r1 = 0
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         lstm_forward_block(B, H, off, g, bias, cs_prev, wci, wcf, wco, forget_bias,
-                           cell_clip, use_peephole, lengths, t, i_, cs, f, o, ci, co, h)
+                           cell_clip, use_peephole, lengths, t, accumulate,
+                           i_, cs, f, o, ci, co, h)
         return
     for k in prange(n_threads, num_threads=n_threads, schedule="static"):
         r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
         r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
         lstm_forward_block(r1 - r0, H, off, g + r0 * 4 * H, bias, cs_prev + r0 * H,
                            wci, wcf, wco, forget_bias, cell_clip, use_peephole,
-                           lengths_from(lengths, r0), t,
+                           lengths_from(lengths, r0), t, accumulate,
                            i_ + r0 * H, cs + r0 * H, f + r0 * H, o + r0 * H,
                            ci + r0 * H, co + r0 * H, h + r0 * H)
 
@@ -370,7 +393,7 @@ cdef void lstm_cell_compute(
         memcpy(xh + r * (I + H) + I, h_prev + r * H, H * sizeof(floating))
     gemm(False, False, B, 4 * H, I + H, 1, xh, I + H, w, 4 * H, 0, g, 4 * H)
     lstm_forward_rows(B, H, off, g, b, cs_prev, wci, wcf, wco, forget_bias, cell_clip,
-                      use_peephole, NULL, 0, i_, cs, f, o, ci, co, h, n_threads)
+                      use_peephole, NULL, 0, False, i_, cs, f, o, ci, co, h, n_threads)
 
 
 def lstm_cell_forward(
@@ -535,7 +558,7 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
     dims[2] = H
     outs = new_outputs(7, 3, dims, typenum, o)
     cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
-    cdef void* g = PyMem_RawMalloc((L * B * 4 * H + 1) * item)  # seen by tracemalloc
+    cdef void* g = PyMem_RawMalloc((B * 4 * H + 1) * item)  # seen by tracemalloc
     if g == NULL:
         raise MemoryError()
     cdef double fb = forget_bias, clip_ = cell_clip
@@ -618,26 +641,34 @@ cdef void block_lstm_forward_compute(
         const floating* b,        # IN  [4H]
         floating forget_bias, floating cell_clip, bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* g,              # workspace [L*B, 4H]
+        floating* g,              # workspace [B, 4H]
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [T, B, H]
         floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
     """BlockLSTM / BlockLSTMV2 (SPEC §3, sequence): L steps, zeros for t >= L
     (and, with `lengths`, zeros in row b for t >= lengths[b]).
 
-    The input projection of all L steps is one GEMM, G = x[:L] @ w[:I]; each
-    step then adds only its recurrent product h[t-1] @ w[I:] before the gates."""
+    The input projection of all L steps is hoisted out of the time loop as one
+    GEMM per gate, written straight into that gate's output: i[:L] holds
+    x[:L] @ w[:I, i-columns] until step t's gate pass overwrites i[t] (same for
+    ci, f, o). Each step then computes only its recurrent product
+    g = h[t-1] @ w[I:] into the B x 4H workspace. No T x B x 4H buffer: fresh
+    memory costs a page fault per 4 KiB on first touch (a T x B x 4H
+    workspace at 100,32,256,256 cost 5-15 ms of a 35 ms call)."""
     cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
-    gemm(False, False, L * B, G4, I, 1, x, I, w, G4, 0, g, G4)
+    gemm(False, False, L * B, H, I, 1, x, I, w + off.i, G4, 0, i_, H)
+    gemm(False, False, L * B, H, I, 1, x, I, w + off.c, G4, 0, ci, H)
+    gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
+    gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
     for t in range(L):
         cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
         h_in = h_prev if t == 0 else h + (t - 1) * BH
-        gemm(False, False, B, G4, H, 1, h_in, H, w + I * G4, G4, 1, g + t * B * G4, G4)
-        lstm_forward_rows(B, H, off, g + t * B * G4, b, cs_in, wci, wcf, wco,
-                          forget_bias, cell_clip, use_peephole, lengths, t,
+        gemm(False, False, B, G4, H, 1, h_in, H, w + I * G4, G4, 0, g, G4)
+        lstm_forward_rows(B, H, off, g, b, cs_in, wci, wcf, wco,
+                          forget_bias, cell_clip, use_peephole, lengths, t, True,
                           i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
                           ci + t * BH, co + t * BH, h + t * BH, n_threads)
     # TF leaves the gates past L uninitialised; blockrnn writes zeros.
@@ -667,7 +698,7 @@ def block_lstm_forward(
     """See block_lstm_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] g = np.empty(L * B * 4 * H + 1, dtype=dtype)  # workspace [L*B, 4H]
+    cdef floating[::1] g = np.empty(B * 4 * H + 1, dtype=dtype)  # workspace [B, 4H]
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -1297,7 +1328,7 @@ cdef int api_block_lstm(
         const floating* b, floating forget_bias, floating cell_clip, int use_peephole,
         const int64_t* lengths, floating* i_, floating* cs, floating* f, floating* o,
         floating* ci, floating* co, floating* h) noexcept nogil:
-    cdef floating* g = <floating*>malloc((L * B * 4 * H + 1) * sizeof(floating))
+    cdef floating* g = <floating*>malloc((B * 4 * H + 1) * sizeof(floating))
     if g == NULL:
         return -1
     block_lstm_forward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
