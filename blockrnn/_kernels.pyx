@@ -235,6 +235,10 @@ cdef inline void lstm_forward_tile(
         h[k] = o[k] * co[k]
 
 
+cdef enum:
+    BACKWARD_CHUNK = 256  # columns per pass of lstm_backward_block (stack scratch)
+
+
 cdef void lstm_backward_block(
         Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
         const floating* cs_prev,  # IN [rows, H]
@@ -254,8 +258,9 @@ cdef void lstm_backward_block(
     are added to h_grad and cs_grad. cs_prev_grad is then overwritten, element
     by element after its read, with the gradient of cs_prev. Rows past their
     length get zero gradients (their upstream gradients are not used)."""
-    cdef Py_ssize_t r, j, k
-    cdef floating hg, csg, d_o, dcs, d_ci, d_f, d_i, grad
+    cdef floating hg[BACKWARD_CHUNK]   # upstream gradient of h (+ carry)
+    cdef floating dcs[BACKWARD_CHUNK]  # gradient of cs
+    cdef Py_ssize_t r, j, j0, k, n
     cdef floating* dgr
     for r in range(rows):
         dgr = dg + r * 4 * H
@@ -263,28 +268,42 @@ cdef void lstm_backward_block(
             memset(dgr, 0, 4 * H * sizeof(floating))
             memset(cs_prev_grad + r * H, 0, H * sizeof(floating))
             continue
-        for j in range(H):
-            k = r * H + j
-            hg = h_grad[k]
-            csg = cs_grad[k]
+        # One pass per result over chunks of the row, each loop writing one
+        # array, so that the compiler vectorises them.
+        j0 = 0
+        while j0 < H:
+            n = min(BACKWARD_CHUNK, H - j0)
+            k = r * H + j0
             if add_carry:
-                hg = hg + dh_carry[k]
-                csg = csg + cs_prev_grad[k]
-            d_o = o[k] * (1 - o[k]) * co[k] * hg
-            dcs = (1 - co[k] * co[k]) * o[k] * hg + csg
+                for j in range(n):
+                    hg[j] = h_grad[k + j] + dh_carry[k + j]
+                for j in range(n):
+                    dcs[j] = ((1 - co[k + j] * co[k + j]) * o[k + j] * hg[j]
+                              + (cs_grad[k + j] + cs_prev_grad[k + j]))
+            else:
+                for j in range(n):
+                    hg[j] = h_grad[k + j]
+                for j in range(n):
+                    dcs[j] = (1 - co[k + j] * co[k + j]) * o[k + j] * hg[j] + cs_grad[k + j]
+            for j in range(n):  # d_o
+                dgr[off.o + j0 + j] = o[k + j] * (1 - o[k + j]) * co[k + j] * hg[j]
             if use_peephole:
-                dcs = dcs + d_o * wco[j]
-            d_ci = (1 - ci[k] * ci[k]) * i_[k] * dcs
-            d_f = f[k] * (1 - f[k]) * cs_prev[k] * dcs
-            d_i = i_[k] * (1 - i_[k]) * ci[k] * dcs
-            dgr[off.i + j] = d_i
-            dgr[off.c + j] = d_ci
-            dgr[off.f + j] = d_f
-            dgr[off.o + j] = d_o
-            grad = f[k] * dcs
+                for j in range(n):
+                    dcs[j] = dcs[j] + dgr[off.o + j0 + j] * wco[j0 + j]
+            for j in range(n):  # d_ci
+                dgr[off.c + j0 + j] = (1 - ci[k + j] * ci[k + j]) * i_[k + j] * dcs[j]
+            for j in range(n):  # d_f
+                dgr[off.f + j0 + j] = f[k + j] * (1 - f[k + j]) * cs_prev[k + j] * dcs[j]
+            for j in range(n):  # d_i
+                dgr[off.i + j0 + j] = i_[k + j] * (1 - i_[k + j]) * ci[k + j] * dcs[j]
             if use_peephole:
-                grad = grad + wci[j] * d_i + wcf[j] * d_f
-            cs_prev_grad[k] = grad
+                for j in range(n):
+                    cs_prev_grad[k + j] = (f[k + j] * dcs[j] + wci[j0 + j] * dgr[off.i + j0 + j]
+                                           + wcf[j0 + j] * dgr[off.f + j0 + j])
+            else:
+                for j in range(n):
+                    cs_prev_grad[k + j] = f[k + j] * dcs[j]
+            j0 += n
 
 
 cdef void lstm_forward_rows(
