@@ -843,15 +843,30 @@ cdef void gru_gates_block(
         const floating* ru_pre,    # IN  [rows, 2H] [x, h_prev] @ w_ru (no bias)
         const floating* b_ru,      # IN  [2H]
         const floating* h_prev,    # IN  [rows, H]
+        bint accumulate,           # IN: r, u hold x @ w_ru[:I] (ru_pre is h_prev @ w_ru[I:])
         floating* r, floating* u,  # OUT [rows, H]
         floating* rh) noexcept nogil:  # OUT [rows, H] r * h_prev
-    """SPEC §6, first half: r, u = sigmoid([x, h_prev] @ w_ru + b_ru)."""
-    cdef Py_ssize_t row, j, k, n = rows * H
+    """SPEC §6, first half: r, u = sigmoid([x, h_prev] @ w_ru + b_ru). With
+    `accumulate` the pre-activation is (r or u's value + ru_pre) + b_ru."""
+    cdef Py_ssize_t row, j, n = rows * H
+    cdef const floating* pre
+    cdef floating* dst
     for row in range(rows):
-        for j in range(H):
-            k = row * H + j
-            r[k] = ru_pre[row * 2 * H + j] + b_ru[j]
-            u[k] = ru_pre[row * 2 * H + H + j] + b_ru[H + j]
+        pre = ru_pre + row * 2 * H
+        dst = r + row * H
+        if accumulate:
+            for j in range(H):
+                dst[j] = dst[j] + pre[j] + b_ru[j]
+        else:
+            for j in range(H):
+                dst[j] = pre[j] + b_ru[j]
+        dst = u + row * H
+        if accumulate:
+            for j in range(H):
+                dst[j] = dst[j] + pre[H + j] + b_ru[H + j]
+        else:
+            for j in range(H):
+                dst[j] = pre[H + j] + b_ru[H + j]
     sigmoid_inplace(n, r)
     sigmoid_inplace(n, u)
     for k in range(n):
@@ -876,18 +891,18 @@ cdef void gru_output_block(
 
 
 cdef void gru_gates_rows(Py_ssize_t B, Py_ssize_t H, const floating* ru_pre,
-                         const floating* b_ru, const floating* h_prev,
+                         const floating* b_ru, const floating* h_prev, bint accumulate,
                          floating* r, floating* u, floating* rh,
                          int n_threads) noexcept nogil:
     """gru_gates_block over B rows split in n_threads blocks of rows."""
     cdef Py_ssize_t k, r0 = 0, r1 = 0
     if n_threads == 1:  # no OpenMP region at all
-        gru_gates_block(B, H, ru_pre, b_ru, h_prev, r, u, rh)
+        gru_gates_block(B, H, ru_pre, b_ru, h_prev, accumulate, r, u, rh)
         return
     for k in prange(n_threads, num_threads=n_threads, schedule="static"):
         r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
         r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
-        gru_gates_block(r1 - r0, H, ru_pre + r0 * 2 * H, b_ru, h_prev + r0 * H,
+        gru_gates_block(r1 - r0, H, ru_pre + r0 * 2 * H, b_ru, h_prev + r0 * H, accumulate,
                         r + r0 * H, u + r0 * H, rh + r0 * H)
 
 
@@ -1009,7 +1024,7 @@ cdef void gru_cell_compute(
         memcpy(xh + row * (I + H), x + row * I, I * sizeof(floating))
         memcpy(xh + row * (I + H) + I, h_prev + row * H, H * sizeof(floating))
     gemm(False, False, B, 2 * H, I + H, 1, xh, I + H, w_ru, 2 * H, 0, ru, 2 * H)
-    gru_gates_rows(B, H, ru, b_ru, h_prev, r, u, rh, n_threads)
+    gru_gates_rows(B, H, ru, b_ru, h_prev, False, r, u, rh, n_threads)
     for row in range(B):
         memcpy(xh + row * (I + H) + I, rh + row * H, H * sizeof(floating))
     gemm(False, False, B, H, I + H, 1, xh, I + H, w_c, H, 0, c, H)
@@ -1155,25 +1170,27 @@ cdef void block_gru_forward_compute(
         const floating* b_ru,     # IN  [2H]
         const floating* b_c,      # IN  [H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ru,             # workspace [L*B, 2H]
+        floating* ru,             # workspace [B, 2H]
         floating* rh,             # workspace [B, H]
         floating* r, floating* u, floating* c, floating* h,  # OUT [T, B, H]
         int n_threads) noexcept nogil:
     """GRUBlockCell (SPEC §6) over L steps, zeros for t >= L (and in row b for
-    t >= lengths[b]). The input projections of all L steps are two GEMMs
-    before the loop: RU = x[:L] @ w_ru[:I] (workspace) and c[:L] = x[:L] @
-    w_c[:I]; each step adds h[t-1] @ w_ru[I:] and (r * h[t-1]) @ w_c[I:]."""
+    t >= lengths[b]). The input projections of all L steps are hoisted out of
+    the loop as GEMMs into the outputs: r[:L], u[:L] and c[:L] hold x[:L] @
+    w_ru[:I] (its two halves) and x[:L] @ w_c[:I] until step t overwrites
+    them. Each step computes h[t-1] @ w_ru[I:] into the B x 2H workspace and
+    adds (r * h[t-1]) @ w_c[I:] onto c[t]. No T x B x 2H buffer (see
+    block_lstm_forward_compute)."""
     cdef Py_ssize_t t, BH = B * H
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
-    gemm(False, False, L * B, 2 * H, I, 1, x, I, w_ru, 2 * H, 0, ru, 2 * H)
+    gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
+    gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
     gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
     for t in range(L):
         h_in = h_prev if t == 0 else h + (t - 1) * BH
-        gemm(False, False, B, 2 * H, H, 1, h_in, H, w_ru + I * 2 * H, 2 * H,
-             1, ru + t * B * 2 * H, 2 * H)
-        gru_gates_rows(B, H, ru + t * B * 2 * H, b_ru, h_in, r + t * BH, u + t * BH, rh,
-                       n_threads)
+        gemm(False, False, B, 2 * H, H, 1, h_in, H, w_ru + I * 2 * H, 2 * H, 0, ru, 2 * H)
+        gru_gates_rows(B, H, ru, b_ru, h_in, True, r + t * BH, u + t * BH, rh, n_threads)
         gemm(False, False, B, H, H, 1, rh, H, w_c + I * H, H, 1, c + t * BH, H)
         gru_output_rows(B, H, b_c, h_in, u + t * BH, c + t * BH, h + t * BH, n_threads)
         zero_rows(B, H, lengths, t, r + t * BH)
@@ -1201,14 +1218,14 @@ def block_gru_forward(
     """See block_gru_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(L * B * 2 * H + B * H + 1, dtype=dtype)  # workspace
+    cdef floating[::1] ws = np.empty(B * 3 * H + 1, dtype=dtype)  # workspace
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
     with nogil:
         block_gru_forward_compute(L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0],
                                   &w_c[0, 0], &b_ru[0], &b_c[0], lens, &ws[0],
-                                  &ws[L * B * 2 * H], &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0],
+                                  &ws[B * 2 * H], &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0],
                                   &h[0, 0, 0], n_threads)
 
 
@@ -1402,11 +1419,11 @@ cdef int api_block_gru(
         const floating* w_c, const floating* b_ru, const floating* b_c,
         const int64_t* lengths, floating* r, floating* u, floating* c,
         floating* h) noexcept nogil:
-    cdef floating* ws = <floating*>malloc((L * B * 2 * H + B * H + 1) * sizeof(floating))
+    cdef floating* ws = <floating*>malloc((B * 3 * H + 1) * sizeof(floating))
     if ws == NULL:
         return -1
     block_gru_forward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, lengths, ws,
-                              ws + L * B * 2 * H, r, u, c, h, 1)
+                              ws + B * 2 * H, r, u, c, h, 1)
     free(ws)
     return 0
 
