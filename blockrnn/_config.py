@@ -9,10 +9,10 @@ from blockrnn._version import __version__
 # Threading scheme. The matrix products (the hoisted input GEMM, the per-step
 # recurrent GEMM, the weight-gradient GEMMs) run on SciPy's OpenBLAS and its
 # thread pool. The elementwise gate math between them is vectorised and
-# serial: it is a few percent of a step, and handing it to OpenMP at every
-# step makes libgomp's spinning workers and OpenBLAS's threads starve each
-# other (measured on 2 cores at T,B,I,H = 100,64,512,512 float32: 3x slower,
-# 1.28 s vs 0.41 s, before the activations were vectorised). The OpenMP loops
+# serial: handing it to OpenMP at every step makes libgomp's spinning workers
+# and OpenBLAS's threads starve each other (measured on 2 cores at T,B,I,H =
+# 100,64,512,512 float32, forward: 192 ms serial, 1078 ms with this threshold
+# lowered to 2^14 so that every step's gates ran on OpenMP). The OpenMP loops
 # only run parallel when a step's gate block is so large (rows x cells of at
 # least MIN_PARALLEL_WORK) that one parallel region per step is noise.
 MIN_PARALLEL_WORK = 1 << 20
