@@ -68,9 +68,10 @@ def flops(workload, T, B, I, H):
 
 
 def memory_bound(workload, T, B, I, H, itemsize=4):
-    """blockrnn's memory bound in bytes: its outputs plus its workspace, which is at
-    most one T x B x 4H buffer plus B x H for a sequence op (the GRU forward uses
-    2H of the 4H) and [x, h] plus the gate block for a cell op."""
+    """blockrnn's memory bound in bytes: its outputs plus the workspace the issue
+    allows, one T x B x 4H buffer plus B x H for a sequence op (the backward uses
+    it; the forward ops need only O(B x H)), and [x, h] plus the gate block for a
+    cell op."""
     if workload == "lstm_cell":
         return itemsize * (7 * B * H + B * (I + H) + B * 4 * H)
     if workload == "gru_cell":

@@ -670,9 +670,8 @@ cdef void block_lstm_forward_compute(
     GEMM per gate, written straight into that gate's output: i[:L] holds
     x[:L] @ w[:I, i-columns] until step t's gate pass overwrites i[t] (same for
     ci, f, o). Each step then computes only its recurrent product
-    g = h[t-1] @ w[I:] into the B x 4H workspace. No T x B x 4H buffer: fresh
-    memory costs a page fault per 4 KiB on first touch (a T x B x 4H
-    workspace at 100,32,256,256 cost 5-15 ms of a 35 ms call)."""
+    g = h[t-1] @ w[I:] into the B x 4H workspace, so the call needs no
+    T x B x 4H buffer: its memory beyond the outputs is O(B x H)."""
     cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
@@ -1179,8 +1178,8 @@ cdef void block_gru_forward_compute(
     the loop as GEMMs into the outputs: r[:L], u[:L] and c[:L] hold x[:L] @
     w_ru[:I] (its two halves) and x[:L] @ w_c[:I] until step t overwrites
     them. Each step computes h[t-1] @ w_ru[I:] into the B x 2H workspace and
-    adds (r * h[t-1]) @ w_c[I:] onto c[t]. No T x B x 2H buffer (see
-    block_lstm_forward_compute)."""
+    adds (r * h[t-1]) @ w_c[I:] onto c[t]; memory beyond the outputs is
+    O(B x H)."""
     cdef Py_ssize_t t, BH = B * H
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
