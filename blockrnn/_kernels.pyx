@@ -159,16 +159,25 @@ cdef void lstm_forward_block(
 
 
 cdef inline void gate_preactivation(Py_ssize_t H, const floating* g, const floating* bias,
-                                   floating extra, floating* dst) noexcept nogil:
-    """dst[j] = ((dst[j] + g[j]) + bias[j]) + extra: x@Wx + h@Wh + b (+ forget_bias),
-    summed in the order of one GEMM accumulating onto the other."""
+                                   floating extra, bint accumulate,
+                                   floating* dst) noexcept nogil:
+    """One gate's pre-activation for one row: dst[j] = g[j] + bias[j] (+ extra),
+    or with `accumulate` ((dst[j] + g[j]) + bias[j]) (+ extra), x@Wx + h@Wh + b
+    summed in the order of one GEMM accumulating onto the other. `extra` (the
+    forget bias) is only added when nonzero: + 0 would turn -0 into +0."""
     cdef Py_ssize_t j
-    if extra != 0:
+    if accumulate and extra != 0:
         for j in range(H):
             dst[j] = dst[j] + g[j] + bias[j] + extra
-    else:
+    elif accumulate:
         for j in range(H):
             dst[j] = dst[j] + g[j] + bias[j]
+    elif extra != 0:
+        for j in range(H):
+            dst[j] = g[j] + bias[j] + extra
+    else:
+        for j in range(H):
+            dst[j] = g[j] + bias[j]
 
 
 cdef inline void lstm_forward_tile(
@@ -188,24 +197,10 @@ cdef inline void lstm_forward_tile(
     cdef floating* dst
     for r in range(rows):
         gr = g + r * 4 * H
-        if accumulate:
-            gate_preactivation(H, gr + off.i, bias + off.i, 0, i_ + r * H)
-            gate_preactivation(H, gr + off.f, bias + off.f, forget_bias, f + r * H)
-            gate_preactivation(H, gr + off.c, bias + off.c, 0, ci + r * H)
-            gate_preactivation(H, gr + off.o, bias + off.o, 0, o + r * H)
-        else:
-            dst = i_ + r * H
-            for j in range(H):
-                dst[j] = gr[off.i + j] + bias[off.i + j]
-            dst = f + r * H
-            for j in range(H):
-                dst[j] = gr[off.f + j] + bias[off.f + j] + forget_bias
-            dst = ci + r * H
-            for j in range(H):
-                dst[j] = gr[off.c + j] + bias[off.c + j]
-            dst = o + r * H
-            for j in range(H):
-                dst[j] = gr[off.o + j] + bias[off.o + j]
+        gate_preactivation(H, gr + off.i, bias + off.i, 0, accumulate, i_ + r * H)
+        gate_preactivation(H, gr + off.f, bias + off.f, forget_bias, accumulate, f + r * H)
+        gate_preactivation(H, gr + off.c, bias + off.c, 0, accumulate, ci + r * H)
+        gate_preactivation(H, gr + off.o, bias + off.o, 0, accumulate, o + r * H)
         if use_peephole:
             cpr = cs_prev + r * H
             dst = i_ + r * H
@@ -847,25 +842,10 @@ cdef void gru_gates_block(
         floating* rh) noexcept nogil:  # OUT [rows, H] r * h_prev
     """SPEC §6, first half: r, u = sigmoid([x, h_prev] @ w_ru + b_ru). With
     `accumulate` the pre-activation is (r or u's value + ru_pre) + b_ru."""
-    cdef Py_ssize_t row, j, n = rows * H
-    cdef const floating* pre
-    cdef floating* dst
+    cdef Py_ssize_t row, k, n = rows * H
     for row in range(rows):
-        pre = ru_pre + row * 2 * H
-        dst = r + row * H
-        if accumulate:
-            for j in range(H):
-                dst[j] = dst[j] + pre[j] + b_ru[j]
-        else:
-            for j in range(H):
-                dst[j] = pre[j] + b_ru[j]
-        dst = u + row * H
-        if accumulate:
-            for j in range(H):
-                dst[j] = dst[j] + pre[H + j] + b_ru[H + j]
-        else:
-            for j in range(H):
-                dst[j] = pre[H + j] + b_ru[H + j]
+        gate_preactivation(H, ru_pre + row * 2 * H, b_ru, 0, accumulate, r + row * H)
+        gate_preactivation(H, ru_pre + row * 2 * H + H, b_ru + H, 0, accumulate, u + row * H)
     sigmoid_inplace(n, r)
     sigmoid_inplace(n, u)
     for k in range(n):

@@ -11,40 +11,27 @@ re-implementation of TensorFlow 2.21's fused block-RNN raw ops, written directly
 * SPEC §6 -- GRU forward, SPEC §7 -- GRU backward and the full GRU gradient.
 
 Every input is converted with ``np.asarray(..., dtype=np.float64)`` and all outputs are
-float64 namedtuples whose field names match blockrnn's public API (and TF's output names).
+blockrnn's own output namedtuples (TF's output names) holding float64 arrays.
 No validation is done beyond what the computation itself needs.  Outputs at
 ``t >= seq_len_max`` are zero (all of them, including i, f, o, ci, co, which TF leaves
 uninitialised).  Clipping is ignored by the gradients (straight-through, SPEC §4).
 """
 
-from collections import namedtuple
-
 import numpy as np
+
+# The output types are blockrnn's own (one definition, in the public modules).
+from blockrnn.gru import (
+    BlockGRUGradOutput, BlockGRUOutput, GRUBlockCellGradFullOutput, GRUBlockCellGradOutput,
+    GRUBlockCellOutput)
+from blockrnn.lstm import (
+    BlockLSTMGradOutput, BlockLSTMOutput, LSTMBlockCellGradFullOutput,
+    LSTMBlockCellGradOutput, LSTMBlockCellOutput)
 
 __all__ = [
     "lstm_block_cell", "lstm_block_cell_grad", "lstm_block_cell_grad_full",
     "block_lstm", "block_lstm_v2", "block_lstm_grad", "block_lstm_grad_v2",
     "gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full",
 ]
-
-LSTMBlockCellOutput = namedtuple("LSTMBlockCellOutput", "i cs f o ci co h")
-LSTMBlockCellGradOutput = namedtuple(
-    "LSTMBlockCellGradOutput", "cs_prev_grad dicfo wci_grad wcf_grad wco_grad")
-LSTMBlockCellGradFullOutput = namedtuple(
-    "LSTMBlockCellGradFullOutput",
-    "x_grad cs_prev_grad h_prev_grad w_grad wci_grad wcf_grad wco_grad b_grad")
-BlockLSTMOutput = namedtuple("BlockLSTMOutput", "i cs f o ci co h")
-BlockLSTMGradOutput = namedtuple(
-    "BlockLSTMGradOutput",
-    "x_grad cs_prev_grad h_prev_grad w_grad wci_grad wcf_grad wco_grad b_grad")
-GRUBlockCellOutput = namedtuple("GRUBlockCellOutput", "r u c h")
-BlockGRUOutput = namedtuple("BlockGRUOutput", "r u c h")
-BlockGRUGradOutput = namedtuple(
-    "BlockGRUGradOutput", "x_grad h_prev_grad w_ru_grad w_c_grad b_ru_grad b_c_grad")
-GRUBlockCellGradOutput = namedtuple(
-    "GRUBlockCellGradOutput", "d_x d_h_prev d_c_bar d_r_bar_u_bar")
-GRUBlockCellGradFullOutput = namedtuple(
-    "GRUBlockCellGradFullOutput", "d_x d_h_prev d_w_ru d_w_c d_b_ru d_b_c")
 
 
 def _f64(a):
