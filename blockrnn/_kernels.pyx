@@ -390,18 +390,25 @@ cdef inline void store(Py_ssize_t n, const double* src, floating* dst) noexcept 
 # LSTM entry points
 # ---------------------------------------------------------------------------
 
+cdef inline Py_ssize_t lstm_cell_workspace(Py_ssize_t B, Py_ssize_t I,
+                                           Py_ssize_t H) noexcept nogil:
+    """Elements of lstm_cell_compute's workspace: [x, h_prev] [B, I+H], g [B, 4H]."""
+    return B * (I + H) + B * 4 * H + 1
+
+
 cdef void lstm_cell_compute(
         Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
         const floating* x, const floating* cs_prev, const floating* h_prev,  # IN
         const floating* w, const floating* wci, const floating* wcf,       # IN
         const floating* wco, const floating* b,
         floating forget_bias, floating cell_clip, bint use_peephole,
-        floating* xh,      # workspace [B, I+H]
-        floating* g,       # workspace [B, 4H]
+        floating* ws,      # workspace [lstm_cell_workspace(B, I, H)]
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [B, H]
         floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
     """LSTMBlockCell (SPEC §3): g = [x, h_prev] @ w (one GEMM), then the gates."""
     cdef Py_ssize_t r
+    cdef floating* xh = ws
+    cdef floating* g = ws + B * (I + H)
     for r in range(B):
         memcpy(xh + r * (I + H), x + r * I, I * sizeof(floating))
         memcpy(xh + r * (I + H) + I, h_prev + r * H, H * sizeof(floating))
@@ -425,12 +432,12 @@ def lstm_cell_forward(
     """LSTMBlockCell (SPEC §3), see lstm_cell_compute."""
     cdef Py_ssize_t B = x.shape[0], I = x.shape[1], H = cs_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(B * (I + H) + B * 4 * H, dtype=dtype)  # workspace
+    cdef floating[::1] ws = np.empty(lstm_cell_workspace(B, I, H), dtype=dtype)
     with nogil:
         lstm_cell_compute(B, I, H, gate_offsets(layout, H), &x[0, 0], &cs_prev[0, 0],
                           &h_prev[0, 0], &w[0, 0], &wci[0], &wcf[0], &wco[0], &b[0],
                           <floating>forget_bias, <floating>cell_clip, use_peephole,
-                          &ws[0], &ws[B * (I + H)], &i_[0, 0], &cs[0, 0], &f[0, 0],
+                          &ws[0], &i_[0, 0], &cs[0, 0], &f[0, 0],
                           &o[0, 0], &ci[0, 0], &co[0, 0], &h[0, 0], n_threads)
 
 
@@ -520,7 +527,7 @@ def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_cl
     dims[1] = H
     outs = new_outputs(7, 2, dims, typenum, o)
     cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
-    cdef void* ws = PyMem_RawMalloc((B * (I + H) + B * 4 * H) * item)  # seen by tracemalloc
+    cdef void* ws = PyMem_RawMalloc(lstm_cell_workspace(B, I, H) * item)  # seen by tracemalloc
     if ws == NULL:
         raise MemoryError()
     cdef double fb = forget_bias, clip_ = cell_clip
@@ -530,14 +537,14 @@ def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_cl
             lstm_cell_compute[float](
                 B, I, H, off, <float*>a[0], <float*>a[1], <float*>a[2], <float*>a[3],
                 <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7], <float>fb,
-                <float>clip_, peep, <float*>ws, <float*>ws + B * (I + H), <float*>o[0],
+                <float>clip_, peep, <float*>ws, <float*>o[0],
                 <float*>o[1], <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5],
                 <float*>o[6], 1)
         else:
             lstm_cell_compute[double](
                 B, I, H, off, <double*>a[0], <double*>a[1], <double*>a[2], <double*>a[3],
                 <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7], fb, clip_, peep,
-                <double*>ws, <double*>ws + B * (I + H), <double*>o[0], <double*>o[1],
+                <double*>ws, <double*>o[0], <double*>o[1],
                 <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1)
     PyMem_RawFree(ws)
     return tuple.__new__(output_type, outs)
@@ -572,7 +579,8 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
     dims[2] = H
     outs = new_outputs(7, 3, dims, typenum, o)
     cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
-    cdef void* g = PyMem_RawMalloc((B * 4 * H + 1) * item)  # seen by tracemalloc
+    # seen by tracemalloc
+    cdef void* g = PyMem_RawMalloc(block_lstm_forward_workspace(B, H) * item)
     if g == NULL:
         raise MemoryError()
     cdef double fb = forget_bias, clip_ = cell_clip
@@ -646,6 +654,12 @@ def lstm_cell_backward(
             store(4 * H, &acc[0, 0], &b_grad[0])
 
 
+cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t B,
+                                                    Py_ssize_t H) noexcept nogil:
+    """Elements of block_lstm_forward_compute's workspace: one step's gates [B, 4H]."""
+    return B * 4 * H + 1
+
+
 cdef void block_lstm_forward_compute(
         Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
         const floating* x,        # IN  [T, B, I]
@@ -655,7 +669,7 @@ cdef void block_lstm_forward_compute(
         const floating* b,        # IN  [4H]
         floating forget_bias, floating cell_clip, bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* g,              # workspace [B, 4H]
+        floating* g,              # workspace [block_lstm_forward_workspace(B, H)]: [B, 4H]
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [T, B, H]
         floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
     """BlockLSTM / BlockLSTMV2 (SPEC §3, sequence): L steps, zeros for t >= L
@@ -711,7 +725,7 @@ def block_lstm_forward(
     """See block_lstm_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] g = np.empty(B * 4 * H + 1, dtype=dtype)  # workspace [B, 4H]
+    cdef floating[::1] g = np.empty(block_lstm_forward_workspace(B, H), dtype=dtype)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -721,6 +735,14 @@ def block_lstm_forward(
             &wci[0], &wcf[0], &wco[0], &b[0], <floating>forget_bias, <floating>cell_clip,
             use_peephole, lens, &g[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
             &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads)
+
+
+cdef inline Py_ssize_t block_lstm_backward_workspace(Py_ssize_t L, Py_ssize_t B,
+                                                     Py_ssize_t H) noexcept nogil:
+    """Elements of block_lstm_backward_compute's workspace: the gate gradients of
+    every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B]. Its
+    double accumulator `acc` has 3 * 4H + 1 elements."""
+    return L * B * 4 * H + B * H + 1
 
 
 cdef void block_lstm_backward_compute(
@@ -734,8 +756,7 @@ cdef void block_lstm_backward_compute(
         const floating* cs_grad, const floating* h_grad,  # IN [T, B, H]
         bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* dg,             # workspace [L*B, 4H]
-        floating* dh_t,           # workspace [H, B]
+        floating* ws,             # workspace [block_lstm_backward_workspace(L, B, H)]
         double* acc,              # workspace [3, 4H]
         floating* x_grad,         # OUT [T, B, I]
         floating* cs_prev_grad, floating* h_prev_grad,  # OUT [B, H]
@@ -756,6 +777,8 @@ cdef void block_lstm_backward_compute(
     cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
+    cdef floating* dg = ws
+    cdef floating* dh_t = ws + L * B * G4
     memset(cs_prev_grad, 0, BH * sizeof(floating))
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, 3 * G4 * sizeof(double))
@@ -812,8 +835,8 @@ def block_lstm_backward(
     """See block_lstm_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] dg = np.empty(L * B * 4 * H + B * H + 1, dtype=dtype)  # workspace
-    cdef double[::1] acc = np.empty(3 * 4 * H + 1, dtype=np.float64)    # workspace
+    cdef floating[::1] ws = np.empty(block_lstm_backward_workspace(L, B, H), dtype=dtype)
+    cdef double[::1] acc = np.empty(3 * 4 * H + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -822,7 +845,7 @@ def block_lstm_backward(
             L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w[0, 0],
             &wci[0], &wcf[0], &wco[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
             &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], &cs_grad[0, 0, 0],
-            &h_grad[0, 0, 0], use_peephole, lens, &dg[0], &dg[L * B * 4 * H], &acc[0],
+            &h_grad[0, 0, 0], use_peephole, lens, &ws[0], &acc[0],
             &x_grad[0, 0, 0],
             &cs_prev_grad[0, 0], &h_prev_grad[0, 0], &w_grad[0, 0], &wci_grad[0],
             &wcf_grad[0], &wco_grad[0], &b_grad[0], n_threads)
@@ -987,18 +1010,26 @@ cdef void gru_backward_reset_rows(
                                  lengths_from(lengths, r0), t)
 
 
+cdef inline Py_ssize_t gru_cell_workspace(Py_ssize_t B, Py_ssize_t I,
+                                          Py_ssize_t H) noexcept nogil:
+    """Elements of gru_cell_compute's workspace: [B, I+H] ([x, h_prev], then
+    [x, r * h_prev]), ru [B, 2H], r * h_prev [B, H]."""
+    return B * (I + H) + B * 3 * H + 1
+
+
 cdef void gru_cell_compute(
         Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const floating* x, const floating* h_prev,          # IN [B, I], [B, H]
         const floating* w_ru, const floating* w_c,          # IN [I+H, 2H], [I+H, H]
         const floating* b_ru, const floating* b_c,          # IN [2H], [H]
-        floating* xh,      # workspace [B, I+H]: [x, h_prev], then [x, r * h_prev]
-        floating* ru,      # workspace [B, 2H]
-        floating* rh,      # workspace [B, H]
+        floating* ws,      # workspace [gru_cell_workspace(B, I, H)]
         floating* r, floating* u, floating* c, floating* h,  # OUT [B, H]
         int n_threads) noexcept nogil:
     """GRUBlockCell (SPEC §6), each product one GEMM over [x, .]."""
     cdef Py_ssize_t row
+    cdef floating* xh = ws
+    cdef floating* ru = ws + B * (I + H)
+    cdef floating* rh = ru + B * 2 * H
     for row in range(B):
         memcpy(xh + row * (I + H), x + row * I, I * sizeof(floating))
         memcpy(xh + row * (I + H) + I, h_prev + row * H, H * sizeof(floating))
@@ -1023,12 +1054,11 @@ def gru_cell_forward(
     """GRUBlockCell (SPEC §6), see gru_cell_compute."""
     cdef Py_ssize_t B = x.shape[0], I = x.shape[1], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(B * (I + H) + B * 3 * H + 1, dtype=dtype)  # workspace
-    cdef floating* xh = &ws[0]
+    cdef floating[::1] ws = np.empty(gru_cell_workspace(B, I, H), dtype=dtype)
     with nogil:
         gru_cell_compute(B, I, H, &x[0, 0], &h_prev[0, 0], &w_ru[0, 0], &w_c[0, 0],
-                         &b_ru[0], &b_c[0], xh, xh + B * (I + H), xh + B * (I + H + 2 * H),
-                         &r[0, 0], &u[0, 0], &c[0, 0], &h[0, 0], n_threads)
+                         &b_ru[0], &b_c[0], &ws[0], &r[0, 0], &u[0, 0], &c[0, 0], &h[0, 0],
+                         n_threads)
 
 
 def gru_cell_fast(x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work, output_type):
@@ -1056,8 +1086,7 @@ def gru_cell_fast(x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work, o
     cdef void* o[4]   # r, u, c, h
     outs = new_outputs(4, 2, dims, typenum, o)
     cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
-    cdef Py_ssize_t n_xh = B * (I + H)
-    cdef void* ws = PyMem_RawMalloc((n_xh + B * 3 * H) * item)  # seen by tracemalloc
+    cdef void* ws = PyMem_RawMalloc(gru_cell_workspace(B, I, H) * item)  # seen by tracemalloc
     if ws == NULL:
         raise MemoryError()
     cdef void* px = data(x)
@@ -1070,14 +1099,13 @@ def gru_cell_fast(x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work, o
         if typenum == cnp.NPY_FLOAT32:
             gru_cell_compute[float](
                 B, I, H, <float*>px, <float*>ph, <float*>pwru, <float*>pwc, <float*>pbru,
-                <float*>pbc, <float*>ws, <float*>ws + n_xh, <float*>ws + n_xh + 2 * B * H,
-                <float*>o[0], <float*>o[1], <float*>o[2], <float*>o[3], 1)
+                <float*>pbc, <float*>ws, <float*>o[0], <float*>o[1], <float*>o[2],
+                <float*>o[3], 1)
         else:
             gru_cell_compute[double](
                 B, I, H, <double*>px, <double*>ph, <double*>pwru, <double*>pwc,
-                <double*>pbru, <double*>pbc, <double*>ws, <double*>ws + n_xh,
-                <double*>ws + n_xh + 2 * B * H, <double*>o[0], <double*>o[1], <double*>o[2],
-                <double*>o[3], 1)
+                <double*>pbru, <double*>pbc, <double*>ws, <double*>o[0], <double*>o[1],
+                <double*>o[2], <double*>o[3], 1)
     PyMem_RawFree(ws)
     return tuple.__new__(output_type, outs)
 
@@ -1140,6 +1168,13 @@ def gru_cell_backward(
             store(H, &acc[0], &d_b_c[0])
 
 
+cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t B,
+                                                   Py_ssize_t H) noexcept nogil:
+    """Elements of block_gru_forward_compute's workspace: one step's recurrent
+    product ru [B, 2H], then r * h[t-1] [B, H]."""
+    return B * 3 * H + 1
+
+
 cdef void block_gru_forward_compute(
         Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const floating* x,        # IN  [T, B, I]
@@ -1149,8 +1184,7 @@ cdef void block_gru_forward_compute(
         const floating* b_ru,     # IN  [2H]
         const floating* b_c,      # IN  [H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ru,             # workspace [B, 2H]
-        floating* rh,             # workspace [B, H]
+        floating* ws,             # workspace [block_gru_forward_workspace(B, H)]
         floating* r, floating* u, floating* c, floating* h,  # OUT [T, B, H]
         int n_threads) noexcept nogil:
     """GRUBlockCell (SPEC §6) over L steps, zeros for t >= L (and in row b for
@@ -1163,6 +1197,8 @@ cdef void block_gru_forward_compute(
     cdef Py_ssize_t t, BH = B * H
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
+    cdef floating* ru = ws
+    cdef floating* rh = ws + B * 2 * H
     gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
     gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
     gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
@@ -1197,15 +1233,22 @@ def block_gru_forward(
     """See block_gru_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(B * 3 * H + 1, dtype=dtype)  # workspace
+    cdef floating[::1] ws = np.empty(block_gru_forward_workspace(B, H), dtype=dtype)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
     with nogil:
         block_gru_forward_compute(L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0],
                                   &w_c[0, 0], &b_ru[0], &b_c[0], lens, &ws[0],
-                                  &ws[B * 2 * H], &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0],
-                                  &h[0, 0, 0], n_threads)
+                                  &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0], &h[0, 0, 0],
+                                  n_threads)
+
+
+cdef inline Py_ssize_t block_gru_backward_workspace(Py_ssize_t L, Py_ssize_t B,
+                                                    Py_ssize_t H) noexcept nogil:
+    """Elements of block_gru_backward_compute's workspace: [L*B, 4H] (see there),
+    then d(r * h[t-1]) [B, H]. Its double accumulator `acc` has 2H + 1 elements."""
+    return L * B * 4 * H + B * H + 1
 
 
 cdef void block_gru_backward_compute(
@@ -1218,8 +1261,7 @@ cdef void block_gru_backward_compute(
         const floating* c, const floating* h,
         const floating* h_grad,   # IN  [T, B, H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [L*B, 4H]
-        floating* d_hr,           # workspace [B, H]
+        floating* ws,             # workspace [block_gru_backward_workspace(L, B, H)]
         double* acc,              # workspace [2H]
         floating* x_grad,         # OUT [T, B, I]
         floating* h_prev_grad,    # OUT [B, H]
@@ -1242,6 +1284,7 @@ cdef void block_gru_backward_compute(
     cdef floating* d_ru = ws                    # [L*B, 2H]
     cdef floating* d_c = ws + L * B * H2        # [L*B, H]
     cdef floating* rh = d_c + L * BH            # [L*B, H]
+    cdef floating* d_hr = rh + L * BH           # [B, H]
     cdef const floating* h_in
     memset(h_prev_grad, 0, BH * sizeof(floating))
     for t in range(L - 1, -1, -1):
@@ -1300,8 +1343,8 @@ def block_gru_backward(
     """See block_gru_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(L * B * 4 * H + B * H + 1, dtype=dtype)  # workspace
-    cdef double[::1] acc = np.empty(2 * H + 1, dtype=np.float64)            # workspace
+    cdef floating[::1] ws = np.empty(block_gru_backward_workspace(L, B, H), dtype=dtype)
+    cdef double[::1] acc = np.empty(2 * H + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -1309,7 +1352,7 @@ def block_gru_backward(
         block_gru_backward_compute(
             L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0], &w_c[0, 0],
             &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0], &h[0, 0, 0], &h_grad[0, 0, 0], lens,
-            &ws[0], &ws[L * B * 4 * H], &acc[0], &x_grad[0, 0, 0], &h_prev_grad[0, 0],
+            &ws[0], &acc[0], &x_grad[0, 0, 0], &h_prev_grad[0, 0],
             &w_ru_grad[0, 0], &w_c_grad[0, 0], &b_ru_grad[0], &b_c_grad[0], n_threads)
 
 
@@ -1326,12 +1369,12 @@ cdef int api_lstm_cell(
         floating forget_bias, floating cell_clip, int use_peephole, floating* i_,
         floating* cs, floating* f, floating* o, floating* ci, floating* co,
         floating* h) noexcept nogil:
-    cdef floating* ws = <floating*>malloc((B * (I + H) + B * 4 * H + 1) * sizeof(floating))
+    cdef floating* ws = <floating*>malloc(lstm_cell_workspace(B, I, H) * sizeof(floating))
     if ws == NULL:
         return -1
     lstm_cell_compute(B, I, H, gate_offsets(layout, H), x, cs_prev, h_prev, w, wci, wcf,
                       wco, b, forget_bias, cell_clip, use_peephole != 0, ws,
-                      ws + B * (I + H), i_, cs, f, o, ci, co, h, 1)
+                      i_, cs, f, o, ci, co, h, 1)
     free(ws)
     return 0
 
@@ -1343,7 +1386,7 @@ cdef int api_block_lstm(
         const floating* b, floating forget_bias, floating cell_clip, int use_peephole,
         const int64_t* lengths, floating* i_, floating* cs, floating* f, floating* o,
         floating* ci, floating* co, floating* h) noexcept nogil:
-    cdef floating* g = <floating*>malloc((B * 4 * H + 1) * sizeof(floating))
+    cdef floating* g = <floating*>malloc(block_lstm_forward_workspace(B, H) * sizeof(floating))
     if g == NULL:
         return -1
     block_lstm_forward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
@@ -1363,17 +1406,18 @@ cdef int api_block_lstm_grad(
         const int64_t* lengths, floating* x_grad, floating* cs_prev_grad,
         floating* h_prev_grad, floating* w_grad, floating* wci_grad, floating* wcf_grad,
         floating* wco_grad, floating* b_grad) noexcept nogil:
-    cdef floating* dg = <floating*>malloc((L * B * 4 * H + B * H + 1) * sizeof(floating))
+    cdef floating* ws = <floating*>malloc(
+        block_lstm_backward_workspace(L, B, H) * sizeof(floating))
     cdef double* acc = <double*>malloc((3 * 4 * H + 1) * sizeof(double))
-    if dg == NULL or acc == NULL:
-        free(dg)
+    if ws == NULL or acc == NULL:
+        free(ws)
         free(acc)
         return -1
     block_lstm_backward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
                                 i_, cs, f, o, ci, co, h, cs_grad, h_grad, use_peephole != 0,
-                                lengths, dg, dg + L * B * 4 * H, acc, x_grad, cs_prev_grad, h_prev_grad, w_grad,
+                                lengths, ws, acc, x_grad, cs_prev_grad, h_prev_grad, w_grad,
                                 wci_grad, wcf_grad, wco_grad, b_grad, 1)
-    free(dg)
+    free(ws)
     free(acc)
     return 0
 
@@ -1383,11 +1427,10 @@ cdef int api_gru_cell(
         const floating* w_ru, const floating* w_c, const floating* b_ru,
         const floating* b_c, floating* r, floating* u, floating* c,
         floating* h) noexcept nogil:
-    cdef floating* ws = <floating*>malloc((B * (I + H) + 3 * B * H + 1) * sizeof(floating))
+    cdef floating* ws = <floating*>malloc(gru_cell_workspace(B, I, H) * sizeof(floating))
     if ws == NULL:
         return -1
-    gru_cell_compute(B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, ws, ws + B * (I + H),
-                     ws + B * (I + H) + 2 * B * H, r, u, c, h, 1)
+    gru_cell_compute(B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, ws, r, u, c, h, 1)
     free(ws)
     return 0
 
@@ -1398,11 +1441,11 @@ cdef int api_block_gru(
         const floating* w_c, const floating* b_ru, const floating* b_c,
         const int64_t* lengths, floating* r, floating* u, floating* c,
         floating* h) noexcept nogil:
-    cdef floating* ws = <floating*>malloc((B * 3 * H + 1) * sizeof(floating))
+    cdef floating* ws = <floating*>malloc(block_gru_forward_workspace(B, H) * sizeof(floating))
     if ws == NULL:
         return -1
     block_gru_forward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, lengths, ws,
-                              ws + B * 2 * H, r, u, c, h, 1)
+                              r, u, c, h, 1)
     free(ws)
     return 0
 
@@ -1414,14 +1457,15 @@ cdef int api_block_gru_grad(
         const floating* h, const floating* h_grad, const int64_t* lengths,
         floating* x_grad, floating* h_prev_grad, floating* w_ru_grad, floating* w_c_grad,
         floating* b_ru_grad, floating* b_c_grad) noexcept nogil:
-    cdef floating* ws = <floating*>malloc((L * B * 4 * H + B * H + 1) * sizeof(floating))
+    cdef floating* ws = <floating*>malloc(
+        block_gru_backward_workspace(L, B, H) * sizeof(floating))
     cdef double* acc = <double*>malloc((2 * H + 1) * sizeof(double))
     if ws == NULL or acc == NULL:
         free(ws)
         free(acc)
         return -1
     block_gru_backward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, r, u, c, h, h_grad,
-                               lengths, ws, ws + L * B * 4 * H, acc, x_grad, h_prev_grad,
+                               lengths, ws, acc, x_grad, h_prev_grad,
                                w_ru_grad, w_c_grad, b_ru_grad, b_c_grad, 1)
     free(ws)
     free(acc)
