@@ -133,10 +133,6 @@ def _route(seq_grad, init_grad, dfinal, lengths):
     init_grad[empty] += dfinal[empty]
 
 
-def _kw(lengths):
-    return {} if lengths is None else {"sequence_length": lengths}
-
-
 def _uniform(rng, shape, scale, dtype):
     return rng.uniform(-scale, scale, size=shape).astype(dtype)
 
@@ -260,7 +256,7 @@ class LSTM(_Layer):
         L = steps_to_run(T, lengths)
         fwd = blockrnn.block_lstm_v2(L, x, c0, h0, self.w, self.wci, self.wcf, self.wco,
                                      self.b, cell_clip=self.cell_clip,
-                                     use_peephole=self.use_peephole, **_kw(lengths))
+                                     use_peephole=self.use_peephole, sequence_length=lengths)
         state_n = (_last(fwd.h, h0, lengths), _last(fwd.cs, c0, lengths))
         return fwd.h, state_n, LSTMContext(x, h0, c0, fwd, L, lengths)
 
@@ -316,7 +312,7 @@ class LSTM(_Layer):
         _route(cs_grad, dc0_extra, dc_n, lengths)
         g = blockrnn.block_lstm_grad_v2(
             L, x, c0, h0, self.w, self.wci, self.wcf, self.wco, self.b, *fwd,
-            cs_grad, h_grad, use_peephole=self.use_peephole, **_kw(lengths))
+            cs_grad, h_grad, use_peephole=self.use_peephole, sequence_length=lengths)
         self.grads = {"w": g.w_grad, "b": g.b_grad}
         if self.use_peephole:
             self.grads.update(wci=g.wci_grad, wcf=g.wcf_grad, wco=g.wco_grad)
@@ -385,7 +381,7 @@ class GRU(_Layer):
         lengths = check_sequence_length(where, sequence_length, B, T)
         L = steps_to_run(T, lengths)
         fwd = blockrnn.block_gru(L, x, h0, self.w_ru, self.w_c, self.b_ru, self.b_c,
-                                 **_kw(lengths))
+                                 sequence_length=lengths)
         return fwd.h, _last(fwd.h, h0, lengths), GRUContext(x, h0, fwd, L, lengths)
 
     __call__ = forward
@@ -417,7 +413,7 @@ class GRU(_Layer):
         dh0_extra = np.zeros((B, self.hidden_size), self.dtype)
         _route(h_grad, dh0_extra, dh_n, lengths)
         g = blockrnn.block_gru_grad(L, x, h0, self.w_ru, self.w_c, self.b_ru, self.b_c,
-                                    *fwd, h_grad, **_kw(lengths))
+                                    *fwd, h_grad, sequence_length=lengths)
         self.grads = {"w_ru": g.w_ru_grad, "w_c": g.w_c_grad, "b_ru": g.b_ru_grad,
                       "b_c": g.b_c_grad}
         return g.x_grad, g.h_prev_grad + dh0_extra

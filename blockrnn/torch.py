@@ -60,10 +60,6 @@ def _lengths(where, sequence_length, T, B):
     return check_sequence_length(where, sequence_length, B, T)
 
 
-def _kw(lengths):
-    return {} if lengths is None else {"sequence_length": lengths}
-
-
 def _tensor(a):
     return torch.from_numpy(np.ascontiguousarray(a))
 
@@ -90,7 +86,7 @@ class BlockLSTMFunction(torch.autograd.Function):
         L = steps_to_run(xa.shape[0], lengths)
         fwd = blockrnn.block_lstm_v2(L, xa, c0a, h0a, wa, wcia, wcfa, wcoa, ba,
                                      cell_clip=cell_clip, use_peephole=use_peephole,
-                                     **_kw(lengths))
+                                     sequence_length=lengths)
         h, cs = _tensor(fwd.h), _tensor(fwd.cs)
         ctx.save_for_backward(x, h0, c0, w, wci, wcf, wco, b, h, cs)
         ctx.gates = (fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co)
@@ -110,7 +106,7 @@ class BlockLSTMFunction(torch.autograd.Function):
         dcs = _numpy(where, "grad of cs", dcs, None).astype(x.dtype, copy=False)
         g = blockrnn.block_lstm_grad_v2(ctx.L, x, c0, h0, w, wci, wcf, wco, b,
                                         i, cs, f, o, ci, co, h, dcs, dh,
-                                        use_peephole=ctx.use_peephole, **_kw(ctx.lengths))
+                                        use_peephole=ctx.use_peephole, sequence_length=ctx.lengths)
         grads = (g.x_grad, g.h_prev_grad, g.cs_prev_grad, g.w_grad,
                  g.wci_grad, g.wcf_grad, g.wco_grad, g.b_grad)
         out = [_tensor(gr) if n else None for gr, n in zip(grads, need)]
@@ -135,7 +131,7 @@ class BlockGRUFunction(torch.autograd.Function):
             _numpy(where, n, t, dt) for n, t in
             zip(("x", "h0", "w_ru", "w_c", "b_ru", "b_c"), (x, h0, w_ru, w_c, b_ru, b_c)))
         L = steps_to_run(xa.shape[0], lengths)
-        fwd = blockrnn.block_gru(L, xa, h0a, wrua, wca, brua, bca, **_kw(lengths))
+        fwd = blockrnn.block_gru(L, xa, h0a, wrua, wca, brua, bca, sequence_length=lengths)
         h = _tensor(fwd.h)
         ctx.save_for_backward(x, h0, w_ru, w_c, b_ru, b_c, h)
         ctx.gates = (fwd.r, fwd.u, fwd.c)
@@ -153,7 +149,7 @@ class BlockGRUFunction(torch.autograd.Function):
         r, u, c = ctx.gates
         dh = _numpy(where, "grad of h", dh, None).astype(x.dtype, copy=False)
         g = blockrnn.block_gru_grad(ctx.L, x, h0, w_ru, w_c, b_ru, b_c, r, u, c, h, dh,
-                                    **_kw(ctx.lengths))
+                                    sequence_length=ctx.lengths)
         grads = (g.x_grad, g.h_prev_grad, g.w_ru_grad, g.w_c_grad, g.b_ru_grad, g.b_c_grad)
         return (*[_tensor(gr) if n else None for gr, n in zip(grads, need)], None)
 
