@@ -28,13 +28,25 @@ cnp.import_array()
 from blockrnn._blas cimport gemm, gemm_small_by_weights_t
 from blockrnn._openmp cimport BRNN_OPENMP_ENABLED, brnn_omp_get_max_threads
 
+cdef extern from "brnn_lstm.h" nogil:
+    void brnn_lstm_forward_row_f32(
+        Py_ssize_t H, const float* gi, const float* gc, const float* gf, const float* go,
+        const float* bi, const float* bc, const float* bf, const float* bo,
+        const float* wci, const float* wcf, const float* wco, float forget_bias,
+        float cell_clip, int peep, int acc, const float* cs_prev,
+        float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h)
+    void brnn_lstm_forward_row_f64(
+        Py_ssize_t H, const double* gi, const double* gc, const double* gf, const double* go,
+        const double* bi, const double* bc, const double* bf, const double* bo,
+        const double* wci, const double* wcf, const double* wco, double forget_bias,
+        double cell_clip, int peep, int acc, const double* cs_prev,
+        double* i_, double* cs, double* f, double* o, double* ci, double* co, double* h)
+
 cdef extern from "brnn_math.h" nogil:
     void brnn_sigmoid_f32(Py_ssize_t n, float* x)
     void brnn_tanh_f32(Py_ssize_t n, float* x)
     void brnn_sigmoid_f64(Py_ssize_t n, double* x)
     void brnn_tanh_f64(Py_ssize_t n, double* x)
-    float brnn_clipf(float v, float limit)
-    double brnn_clip(double v, double limit)
 
 # Column offsets of the four gate blocks (SPEC §2).
 ctypedef struct GateOffsets:
@@ -109,22 +121,9 @@ cdef inline void zero_rows(Py_ssize_t rows, Py_ssize_t width, const int64_t* len
             memset(a + r * width, 0, width * sizeof(floating))
 
 
-cdef inline floating clip(floating v, floating limit) noexcept nogil:
-    if floating is float:
-        return brnn_clipf(v, limit)
-    else:
-        return brnn_clip(v, limit)
-
-
 # ---------------------------------------------------------------------------
 # LSTM elementwise kernels (one batch row each)
 # ---------------------------------------------------------------------------
-
-cdef enum:
-    # The gate kernels work on tiles of about this many elements per array, so
-    # that the passes over a tile's seven outputs hit L1/L2 and not memory.
-    TILE_ELEMENTS = 2048
-
 
 cdef void lstm_forward_block(
         Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
@@ -137,18 +136,29 @@ cdef void lstm_forward_block(
         bint accumulate,          # IN: i, ci, f, o hold x @ Wx (g is h_prev @ Wh)
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [rows, H] each
         floating* ci, floating* co, floating* h) noexcept nogil:
-    """SPEC §3 for a block of rows, in tiles of rows of about TILE_ELEMENTS
-    elements per output. With `accumulate`, the pre-activation of each gate is
-    (its output's value + g + bias), else (g + bias). Rows past their length
-    (`lengths`, if given) get zeros."""
-    cdef Py_ssize_t r0 = 0, tile = max(1, TILE_ELEMENTS // max(H, 1))
-    while r0 < rows:
-        lstm_forward_tile(min(tile, rows - r0), H, off, g + r0 * 4 * H, bias,
-                          cs_prev + r0 * H, wci, wcf, wco, forget_bias, cell_clip,
-                          use_peephole, lengths_from(lengths, r0), t, accumulate, i_ + r0 * H,
-                          cs + r0 * H, f + r0 * H, o + r0 * H, ci + r0 * H,
-                          co + r0 * H, h + r0 * H)
-        r0 += tile
+    """SPEC §3 for a block of rows, one fused pass per row (include/brnn_lstm.h
+    has the math and its order). With `accumulate`, the pre-activation of
+    each gate is (its output's value + g) + bias, else g + bias. Rows past
+    their length (`lengths`, if given) get zeros."""
+    cdef Py_ssize_t r, k
+    cdef const floating* gr
+    for r in range(rows):
+        if finished(lengths, r, t):
+            continue
+        gr = g + r * 4 * H
+        k = r * H
+        if floating is float:
+            brnn_lstm_forward_row_f32(
+                H, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i,
+                bias + off.c, bias + off.f, bias + off.o, wci, wcf, wco, forget_bias,
+                cell_clip, use_peephole, accumulate, cs_prev + k,
+                i_ + k, cs + k, f + k, o + k, ci + k, co + k, h + k)
+        else:
+            brnn_lstm_forward_row_f64(
+                H, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i,
+                bias + off.c, bias + off.f, bias + off.o, wci, wcf, wco, forget_bias,
+                cell_clip, use_peephole, accumulate, cs_prev + k,
+                i_ + k, cs + k, f + k, o + k, ci + k, co + k, h + k)
     zero_rows(rows, H, lengths, t, i_)
     zero_rows(rows, H, lengths, t, cs)
     zero_rows(rows, H, lengths, t, f)
@@ -159,75 +169,17 @@ cdef void lstm_forward_block(
 
 
 cdef inline void gate_preactivation(Py_ssize_t H, const floating* g, const floating* bias,
-                                   floating extra, bint accumulate,
-                                   floating* dst) noexcept nogil:
-    """One gate's pre-activation for one row: dst[j] = g[j] + bias[j] (+ extra),
-    or with `accumulate` ((dst[j] + g[j]) + bias[j]) (+ extra), x@Wx + h@Wh + b
-    summed in the order of one GEMM accumulating onto the other. `extra` (the
-    forget bias) is only added when nonzero: + 0 would turn -0 into +0."""
+                                   bint accumulate, floating* dst) noexcept nogil:
+    """One gate's pre-activation for one row: dst[j] = g[j] + bias[j], or with
+    `accumulate` (dst[j] + g[j]) + bias[j], x@Wx + h@Wh + b summed in the
+    order of one GEMM accumulating onto the other."""
     cdef Py_ssize_t j
-    if accumulate and extra != 0:
-        for j in range(H):
-            dst[j] = dst[j] + g[j] + bias[j] + extra
-    elif accumulate:
+    if accumulate:
         for j in range(H):
             dst[j] = dst[j] + g[j] + bias[j]
-    elif extra != 0:
-        for j in range(H):
-            dst[j] = g[j] + bias[j] + extra
     else:
         for j in range(H):
             dst[j] = g[j] + bias[j]
-
-
-cdef inline void lstm_forward_tile(
-        Py_ssize_t rows, Py_ssize_t H, GateOffsets off, const floating* g,
-        const floating* bias, const floating* cs_prev,
-        const floating* wci, const floating* wcf, const floating* wco,
-        floating forget_bias, floating cell_clip, bint use_peephole,
-        const int64_t* lengths, Py_ssize_t t, bint accumulate,
-        floating* i_, floating* cs, floating* f, floating* o,
-        floating* ci, floating* co, floating* h) noexcept nogil:
-    """lstm_forward_block's math for one tile: the pre-activations are written
-    into the outputs, then each activation runs once over the tile. Each loop
-    writes one array and has no branch, so the compiler vectorises it."""
-    cdef Py_ssize_t r, j, k, n = rows * H
-    cdef const floating* gr
-    cdef const floating* cpr
-    cdef floating* dst
-    for r in range(rows):
-        gr = g + r * 4 * H
-        gate_preactivation(H, gr + off.i, bias + off.i, 0, accumulate, i_ + r * H)
-        gate_preactivation(H, gr + off.f, bias + off.f, forget_bias, accumulate, f + r * H)
-        gate_preactivation(H, gr + off.c, bias + off.c, 0, accumulate, ci + r * H)
-        gate_preactivation(H, gr + off.o, bias + off.o, 0, accumulate, o + r * H)
-        if use_peephole:
-            cpr = cs_prev + r * H
-            dst = i_ + r * H
-            for j in range(H):
-                dst[j] = dst[j] + wci[j] * cpr[j]
-            dst = f + r * H
-            for j in range(H):
-                dst[j] = dst[j] + wcf[j] * cpr[j]
-    sigmoid_inplace(n, i_)
-    sigmoid_inplace(n, f)
-    tanh_inplace(n, ci)
-    for k in range(n):
-        cs[k] = i_[k] * ci[k] + f[k] * cs_prev[k]
-    if cell_clip > 0:
-        for k in range(n):
-            cs[k] = clip(cs[k], cell_clip)
-    memcpy(co, cs, n * sizeof(floating))
-    if use_peephole:  # o's peephole sees the new, clipped cs
-        for r in range(rows):
-            dst = o + r * H
-            cpr = cs + r * H
-            for j in range(H):
-                dst[j] = dst[j] + wco[j] * cpr[j]
-    tanh_inplace(n, co)
-    sigmoid_inplace(n, o)
-    for k in range(n):
-        h[k] = o[k] * co[k]
 
 
 cdef enum:
@@ -867,8 +819,8 @@ cdef void gru_gates_block(
     `accumulate` the pre-activation is (r or u's value + ru_pre) + b_ru."""
     cdef Py_ssize_t row, k, n = rows * H
     for row in range(rows):
-        gate_preactivation(H, ru_pre + row * 2 * H, b_ru, 0, accumulate, r + row * H)
-        gate_preactivation(H, ru_pre + row * 2 * H + H, b_ru + H, 0, accumulate, u + row * H)
+        gate_preactivation(H, ru_pre + row * 2 * H, b_ru, accumulate, r + row * H)
+        gate_preactivation(H, ru_pre + row * 2 * H + H, b_ru + H, accumulate, u + row * H)
     sigmoid_inplace(n, r)
     sigmoid_inplace(n, u)
     for k in range(n):

@@ -1,12 +1,14 @@
 /* Activations for blockrnn's gate kernels.
  *
- * float: in-place array functions written so that GCC/Clang vectorise them at
- * -O3 -fno-trapping-math (no branches, no libm calls; rounding and the 2^n
- * scale by integer arithmetic). On x86-64 Linux (GCC >= 12) each is compiled
- * twice, for AVX2+FMA and for the baseline, and the loader picks one per
- * machine (GNU ifunc via target_clones); a call gives the same bits on any
- * thread of one machine. Speed on one EPYC core: 0.5 ns per sigmoid, 0.8 ns
- * per tanh (libm: about 9 ns each).
+ * float: element functions written so that GCC/Clang vectorise the loops that
+ * inline them at -O3 -fno-trapping-math (no branches, no libm calls; rounding
+ * and the 2^n scale by integer arithmetic), and in-place array functions over
+ * them. On x86-64 Linux (GCC >= 12) each array function (and each kernel of
+ * brnn_lstm.h) is compiled for AVX-512, AVX2+FMA and the baseline, and the
+ * loader picks one per machine (GNU ifunc via target_clones). Every element is
+ * computed on its own, so the AVX-512 and AVX2 clones give the same bits; a
+ * call gives the same bits on any thread of one machine. Speed on one EPYC
+ * core: 0.5 ns per sigmoid, 0.8 ns per tanh (libm: about 9 ns each).
  * Accuracy: a few float32 ulp (exp: Cody-Waite reduction + degree-6
  * polynomial, the classic Cephes expf scheme; tanh: odd polynomial below
  * 0.625, 1 - 2 / (e^{2|z|} + 1) above).
@@ -25,11 +27,13 @@
 #include <stdint.h>
 #include <string.h>
 
-/* x86-64-v3 = AVX2 + FMA; the ifunc resolver checks the CPU's features. GCC
- * 12 is the first to know the ISA levels in target_clones. */
+/* x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA; the ifunc resolver checks the
+ * CPU's features. GCC 12 is the first to know the ISA levels in
+ * target_clones. */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && \
     !defined(__clang__) && __GNUC__ >= 12
-#define BRNN_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define BRNN_MULTIVERSION \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 #ifndef BRNN_MULTIVERSION
 #define BRNN_MULTIVERSION
@@ -68,45 +72,52 @@ static inline __attribute__((always_inline)) float brnn_clampf(float z, float lo
     return z < hi ? z : hi;
 }
 
+/* 1 / (1 + e^-z) */
+static inline __attribute__((always_inline)) float brnn_sigmoidf(float z) {
+    float e = brnn_expf_kernel(brnn_clampf(-z, -88.7f, 88.7f));
+    float s = 1.0f / (1.0f + e);
+    return z != z ? z : s;
+}
+
+/* tanh(z) */
+static inline __attribute__((always_inline)) float brnn_tanhf(float z) {
+    float a = fabsf(z);
+    /* |z| < 0.625: z + z^3 P(z^2) */
+    float s = z * z;
+    float p = -5.70498872745e-3f;
+    p = p * s + 2.06390887954e-2f;
+    p = p * s - 5.37397155531e-2f;
+    p = p * s + 1.33314422036e-1f;
+    p = p * s - 3.33332819422e-1f;
+    float small = p * s * z + z;
+    /* |z| >= 0.625: 1 - 2 / (e^{2|z|} + 1), with z's sign */
+    float e = brnn_expf_kernel(brnn_clampf(2.0f * a, 0.0f, 88.7f));
+    float large = copysignf(1.0f - 2.0f / (e + 1.0f), z);
+    float t = a < 0.625f ? small : large;
+    return z != z ? z : t;
+}
+
+static inline double brnn_sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
+static inline double brnn_tanh(double z) { return tanh(z); }
+
 /* x[j] = 1 / (1 + e^-x[j]) */
 BRNN_MULTIVERSION
 static void brnn_sigmoid_f32(ptrdiff_t n, float *x) {
-    for (ptrdiff_t j = 0; j < n; j++) {
-        float z = x[j];
-        float e = brnn_expf_kernel(brnn_clampf(-z, -88.7f, 88.7f));
-        float s = 1.0f / (1.0f + e);
-        x[j] = z != z ? z : s;
-    }
+    for (ptrdiff_t j = 0; j < n; j++) x[j] = brnn_sigmoidf(x[j]);
 }
 
 /* x[j] = tanh(x[j]) */
 BRNN_MULTIVERSION
 static void brnn_tanh_f32(ptrdiff_t n, float *x) {
-    for (ptrdiff_t j = 0; j < n; j++) {
-        float z = x[j];
-        float a = fabsf(z);
-        /* |z| < 0.625: z + z^3 P(z^2) */
-        float s = z * z;
-        float p = -5.70498872745e-3f;
-        p = p * s + 2.06390887954e-2f;
-        p = p * s - 5.37397155531e-2f;
-        p = p * s + 1.33314422036e-1f;
-        p = p * s - 3.33332819422e-1f;
-        float small = p * s * z + z;
-        /* |z| >= 0.625: 1 - 2 / (e^{2|z|} + 1), with z's sign */
-        float e = brnn_expf_kernel(brnn_clampf(2.0f * a, 0.0f, 88.7f));
-        float large = copysignf(1.0f - 2.0f / (e + 1.0f), z);
-        float t = a < 0.625f ? small : large;
-        x[j] = z != z ? z : t;
-    }
+    for (ptrdiff_t j = 0; j < n; j++) x[j] = brnn_tanhf(x[j]);
 }
 
 static void brnn_sigmoid_f64(ptrdiff_t n, double *x) {
-    for (ptrdiff_t j = 0; j < n; j++) x[j] = 1.0 / (1.0 + exp(-x[j]));
+    for (ptrdiff_t j = 0; j < n; j++) x[j] = brnn_sigmoid(x[j]);
 }
 
 static void brnn_tanh_f64(ptrdiff_t n, double *x) {
-    for (ptrdiff_t j = 0; j < n; j++) x[j] = tanh(x[j]);
+    for (ptrdiff_t j = 0; j < n; j++) x[j] = brnn_tanh(x[j]);
 }
 
 /* clip(v, -limit, +limit) that lets NaN through (SPEC section 3); +-inf
