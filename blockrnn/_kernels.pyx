@@ -608,10 +608,22 @@ def lstm_cell_backward(
 
 cdef inline bint recurrent_weights_transposed(Py_ssize_t L, Py_ssize_t B,
                                               Py_ssize_t H) noexcept nogil:
-    """Whether block_lstm_forward_compute multiplies by a transposed copy of
-    W_h (see there): from 4 rows on, and only while the [4H, H] copy is no
+    """Whether a sequence forward multiplies by transposed copies of its
+    recurrent weights (see block_lstm_forward_compute): from 4 rows on, and
+    only while the copies ([4H, H] for the LSTM, [3H, H] for the GRU) are no
     larger than the T x B x 4H buffer a call may use (H <= L * B)."""
     return B >= 4 and H <= L * B
+
+
+cdef inline void transpose_weights(Py_ssize_t rows, Py_ssize_t cols, const floating* w,
+                                   Py_ssize_t ldw, floating* w_t) noexcept nogil:
+    """w_t[cols, rows] = w[rows, cols]^T (row stride of w: ldw), 16 columns of
+    w at a time: one cache line per row read."""
+    cdef Py_ssize_t j0, j, k
+    for j0 in range(0, cols, 16):
+        for k in range(rows):
+            for j in range(j0, min(j0 + 16, cols)):
+                w_t[j * rows + k] = w[k * ldw + j]
 
 
 cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
@@ -655,7 +667,7 @@ cdef void block_lstm_forward_compute(
     (169.9) vs 197.2 (177.9) ms at 100,64,512,512; 36.0 (32.5) vs 39.4 (34.3)
     ms at 100,32,256,256; 37.0 (34.8) vs 38.2 (36.0) ms at 200,16,128,256.
     Each g[r, j] is still one dot product over H."""
-    cdef Py_ssize_t t, j, k, BH = B * H, G4 = 4 * H
+    cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
     cdef floating* g = ws
     cdef const floating* w_h = w + I * G4   # [H, 4H]
     cdef floating* w_h_t = ws + B * G4      # [4H, H]
@@ -670,10 +682,7 @@ cdef void block_lstm_forward_compute(
     gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
     gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
     if transposed:
-        for t in range(0, G4, 16):  # 16 columns of W_h at a time: one cache line per row
-            for k in range(H):
-                for j in range(t, min(t + 16, G4)):
-                    w_h_t[j * H + k] = w_h[k * G4 + j]
+        transpose_weights(H, G4, w_h, G4, w_h_t)
     for t in range(L):
         cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
         h_in = h_prev if t == 0 else h + (t - 1) * BH
@@ -1155,10 +1164,13 @@ def gru_cell_backward(
             store(H, &acc[0], &d_b_c[0])
 
 
-cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t B,
+cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
                                                    Py_ssize_t H) noexcept nogil:
     """Elements of block_gru_forward_compute's workspace: one step's recurrent
-    product ru [B, 2H], then r * h[t-1] [B, H]."""
+    product ru [B, 2H], then r * h[t-1] [B, H]; if recurrent_weights_transposed,
+    then also w_ru[I:]^T [2H, H], w_c[I:]^T [H, H] and a product transposed [2H, B]."""
+    if recurrent_weights_transposed(L, B, H):
+        return B * 3 * H + 3 * H * H + 2 * H * B + 1
     return B * 3 * H + 1
 
 
@@ -1171,7 +1183,7 @@ cdef void block_gru_forward_compute(
         const floating* b_ru,     # IN  [2H]
         const floating* b_c,      # IN  [H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_gru_forward_workspace(B, H)]
+        floating* ws,             # workspace [block_gru_forward_workspace(L, B, H)]
         floating* r, floating* u, floating* c, floating* h,  # OUT [T, B, H]
         int n_threads) noexcept nogil:
     """GRUBlockCell (SPEC §6) over L steps, zeros for t >= L (and in row b for
@@ -1180,20 +1192,35 @@ cdef void block_gru_forward_compute(
     w_ru[:I] (its two halves) and x[:L] @ w_c[:I] until step t overwrites
     them. Each step computes h[t-1] @ w_ru[I:] into the B x 2H workspace and
     adds (r * h[t-1]) @ w_c[I:] onto c[t]; memory beyond the outputs is
-    O(B x H)."""
+    O(B x H), plus transposed copies of w_ru[I:] and w_c[I:] when
+    recurrent_weights_transposed: the recurrent products then go through
+    gemm_small_by_weights_t, as in block_lstm_forward_compute."""
     cdef Py_ssize_t t, BH = B * H
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
     cdef floating* ru = ws
     cdef floating* rh = ws + B * 2 * H
+    cdef floating* w_ru_t = rh + B * H      # [2H, H]
+    cdef floating* w_c_t = w_ru_t + 2 * H * H  # [H, H]
+    cdef floating* tmp = w_c_t + H * H      # [2H, B]
+    cdef bint transposed = recurrent_weights_transposed(L, B, H)
+    if transposed:
+        transpose_weights(H, 2 * H, w_ru + I * 2 * H, 2 * H, w_ru_t)
+        transpose_weights(H, H, w_c + I * H, H, w_c_t)
     gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
     gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
     gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
     for t in range(L):
         h_in = h_prev if t == 0 else h + (t - 1) * BH
-        gemm(False, False, B, 2 * H, H, 1, h_in, H, w_ru + I * 2 * H, 2 * H, 0, ru, 2 * H)
+        if transposed:
+            gemm_small_by_weights_t(B, 2 * H, H, h_in, H, w_ru_t, H, False, ru, 2 * H, tmp)
+        else:
+            gemm(False, False, B, 2 * H, H, 1, h_in, H, w_ru + I * 2 * H, 2 * H, 0, ru, 2 * H)
         gru_gates_rows(B, H, ru, b_ru, h_in, True, r + t * BH, u + t * BH, rh, n_threads)
-        gemm(False, False, B, H, H, 1, rh, H, w_c + I * H, H, 1, c + t * BH, H)
+        if transposed:
+            gemm_small_by_weights_t(B, H, H, rh, H, w_c_t, H, True, c + t * BH, H, tmp)
+        else:
+            gemm(False, False, B, H, H, 1, rh, H, w_c + I * H, H, 1, c + t * BH, H)
         gru_output_rows(B, H, b_c, h_in, u + t * BH, c + t * BH, h + t * BH, n_threads)
         zero_rows(B, H, lengths, t, r + t * BH)
         zero_rows(B, H, lengths, t, u + t * BH)
@@ -1220,7 +1247,7 @@ def block_gru_forward(
     """See block_gru_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(block_gru_forward_workspace(B, H), dtype=dtype)
+    cdef floating[::1] ws = np.empty(block_gru_forward_workspace(L, B, H), dtype=dtype)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -1428,7 +1455,7 @@ cdef int api_block_gru(
         const floating* w_c, const floating* b_ru, const floating* b_c,
         const int64_t* lengths, floating* r, floating* u, floating* c,
         floating* h) noexcept nogil:
-    cdef floating* ws = <floating*>malloc(block_gru_forward_workspace(B, H) * sizeof(floating))
+    cdef floating* ws = <floating*>malloc(block_gru_forward_workspace(L, B, H) * sizeof(floating))
     if ws == NULL:
         return -1
     block_gru_forward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, lengths, ws,
