@@ -42,6 +42,19 @@ cdef extern from "brnn_lstm.h" nogil:
         double cell_clip, int peep, int acc, const double* cs_prev,
         double* i_, double* cs, double* f, double* o, double* ci, double* co, double* h)
 
+    void brnn_lstm_backward_row_f32(
+        Py_ssize_t H, const float* cs_prev, const float* i_, const float* f, const float* o,
+        const float* ci, const float* co, const float* cs_grad, const float* h_grad,
+        const float* dh_carry, const float* wci, const float* wcf, const float* wco,
+        int peep, int carry, float* d_i, float* d_c, float* d_f, float* d_o,
+        float* cs_prev_grad)
+    void brnn_lstm_backward_row_f64(
+        Py_ssize_t H, const double* cs_prev, const double* i_, const double* f,
+        const double* o, const double* ci, const double* co, const double* cs_grad,
+        const double* h_grad, const double* dh_carry, const double* wci, const double* wcf,
+        const double* wco, int peep, int carry, double* d_i, double* d_c, double* d_f,
+        double* d_o, double* cs_prev_grad)
+
 cdef extern from "brnn_math.h" nogil:
     void brnn_sigmoid_f32(Py_ssize_t n, float* x)
     void brnn_tanh_f32(Py_ssize_t n, float* x)
@@ -182,10 +195,6 @@ cdef inline void gate_preactivation(Py_ssize_t H, const floating* g, const float
             dst[j] = g[j] + bias[j]
 
 
-cdef enum:
-    BACKWARD_CHUNK = 256  # columns per pass of lstm_backward_block (stack scratch)
-
-
 cdef void lstm_backward_block(
         Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
         const floating* cs_prev,  # IN [rows, H]
@@ -204,53 +213,29 @@ cdef void lstm_backward_block(
     flowing back from step t+1 (dh_carry, and cs_prev_grad as it is on entry)
     are added to h_grad and cs_grad. cs_prev_grad is then overwritten, element
     by element after its read, with the gradient of cs_prev. Rows past their
-    length get zero gradients (their upstream gradients are not used)."""
-    cdef floating hg[BACKWARD_CHUNK]   # upstream gradient of h (+ carry)
-    cdef floating dcs[BACKWARD_CHUNK]  # gradient of cs
-    cdef Py_ssize_t r, j, j0, k, n
+    length get zero gradients (their upstream gradients are not used). One
+    fused pass per row: include/brnn_lstm.h has the math and its order."""
+    cdef Py_ssize_t r, k
     cdef floating* dgr
     for r in range(rows):
         dgr = dg + r * 4 * H
+        k = r * H
         if finished(lengths, r, t):
             memset(dgr, 0, 4 * H * sizeof(floating))
-            memset(cs_prev_grad + r * H, 0, H * sizeof(floating))
+            memset(cs_prev_grad + k, 0, H * sizeof(floating))
             continue
-        # One pass per result over chunks of the row, each loop writing one
-        # array, so that the compiler vectorises them.
-        j0 = 0
-        while j0 < H:
-            n = min(BACKWARD_CHUNK, H - j0)
-            k = r * H + j0
-            if add_carry:
-                for j in range(n):
-                    hg[j] = h_grad[k + j] + dh_carry[k + j]
-                for j in range(n):
-                    dcs[j] = ((1 - co[k + j] * co[k + j]) * o[k + j] * hg[j]
-                              + (cs_grad[k + j] + cs_prev_grad[k + j]))
-            else:
-                for j in range(n):
-                    hg[j] = h_grad[k + j]
-                for j in range(n):
-                    dcs[j] = (1 - co[k + j] * co[k + j]) * o[k + j] * hg[j] + cs_grad[k + j]
-            for j in range(n):  # d_o
-                dgr[off.o + j0 + j] = o[k + j] * (1 - o[k + j]) * co[k + j] * hg[j]
-            if use_peephole:
-                for j in range(n):
-                    dcs[j] = dcs[j] + dgr[off.o + j0 + j] * wco[j0 + j]
-            for j in range(n):  # d_ci
-                dgr[off.c + j0 + j] = (1 - ci[k + j] * ci[k + j]) * i_[k + j] * dcs[j]
-            for j in range(n):  # d_f
-                dgr[off.f + j0 + j] = f[k + j] * (1 - f[k + j]) * cs_prev[k + j] * dcs[j]
-            for j in range(n):  # d_i
-                dgr[off.i + j0 + j] = i_[k + j] * (1 - i_[k + j]) * ci[k + j] * dcs[j]
-            if use_peephole:
-                for j in range(n):
-                    cs_prev_grad[k + j] = (f[k + j] * dcs[j] + wci[j0 + j] * dgr[off.i + j0 + j]
-                                           + wcf[j0 + j] * dgr[off.f + j0 + j])
-            else:
-                for j in range(n):
-                    cs_prev_grad[k + j] = f[k + j] * dcs[j]
-            j0 += n
+        if floating is float:
+            brnn_lstm_backward_row_f32(
+                H, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
+                h_grad + k, dh_carry + k if add_carry else NULL, wci, wcf, wco,
+                use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f, dgr + off.o,
+                cs_prev_grad + k)
+        else:
+            brnn_lstm_backward_row_f64(
+                H, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
+                h_grad + k, dh_carry + k if add_carry else NULL, wci, wcf, wco,
+                use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f, dgr + off.o,
+                cs_prev_grad + k)
 
 
 cdef void lstm_forward_rows(

@@ -1,9 +1,10 @@
-/* The LSTM forward gate kernel (SPEC section 3) for one batch row, fused:
- * one loop reads each input once and writes the seven outputs, with every
- * activation inlined (brnn_math.h), so the compiler vectorises the whole step
- * of a row. (Written in C for `restrict`: without it, a loop that writes seven
- * arrays and reads twelve is not vectorised.)
+/* The LSTM gate kernels for one batch row, forward (SPEC section 3) and
+ * backward (section 4), each fused: one loop reads each input once and writes
+ * every output, with the activations inlined (brnn_math.h), so the compiler
+ * vectorises the whole step of a row. (Written in C for `restrict`: without
+ * it, a loop that writes seven arrays and reads twelve is not vectorised.)
  *
+ * Forward:
  * Per cell j, in this order (the order of TensorFlow's Eigen expressions):
  *   pre_g = (dst_g[j] + g_g[j]) + b_g[j]    if acc (dst_g holds x @ W_x),
  *           g_g[j] + b_g[j]                 otherwise, for g in i, c, f, o
@@ -73,5 +74,56 @@
 
 BRNN_LSTM_FORWARD_ROW(brnn_lstm_forward_row_f32, float, brnn_sigmoidf, brnn_tanhf, brnn_clipf)
 BRNN_LSTM_FORWARD_ROW(brnn_lstm_forward_row_f64, double, brnn_sigmoid, brnn_tanh, brnn_clip)
+
+/* Backward, per cell j (cell clipping ignored, as in TensorFlow):
+ *   hg  = h_grad + dh_carry                       (h_grad alone if !carry)
+ *   dcs = (1 - co^2) * o * hg + (cs_grad + cs_prev_grad)   (+ cs_grad alone
+ *         if !carry: cs_prev_grad holds the carry from step t+1 on entry)
+ *   d_o = o * (1 - o) * co * hg;   dcs += d_o * wco       if peep
+ *   d_ci = (1 - ci^2) * i * dcs
+ *   d_f = f * (1 - f) * cs_prev * dcs
+ *   d_i = i * (1 - i) * ci * dcs
+ *   cs_prev_grad = f * dcs + wci * d_i + wcf * d_f      (f * dcs if !peep)
+ * d_i, d_c, d_f, d_o are the row's four gate gradients (parts of dG). */
+#define BRNN_LSTM_BACKWARD_LOOP(T, PEEP, CARRY)                                      \
+    for (ptrdiff_t j = 0; j < H; j++) {                                              \
+        T hg = CARRY ? h_grad[j] + dh_carry[j] : h_grad[j];                          \
+        T dcs = CARRY ? (1 - co[j] * co[j]) * o[j] * hg + (cs_grad[j] + cs_prev_grad[j]) \
+                      : (1 - co[j] * co[j]) * o[j] * hg + cs_grad[j];                \
+        T vo = o[j] * (1 - o[j]) * co[j] * hg;                                       \
+        if (PEEP) dcs = dcs + vo * wco[j];                                           \
+        T vc = (1 - ci[j] * ci[j]) * i_[j] * dcs;                                    \
+        T vf = f[j] * (1 - f[j]) * cs_prev[j] * dcs;                                 \
+        T vi = i_[j] * (1 - i_[j]) * ci[j] * dcs;                                    \
+        d_o[j] = vo;                                                                 \
+        d_c[j] = vc;                                                                 \
+        d_f[j] = vf;                                                                 \
+        d_i[j] = vi;                                                                 \
+        cs_prev_grad[j] = PEEP ? f[j] * dcs + wci[j] * vi + wcf[j] * vf : f[j] * dcs; \
+    }
+
+#define BRNN_LSTM_BACKWARD_ROW(NAME, T)                                              \
+    BRNN_MULTIVERSION                                                                \
+    static void NAME(                                                                \
+        ptrdiff_t H, const T *restrict cs_prev, const T *restrict i_,               \
+        const T *restrict f, const T *restrict o, const T *restrict ci,              \
+        const T *restrict co, const T *restrict cs_grad, const T *restrict h_grad,   \
+        const T *restrict dh_carry, const T *restrict wci, const T *restrict wcf,    \
+        const T *restrict wco, int peep, int carry, T *restrict d_i,                 \
+        T *restrict d_c, T *restrict d_f, T *restrict d_o, T *restrict cs_prev_grad) \
+    {                                                                                \
+        if (peep && carry) {                                                         \
+            BRNN_LSTM_BACKWARD_LOOP(T, 1, 1)                                         \
+        } else if (peep) {                                                           \
+            BRNN_LSTM_BACKWARD_LOOP(T, 1, 0)                                         \
+        } else if (carry) {                                                          \
+            BRNN_LSTM_BACKWARD_LOOP(T, 0, 1)                                         \
+        } else {                                                                     \
+            BRNN_LSTM_BACKWARD_LOOP(T, 0, 0)                                         \
+        }                                                                            \
+    }
+
+BRNN_LSTM_BACKWARD_ROW(brnn_lstm_backward_row_f32, float)
+BRNN_LSTM_BACKWARD_ROW(brnn_lstm_backward_row_f64, double)
 
 #endif /* BRNN_LSTM_H */
