@@ -100,6 +100,7 @@ def extensions():
         include_dirs=[os.path.join(HERE, "include"), numpy.get_include()],
         depends=[
             "include/brnn_math.h",
+            "include/brnn_gru.h",
             "include/brnn_lstm.h",
             "include/brnn_openmp.h",
             "blockrnn/_blas.pxd",

@@ -55,11 +55,17 @@ cdef extern from "brnn_lstm.h" nogil:
         const double* wco, int peep, int carry, double* d_i, double* d_c, double* d_f,
         double* d_o, double* cs_prev_grad)
 
-cdef extern from "brnn_math.h" nogil:
-    void brnn_sigmoid_f32(Py_ssize_t n, float* x)
-    void brnn_tanh_f32(Py_ssize_t n, float* x)
-    void brnn_sigmoid_f64(Py_ssize_t n, double* x)
-    void brnn_tanh_f64(Py_ssize_t n, double* x)
+cdef extern from "brnn_gru.h" nogil:
+    void brnn_gru_gates_row_f32(Py_ssize_t H, const float* pre_r, const float* pre_u,
+                                const float* b_r, const float* b_u, const float* h_prev,
+                                int acc, float* r, float* u, float* rh)
+    void brnn_gru_gates_row_f64(Py_ssize_t H, const double* pre_r, const double* pre_u,
+                                const double* b_r, const double* b_u, const double* h_prev,
+                                int acc, double* r, double* u, double* rh)
+    void brnn_gru_output_row_f32(Py_ssize_t H, const float* b_c, const float* h_prev,
+                                 const float* u, float* c, float* h)
+    void brnn_gru_output_row_f64(Py_ssize_t H, const double* b_c, const double* h_prev,
+                                 const double* u, double* c, double* h)
 
 # Column offsets of the four gate blocks (SPEC §2).
 ctypedef struct GateOffsets:
@@ -91,22 +97,6 @@ cdef GateOffsets gate_offsets(int layout, Py_ssize_t H) noexcept nogil:
         off.c = H
         off.f = 2 * H
     return off
-
-
-cdef inline void sigmoid_inplace(Py_ssize_t n, floating* x) noexcept nogil:
-    """x[:n] = 1 / (1 + exp(-x[:n])), vectorised for float (include/brnn_math.h)."""
-    if floating is float:
-        brnn_sigmoid_f32(n, x)
-    else:
-        brnn_sigmoid_f64(n, x)
-
-
-cdef inline void tanh_inplace(Py_ssize_t n, floating* x) noexcept nogil:
-    """x[:n] = tanh(x[:n]), vectorised for float (include/brnn_math.h)."""
-    if floating is float:
-        brnn_tanh_f32(n, x)
-    else:
-        brnn_tanh_f64(n, x)
 
 
 cdef inline const int64_t* lengths_from(const int64_t* lengths,
@@ -179,20 +169,6 @@ cdef void lstm_forward_block(
     zero_rows(rows, H, lengths, t, ci)
     zero_rows(rows, H, lengths, t, co)
     zero_rows(rows, H, lengths, t, h)
-
-
-cdef inline void gate_preactivation(Py_ssize_t H, const floating* g, const floating* bias,
-                                   bint accumulate, floating* dst) noexcept nogil:
-    """One gate's pre-activation for one row: dst[j] = g[j] + bias[j], or with
-    `accumulate` (dst[j] + g[j]) + bias[j], x@Wx + h@Wh + b summed in the
-    order of one GEMM accumulating onto the other."""
-    cdef Py_ssize_t j
-    if accumulate:
-        for j in range(H):
-            dst[j] = dst[j] + g[j] + bias[j]
-    else:
-        for j in range(H):
-            dst[j] = g[j] + bias[j]
 
 
 cdef void lstm_backward_block(
@@ -844,16 +820,20 @@ cdef void gru_gates_block(
         bint accumulate,           # IN: r, u hold x @ w_ru[:I] (ru_pre is h_prev @ w_ru[I:])
         floating* r, floating* u,  # OUT [rows, H]
         floating* rh) noexcept nogil:  # OUT [rows, H] r * h_prev
-    """SPEC §6, first half: r, u = sigmoid([x, h_prev] @ w_ru + b_ru). With
-    `accumulate` the pre-activation is (r or u's value + ru_pre) + b_ru."""
-    cdef Py_ssize_t row, k, n = rows * H
+    """SPEC §6, first half: r, u = sigmoid([x, h_prev] @ w_ru + b_ru), rh =
+    r * h_prev. With `accumulate` the pre-activation is (r or u's value +
+    ru_pre) + b_ru. One fused pass per row (include/brnn_gru.h)."""
+    cdef Py_ssize_t row, k
+    cdef const floating* pre
     for row in range(rows):
-        gate_preactivation(H, ru_pre + row * 2 * H, b_ru, accumulate, r + row * H)
-        gate_preactivation(H, ru_pre + row * 2 * H + H, b_ru + H, accumulate, u + row * H)
-    sigmoid_inplace(n, r)
-    sigmoid_inplace(n, u)
-    for k in range(n):
-        rh[k] = r[k] * h_prev[k]
+        pre = ru_pre + row * 2 * H
+        k = row * H
+        if floating is float:
+            brnn_gru_gates_row_f32(H, pre, pre + H, b_ru, b_ru + H, h_prev + k, accumulate,
+                                   r + k, u + k, rh + k)
+        else:
+            brnn_gru_gates_row_f64(H, pre, pre + H, b_ru, b_ru + H, h_prev + k, accumulate,
+                                   r + k, u + k, rh + k)
 
 
 cdef void gru_output_block(
@@ -863,14 +843,15 @@ cdef void gru_output_block(
         const floating* u,         # IN  [rows, H]
         floating* c,               # IN/OUT [rows, H]: [x, r*h_prev] @ w_c in, tanh(. + b_c) out
         floating* h) noexcept nogil:  # OUT [rows, H]
-    """SPEC §6, second half: c = tanh(. + b_c), h = u * (h_prev - c) + c."""
-    cdef Py_ssize_t row, j, k, n = rows * H
+    """SPEC §6, second half: c = tanh(. + b_c), h = u * (h_prev - c) + c. One
+    fused pass per row (include/brnn_gru.h)."""
+    cdef Py_ssize_t row, k
     for row in range(rows):
-        for j in range(H):
-            c[row * H + j] = c[row * H + j] + b_c[j]
-    tanh_inplace(n, c)
-    for k in range(n):
-        h[k] = u[k] * (h_prev[k] - c[k]) + c[k]
+        k = row * H
+        if floating is float:
+            brnn_gru_output_row_f32(H, b_c, h_prev + k, u + k, c + k, h + k)
+        else:
+            brnn_gru_output_row_f64(H, b_c, h_prev + k, u + k, c + k, h + k)
 
 
 cdef void gru_gates_rows(Py_ssize_t B, Py_ssize_t H, const floating* ru_pre,

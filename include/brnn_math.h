@@ -2,13 +2,13 @@
  *
  * float: element functions written so that GCC/Clang vectorise the loops that
  * inline them at -O3 -fno-trapping-math (no branches, no libm calls; rounding
- * and the 2^n scale by integer arithmetic), and in-place array functions over
- * them. On x86-64 Linux (GCC >= 12) each array function (and each kernel of
- * brnn_lstm.h) is compiled for AVX-512, AVX2+FMA and the baseline, and the
- * loader picks one per machine (GNU ifunc via target_clones). Every element is
- * computed on its own, so the AVX-512 and AVX2 clones give the same bits; a
- * call gives the same bits on any thread of one machine. Speed on one EPYC
- * core: 0.5 ns per sigmoid, 0.8 ns per tanh (libm: about 9 ns each).
+ * and the 2^n scale by integer arithmetic). On x86-64 Linux (GCC >= 12) each
+ * kernel of brnn_lstm.h and brnn_gru.h is compiled for AVX-512, AVX2+FMA and
+ * the baseline (BRNN_MULTIVERSION), and the loader picks one per machine (GNU
+ * ifunc via target_clones). Every element is computed on its own, so the
+ * AVX-512 and AVX2 clones give the same bits; a call gives the same bits on
+ * any thread of one machine. Speed on one EPYC core: 0.5 ns per sigmoid,
+ * 0.8 ns per tanh (libm: about 9 ns each).
  * Accuracy: a few float32 ulp (exp: Cody-Waite reduction + degree-6
  * polynomial, the classic Cephes expf scheme; tanh: odd polynomial below
  * 0.625, 1 - 2 / (e^{2|z|} + 1) above).
@@ -99,26 +99,6 @@ static inline __attribute__((always_inline)) float brnn_tanhf(float z) {
 
 static inline double brnn_sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
 static inline double brnn_tanh(double z) { return tanh(z); }
-
-/* x[j] = 1 / (1 + e^-x[j]) */
-BRNN_MULTIVERSION
-static void brnn_sigmoid_f32(ptrdiff_t n, float *x) {
-    for (ptrdiff_t j = 0; j < n; j++) x[j] = brnn_sigmoidf(x[j]);
-}
-
-/* x[j] = tanh(x[j]) */
-BRNN_MULTIVERSION
-static void brnn_tanh_f32(ptrdiff_t n, float *x) {
-    for (ptrdiff_t j = 0; j < n; j++) x[j] = brnn_tanhf(x[j]);
-}
-
-static void brnn_sigmoid_f64(ptrdiff_t n, double *x) {
-    for (ptrdiff_t j = 0; j < n; j++) x[j] = brnn_sigmoid(x[j]);
-}
-
-static void brnn_tanh_f64(ptrdiff_t n, double *x) {
-    for (ptrdiff_t j = 0; j < n; j++) x[j] = brnn_tanh(x[j]);
-}
 
 /* clip(v, -limit, +limit) that lets NaN through (SPEC section 3); +-inf
  * becomes +-limit. Callers only clip when limit > 0. */
