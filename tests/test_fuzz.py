@@ -32,7 +32,12 @@ SETTINGS = dict(deadline=None, derandomize=True, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 VALID_EXAMPLES = 400
 INVALID_EXAMPLES = 300
-TOLERANCE = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-10}
+# Element-wise |got - ref| / max(1, |ref|) against the float64 reference. float32:
+# sums with cancellation reach 1e-5 in the oracle itself (block_lstm_grad_v2 at
+# B,I,H,T = 4,4,5,4, peepholes, one of these examples: w_grad off by 1.08e-5 in
+# tf.raw_ops.BlockLSTMGradV2, 0.84e-5 in blockrnn at -O3, 1.23e-5 in the -O0
+# sanitizer build, whose gate math has no FMA), so the bound is 3e-5.
+TOLERANCE = {np.float16: 2e-3, np.float32: 3e-5, np.float64: 1e-10}
 
 _CELL = [("x", "B I"), ("cs_prev", "B H"), ("h_prev", "B H"), ("w", "I+H 4H"),
          ("wci", "P"), ("wcf", "P"), ("wco", "P"), ("b", "4H")]

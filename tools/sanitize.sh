@@ -98,6 +98,12 @@ LOG="$WORK/pytest.log"
 status=0
 (cd "$WORK/src" && "$PYTHON" -m pytest -ra -p no:cacheprovider "$@") > "$LOG" 2>&1 || status=$?
 tail -n 25 "$LOG"
+if [ "$status" -ne 0 ]; then  # the tail may be all data: name the failures too
+    echo "== failures"
+    grep -E "^(FAILED|ERROR) |^E   " "$LOG" | head -n 40
+    cp "$LOG" "$ROOT/sanitize-pytest.log"
+    echo "sanitize.sh: pytest log in $ROOT/sanitize-pytest.log" >&2
+fi
 shopt -s nullglob
 report_files=("$REPORTS"/*)
 echo "== pytest exit status $status; sanitizer report files: ${#report_files[@]}"
