@@ -74,11 +74,13 @@ def _worker(rank, port, out_dir):
         np.savez(os.path.join(out_dir, f"rank{rank}.npz"),
                  **{k: v.detach().numpy() for k, v in model.module.named_parameters()})
         del model
-        # Both ranks leave together: a rank that tears gloo down while the other
-        # still talks to it can die in gloo's destructor ("terminate called
-        # without an active exception", seen once in CI).
+        # Both ranks leave together, and skip gloo's teardown: it can abort the
+        # process ("terminate called without an active exception"), seen in CI
+        # once before this barrier was added and once after, in rank 0, with
+        # the results already saved. A rank that got here has done its part.
         dist.barrier()
-    finally:
+        os._exit(0)
+    finally:  # reached only if something above raised
         dist.destroy_process_group()
 
 
