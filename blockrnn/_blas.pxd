@@ -77,6 +77,25 @@ cdef inline void gemm(bint trans_a, bint trans_b,
         i += rows
 
 
+cdef inline void transpose(Py_ssize_t rows, Py_ssize_t cols, const floating* a,
+                           Py_ssize_t lda, bint accumulate, floating* c,
+                           Py_ssize_t ldc) noexcept nogil:
+    """C[cols, rows] (+)= A[rows, cols]^T (row strides lda, ldc), in 16 x 16
+    tiles so that both sides stay in cache."""
+    cdef Py_ssize_t i0, j0, i, j, i_end, j_end
+    for i0 in range(0, cols, 16):
+        i_end = min(i0 + 16, cols)
+        for j0 in range(0, rows, 16):
+            j_end = min(j0 + 16, rows)
+            for i in range(i0, i_end):
+                if accumulate:
+                    for j in range(j0, j_end):
+                        c[i * ldc + j] = c[i * ldc + j] + a[j * lda + i]
+                else:
+                    for j in range(j0, j_end):
+                        c[i * ldc + j] = a[j * lda + i]
+
+
 cdef inline void gemm_small_by_weights_t(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
                                          const floating* a, Py_ssize_t lda,
                                          const floating* w, Py_ssize_t ldw,
@@ -89,19 +108,23 @@ cdef inline void gemm_small_by_weights_t(Py_ssize_t m, Py_ssize_t n, Py_ssize_t 
     column-major operand, unpacked as stored (measured on the per-step
     recurrent product dh = dG @ W_h^T, B = 16..64, H = 256..512). That is the
     row-major product C^T = W @ A^T, so it is computed into tmp and transposed
-    into C in cache-sized tiles. Each C[i, j] is still one dot product over k."""
-    cdef Py_ssize_t i0, j0, i, j, i_end, j_end
+    into C. Each C[i, j] is still one dot product over k."""
     if m == 0 or n == 0:
         return
     gemm(False, True, n, m, k, 1, w, ldw, a, lda, 0, tmp, m)
-    for i0 in range(0, m, 16):
-        i_end = min(i0 + 16, m)
-        for j0 in range(0, n, 16):
-            j_end = min(j0 + 16, n)
-            for i in range(i0, i_end):
-                if accumulate:
-                    for j in range(j0, j_end):
-                        c[i * ldc + j] = c[i * ldc + j] + tmp[j * m + i]
-                else:
-                    for j in range(j0, j_end):
-                        c[i * ldc + j] = tmp[j * m + i]
+    transpose(n, m, tmp, m, accumulate, c, ldc)
+
+
+cdef inline void gemm_small_by_weights(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                                       const floating* a, Py_ssize_t lda,
+                                       const floating* w, Py_ssize_t ldw,
+                                       const floating* w_t, bint accumulate,
+                                       floating* c, Py_ssize_t ldc,
+                                       floating* tmp) noexcept nogil:
+    """C[m, n] (+)= A[m, k] @ W[k, n] for a small m. Given w_t, a copy of W^T
+    [n, k] the caller made once for many products, this is
+    gemm_small_by_weights_t(A, w_t) (tmp: [n, m]); with w_t NULL, one gemm."""
+    if w_t != NULL:
+        gemm_small_by_weights_t(m, n, k, a, lda, w_t, k, accumulate, c, ldc, tmp)
+    else:
+        gemm(False, False, m, n, k, 1, a, lda, w, ldw, 1 if accumulate else 0, c, ldc)

@@ -25,7 +25,7 @@ import numpy as np
 
 cnp.import_array()
 
-from blockrnn._blas cimport gemm, gemm_small_by_weights_t
+from blockrnn._blas cimport gemm, gemm_small_by_weights, gemm_small_by_weights_t, transpose
 from blockrnn._openmp cimport BRNN_OPENMP_ENABLED, brnn_omp_get_max_threads
 
 cdef extern from "brnn_lstm.h" nogil:
@@ -576,17 +576,6 @@ cdef inline bint recurrent_weights_transposed(Py_ssize_t L, Py_ssize_t B,
     return B >= 4 and H <= L * B
 
 
-cdef inline void transpose_weights(Py_ssize_t rows, Py_ssize_t cols, const floating* w,
-                                   Py_ssize_t ldw, floating* w_t) noexcept nogil:
-    """w_t[cols, rows] = w[rows, cols]^T (row stride of w: ldw), 16 columns of
-    w at a time: one cache line per row read."""
-    cdef Py_ssize_t j0, j, k
-    for j0 in range(0, cols, 16):
-        for k in range(rows):
-            for j in range(j0, min(j0 + 16, cols)):
-                w_t[j * rows + k] = w[k * ldw + j]
-
-
 cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
                                                     Py_ssize_t H) noexcept nogil:
     """Elements of block_lstm_forward_compute's workspace: one step's gates
@@ -631,9 +620,8 @@ cdef void block_lstm_forward_compute(
     cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
     cdef floating* g = ws
     cdef const floating* w_h = w + I * G4   # [H, 4H]
-    cdef floating* w_h_t = ws + B * G4      # [4H, H]
-    cdef floating* g_t = w_h_t + G4 * H     # [4H, B]
-    cdef bint transposed = recurrent_weights_transposed(L, B, H)
+    cdef floating* w_h_t = NULL  # if recurrent_weights_transposed: W_h^T [4H, H]
+    cdef floating* g_t = NULL    # and g^T [4H, B]
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef const floating* h_in
@@ -642,15 +630,14 @@ cdef void block_lstm_forward_compute(
     gemm(False, False, L * B, H, I, 1, x, I, w + off.c, G4, 0, ci, H)
     gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
     gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
-    if transposed:
-        transpose_weights(H, G4, w_h, G4, w_h_t)
+    if recurrent_weights_transposed(L, B, H):
+        w_h_t = ws + B * G4
+        g_t = w_h_t + G4 * H
+        transpose(H, G4, w_h, G4, False, w_h_t, H)
     for t in range(L):
         cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
         h_in = h_prev if t == 0 else h + (t - 1) * BH
-        if transposed:
-            gemm_small_by_weights_t(B, G4, H, h_in, H, w_h_t, H, False, g, G4, g_t)
-        else:
-            gemm(False, False, B, G4, H, 1, h_in, H, w_h, G4, 0, g, G4)
+        gemm_small_by_weights(B, G4, H, h_in, H, w_h, G4, w_h_t, False, g, G4, g_t)
         lstm_forward_rows(B, H, off, g, b, cs_in, wci, wcf, wco,
                           forget_bias, cell_clip, use_peephole, lengths, t, True,
                           i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
@@ -1166,27 +1153,24 @@ cdef void block_gru_forward_compute(
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
     cdef floating* ru = ws
     cdef floating* rh = ws + B * 2 * H
-    cdef floating* w_ru_t = rh + B * H      # [2H, H]
-    cdef floating* w_c_t = w_ru_t + 2 * H * H  # [H, H]
-    cdef floating* tmp = w_c_t + H * H      # [2H, B]
-    cdef bint transposed = recurrent_weights_transposed(L, B, H)
-    if transposed:
-        transpose_weights(H, 2 * H, w_ru + I * 2 * H, 2 * H, w_ru_t)
-        transpose_weights(H, H, w_c + I * H, H, w_c_t)
+    cdef floating* w_ru_t = NULL  # if recurrent_weights_transposed: w_ru[I:]^T [2H, H],
+    cdef floating* w_c_t = NULL   # w_c[I:]^T [H, H]
+    cdef floating* tmp = NULL     # and a product transposed [2H, B]
+    if recurrent_weights_transposed(L, B, H):
+        w_ru_t = rh + B * H
+        w_c_t = w_ru_t + 2 * H * H
+        tmp = w_c_t + H * H
+        transpose(H, 2 * H, w_ru + I * 2 * H, 2 * H, False, w_ru_t, H)
+        transpose(H, H, w_c + I * H, H, False, w_c_t, H)
     gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
     gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
     gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
     for t in range(L):
         h_in = h_prev if t == 0 else h + (t - 1) * BH
-        if transposed:
-            gemm_small_by_weights_t(B, 2 * H, H, h_in, H, w_ru_t, H, False, ru, 2 * H, tmp)
-        else:
-            gemm(False, False, B, 2 * H, H, 1, h_in, H, w_ru + I * 2 * H, 2 * H, 0, ru, 2 * H)
+        gemm_small_by_weights(B, 2 * H, H, h_in, H, w_ru + I * 2 * H, 2 * H, w_ru_t, False,
+                              ru, 2 * H, tmp)
         gru_gates_rows(B, H, ru, b_ru, h_in, True, r + t * BH, u + t * BH, rh, n_threads)
-        if transposed:
-            gemm_small_by_weights_t(B, H, H, rh, H, w_c_t, H, True, c + t * BH, H, tmp)
-        else:
-            gemm(False, False, B, H, H, 1, rh, H, w_c + I * H, H, 1, c + t * BH, H)
+        gemm_small_by_weights(B, H, H, rh, H, w_c + I * H, H, w_c_t, True, c + t * BH, H, tmp)
         gru_output_rows(B, H, b_c, h_in, u + t * BH, c + t * BH, h + t * BH, n_threads)
         zero_rows(B, H, lengths, t, r + t * BH)
         zero_rows(B, H, lengths, t, u + t * BH)
