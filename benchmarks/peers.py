@@ -70,7 +70,8 @@ def flops(workload, T, B, I, H):
 def memory_bound(workload, T, B, I, H, itemsize=4):
     """blockrnn's memory bound in bytes: its outputs plus the workspace the issue
     allows, one T x B x 4H buffer plus B x H for a sequence op (the backward uses
-    it; the forward ops need only O(B x H)), and [x, h] plus the gate block for a
+    it; the forward ops need O(B x H) plus, from 4 rows on, transposed copies of
+    the recurrent weights no larger than it), and [x, h] plus the gate block for a
     cell op."""
     if workload == "lstm_cell":
         return itemsize * (7 * B * H + B * (I + H) + B * 4 * H)
