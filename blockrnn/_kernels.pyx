@@ -386,6 +386,12 @@ cdef inline bint plain_float(object v) noexcept:
     return type(v) is float or type(v) is int
 
 
+cdef inline bint plain_int(object v) noexcept:
+    """A Python int or a NumPy integer scalar (neither is a bool): TF-style
+    code often passes seq_len_max as np.int64."""
+    return type(v) is int or isinstance(v, cnp.integer)
+
+
 cdef int lstm_plain_dtype(int x_rank, x, cs_prev, h_prev, w, wci, wcf, wco, b,
                           void** ptr) noexcept:
     """NPY_FLOAT32 or NPY_FLOAT64 if the LSTM arguments are plain arrays of one
@@ -471,7 +477,7 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
     Returns output_type(i, cs, f, o, ci, co, h) of (T, B, H) arrays."""
     cdef void* a[8]   # x, cs_prev, h_prev, w, wci, wcf, wco, b
     cdef void* o[7]   # i, cs, f, o, ci, co, h
-    if not (type(seq_len_max) is int and plain_float(forget_bias)
+    if not (plain_int(seq_len_max) and plain_float(forget_bias)
             and plain_float(cell_clip) and type(use_peephole) is bool):
         return None
     cdef int typenum = lstm_plain_dtype(3, x, cs_prev, h_prev, w, wci, wcf, wco, b, a)
@@ -480,7 +486,7 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
     cdef Py_ssize_t T = dim(x, 0), B = dim(x, 1), I = dim(x, 2), H = dim(cs_prev, 1)
     if not 0 <= seq_len_max <= T:
         return None
-    cdef Py_ssize_t L = seq_len_max
+    cdef Py_ssize_t L = int(seq_len_max)
     if (B * H >= max_serial_work or T * B > 2**30 or I + H > 2**30 // 4
             or dim(cs_prev, 0) != B or dim(h_prev, 0) != B or dim(h_prev, 1) != H
             or dim(w, 0) != I + H or dim(w, 1) != 4 * H or dim(b, 0) != 4 * H

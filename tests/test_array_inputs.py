@@ -128,8 +128,14 @@ def test_sequence_fast_path_is_taken_only_for_plain_calls():
         general = fwd(L, *[np.asfortranarray(a) for a in arrays], use_peephole=True, **attrs)
         _assert_same(fast, general)
         _assert_same(fast, fwd(L, *arrays, use_peephole=True, **attrs))
-        for bad_L in (np.int64(L), T + 1, -1, True):   # general path (converts or raises)
-            assert _kernels.block_lstm_fast(bad_L, *arrays, 0.0, 0.0, True, layout, 1 << 20,
+        for int_L in (np.int64(L), np.int32(L), np.uint8(L)):   # NumPy integer scalars too
+            _assert_same(_kernels.block_lstm_fast(
+                int_L, *arrays, attrs.get("forget_bias", 0.0), attrs["cell_clip"], True,
+                layout, 1 << 20, lstm.BlockLSTMOutput), fast)
+        # the general path converts or raises
+        for other_L in (T + 1, -1, True, np.bool_(True), np.int64(T + 1), np.uint64(2**64 - 1),
+                        np.array(L), float(L)):
+            assert _kernels.block_lstm_fast(other_L, *arrays, 0.0, 0.0, True, layout, 1 << 20,
                                             lstm.BlockLSTMOutput) is None
         short = arrays[:4] + [arrays[4][:-1]] + arrays[5:]   # a peephole vector of H - 1
         assert _kernels.block_lstm_fast(L, *short, 0.0, 0.0, False, layout, 1 << 20,
