@@ -41,13 +41,16 @@ that peer's best time (below 1: blockrnn is faster); ``sgemm share`` = flops / (
 peak sgemm GFLOP/s measured in the same run with scipy.linalg.blas.sgemm on 2048^3 float32,
 best of 3, at the start and again at the end: the better of the two).
 
+After the table, issue 3's targets are judged on this run, each with its measured ratio
+and roofline floor (``benchmarks.targets``; also saved under "targets" by --json).
+
 Threads: every library uses ``--num-threads`` threads (default: OMP_NUM_THREADS, else the
 usable CPUs): TF intra-op threads, torch.set_num_threads, ORT intra_op_num_threads; with
 --num-threads given, SciPy's BLAS threads are limited to it too (threadpoolctl).
 
 ``--threads`` switches to the thread-scaling mode of ``benchmarks.threads`` (1, 2, 4
 Python threads each running batch-1 ``block_lstm_v2`` inference on (50,1,128,128);
-aggregate sequences/s and the speed-up relative to 1 thread).
+aggregate sequences/s, the speed-up relative to 1 thread and the 2-thread target).
 """
 import argparse
 import contextlib
@@ -62,7 +65,7 @@ import numpy as np
 import scipy
 
 import blockrnn
-from benchmarks import measure, peers, threads
+from benchmarks import measure, peers, targets, threads
 from benchmarks.peers import (CELL_SHAPE, CELL_WORKLOADS, DEFAULT_SHAPES, IMPL_TITLES, IMPLS,
                               SEQUENCE_WORKLOADS, WORKLOAD_TITLES, WORKLOADS)
 
@@ -450,8 +453,10 @@ def main(argv=None):
             print("threadpoolctl not installed: SciPy's BLAS threads not limited")
     with limit:
         results = run(opts)
+    results["targets"] = targets.evaluate(results)
     print("\n" + format_table(results))
     print(legend(results))
+    print(targets.format_verdicts(results["targets"]))
     if results["failed"]:
         print("\n!!! SOME PARITY CHECKS OR blockrnn CALLS FAILED: see the lines marked !!! "
               "above !!!")

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 import blockrnn
-from benchmarks import measure
+from benchmarks import measure, targets
 from benchmarks.peers import Problem
 
 DEFAULT_COUNTS = (1, 2, 4)
@@ -90,6 +90,9 @@ def scaling(counts=DEFAULT_COUNTS, shape=DEFAULT_SHAPE, duration=2.0, seed=0, ou
         check = "same bits as 1 thread" if not bad else f"MISMATCH (max diff {max(bad):.1e})"
         out(f"{n:>8} {total:>8} {elapsed:>8.2f} {rate:>12.1f} {rate / base:>8.2f}x "
             f"{row['ms_per_call']:>9.3f}  {check}")
+    verdict = targets.thread_verdict(results)
+    if verdict:
+        out(verdict)
     return results
 
 

@@ -15,7 +15,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:   # benchmarks/ is a top-level package of the repository
     sys.path.insert(0, _ROOT)
 
-from benchmarks import peers, run, threads  # noqa: E402
+from benchmarks import peers, run, targets, threads  # noqa: E402
 
 TINY = ["--quick", "--repeats", "1", "--shapes", "5,2,4,6", "--cell-shape", "1,4,4",
         "--sgemm-size", "64"]
@@ -71,6 +71,7 @@ def test_table_rows_columns_and_ratios(tmp_path, capsys, monkeypatch):
     # Header and table layout.
     assert f"blockrnn {blockrnn.__version__}" in out
     assert "sgemm roofline" in out and "threads per library" in out
+    assert "targets of issue 3" in out and len(results["targets"]) == len(targets.TARGETS)
     header = [line for line in out.splitlines() if line.startswith("workload  ")]
     assert len(header) == 1
     for column in run.COLUMNS:
@@ -154,6 +155,7 @@ def test_thread_scaling_mode(tmp_path, capsys):
                      "--json", str(path)]) == 0
     out = capsys.readouterr().out
     assert "sequences/s" in out and "speed-up" in out
+    assert out.count("target of issue 3: 2 threads >= 1.7x") == 2   # one per BLAS setting
     rows = json.loads(path.read_text())["thread_scaling"]
     assert [(r["blas_threads"], r["threads"]) for r in rows] == \
         [("default", 1), ("default", 2), (1, 1), (1, 2)]
@@ -179,3 +181,42 @@ def test_plot_or_a_clear_error(tmp_path, capsys):
     else:
         assert status == 0
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _row(workload, shape, impl, best_ms, flops=None):
+    return {"workload": workload, "shape": list(shape), "impl": impl, "best_ms": best_ms,
+            "flops": flops, "sgemm_share": None}
+
+
+def test_targets_are_judged_from_the_rows():
+    """Each target is met, missed or not measured from the same rows as the table;
+    the floor is the ratio at the sgemm peak."""
+    shape = (100, 32, 256, 256)
+    flops = peers.flops("lstm_fwdbwd", *shape)
+    own = _row("lstm_fwdbwd", shape, "blockrnn", 60.0, flops)
+    own["sgemm_share"] = 0.74
+    results = {"roofline": {"gflops": 200.0}, "rows": [
+        own, _row("lstm_fwdbwd", shape, "tf", 250.0), _row("lstm_fwdbwd", shape, "torch", 90.0),
+        _row("lstm_cell", (1, 32, 32), "blockrnn", 0.002),
+        _row("lstm_cell", (1, 32, 32), "tf", 0.02)]}
+    wanted = (("lstm_fwdbwd", shape, "tf", 0.2), ("lstm_fwdbwd", shape, "torch", 0.67),
+              ("lstm_fwdbwd", shape, "sgemm", 0.75), ("lstm_fwd", shape, "ort", 1.5),
+              ("lstm_cell", (1, 32, 32), "tf", 0.05))
+    v = targets.evaluate(results, wanted)
+    assert [x["met"] for x in v] == [False, True, False, None, False]
+    assert math.isclose(v[0]["value"], 60 / 250) and math.isclose(v[1]["value"], 60 / 90)
+    assert math.isclose(v[0]["floor"], flops / 200e9 / 0.250)
+    assert v[2]["value"] == 0.74 and v[2]["floor"] is None
+    assert v[3]["value"] is None and v[4]["floor"] is None and math.isclose(v[4]["value"], 0.1)
+    text = targets.format_verdicts(v)
+    assert "LSTM fwd+bwd 100,32,256,256: blockrnn / TensorFlow <= 0.2" in text
+    assert "0.24  MISSED  (roofline floor" in text and "0.67  met" in text
+    assert "sgemm share >= 75%" in text and "74.0%  MISSED" in text
+    assert "not measured" in text and "1 of 4 measured targets met" in text
+
+    rows = [{"threads": 1, "sequences_per_s": 100.0}, {"threads": 2, "sequences_per_s": 169.0}]
+    assert targets.thread_verdict(rows).endswith("1.69x, MISSED")
+    rows[1]["sequences_per_s"] = 170.0
+    assert targets.thread_verdict(rows).endswith("1.70x, met")
+    assert targets.thread_verdict(rows[:1]) is None
+    assert all(t[2] == "sgemm" or t[2] in peers.IMPLS for t in targets.TARGETS)
