@@ -355,9 +355,11 @@ def lstm_cell_forward(
 
 
 # ---------------------------------------------------------------------------
-# Fast path of the cell ops: for the common call (C-contiguous, aligned
-# float32/float64 ndarrays of consistent shapes, plain attributes, a block
-# small enough for serial gate loops) the checks, the output allocation and
+# Fast paths of the cell ops and of the LSTM and GRU sequence forwards
+# (lstm_cell_fast, gru_cell_fast, block_lstm_fast, block_gru_fast): for the
+# common call (C-contiguous, aligned float32/float64 ndarrays of consistent
+# shapes, plain attributes, no sequence_length, a block small enough for
+# serial gate loops) the checks, the output allocation and
 # the kernel all happen here, in C. Anything else returns None and the Python
 # layer takes the general path, which validates everything and raises the
 # documented errors. Both paths run the same compute functions, so they give
@@ -1016,50 +1018,61 @@ def gru_cell_forward(
                          n_threads)
 
 
+cdef int gru_plain_dtype(int x_rank, x, h_prev, w_ru, w_c, b_ru, b_c,
+                         void** ptr) noexcept:
+    """NPY_FLOAT32 or NPY_FLOAT64 if the GRU arguments are plain arrays of one
+    float dtype (x of rank x_rank, h_prev and the weights of rank 2, the biases
+    of rank 1) of consistent shapes, with ptr[0:6] their data in this order;
+    else -1. The caller checks x's batch size against h_prev's."""
+    if not cnp.PyArray_CheckExact(x):
+        return -1
+    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
+        return -1
+    if not (plain_array(x, x_rank, typenum) and plain_array(h_prev, 2, typenum)
+            and plain_array(w_ru, 2, typenum) and plain_array(w_c, 2, typenum)
+            and plain_array(b_ru, 1, typenum) and plain_array(b_c, 1, typenum)):
+        return -1
+    cdef Py_ssize_t I = dim(x, x_rank - 1), H = dim(h_prev, 1)
+    if (I + H > 2**30 // 4 or dim(w_ru, 0) != I + H or dim(w_ru, 1) != 2 * H
+            or dim(w_c, 0) != I + H or dim(w_c, 1) != H or dim(b_ru, 0) != 2 * H
+            or dim(b_c, 0) != H):
+        return -1
+    for k, arg in enumerate((x, h_prev, w_ru, w_c, b_ru, b_c)):
+        ptr[k] = data(arg)
+    return typenum
+
+
 def gru_cell_fast(x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work, output_type):
     """GRUBlockCell for the common call, or None (see lstm_cell_fast).
 
     Returns output_type(r, u, c, h) of (B, H) arrays."""
-    if not cnp.PyArray_CheckExact(x):
-        return None
-    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
-    if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
-        return None
-    if not (plain_array(x, 2, typenum) and plain_array(h_prev, 2, typenum)
-            and plain_array(w_ru, 2, typenum) and plain_array(w_c, 2, typenum)
-            and plain_array(b_ru, 1, typenum) and plain_array(b_c, 1, typenum)):
+    cdef void* a[6]   # x, h_prev, w_ru, w_c, b_ru, b_c
+    cdef void* o[4]   # r, u, c, h
+    cdef int typenum = gru_plain_dtype(2, x, h_prev, w_ru, w_c, b_ru, b_c, a)
+    if typenum < 0:
         return None
     cdef Py_ssize_t B = dim(x, 0), I = dim(x, 1), H = dim(h_prev, 1)
-    if (B == 0 or H == 0 or B * H >= max_serial_work or I + H > 2**30 // 4
-            or dim(h_prev, 0) != B or dim(w_ru, 0) != I + H or dim(w_ru, 1) != 2 * H
-            or dim(w_c, 0) != I + H or dim(w_c, 1) != H or dim(b_ru, 0) != 2 * H
-            or dim(b_c, 0) != H):
+    if B == 0 or H == 0 or B * H >= max_serial_work or dim(h_prev, 0) != B:
         return None
     cdef cnp.npy_intp dims[2]
     dims[0] = B
     dims[1] = H
-    cdef void* o[4]   # r, u, c, h
     outs = new_outputs(4, 2, dims, typenum, o)
     cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
     cdef void* ws = PyMem_RawMalloc(gru_cell_workspace(B, I, H) * item)  # seen by tracemalloc
     if ws == NULL:
         raise MemoryError()
-    cdef void* px = data(x)
-    cdef void* ph = data(h_prev)
-    cdef void* pwru = data(w_ru)
-    cdef void* pwc = data(w_c)
-    cdef void* pbru = data(b_ru)
-    cdef void* pbc = data(b_c)
     with nogil:
         if typenum == cnp.NPY_FLOAT32:
             gru_cell_compute[float](
-                B, I, H, <float*>px, <float*>ph, <float*>pwru, <float*>pwc, <float*>pbru,
-                <float*>pbc, <float*>ws, <float*>o[0], <float*>o[1], <float*>o[2],
+                B, I, H, <float*>a[0], <float*>a[1], <float*>a[2], <float*>a[3], <float*>a[4],
+                <float*>a[5], <float*>ws, <float*>o[0], <float*>o[1], <float*>o[2],
                 <float*>o[3], 1)
         else:
             gru_cell_compute[double](
-                B, I, H, <double*>px, <double*>ph, <double*>pwru, <double*>pwc,
-                <double*>pbru, <double*>pbc, <double*>ws, <double*>o[0], <double*>o[1],
+                B, I, H, <double*>a[0], <double*>a[1], <double*>a[2], <double*>a[3],
+                <double*>a[4], <double*>a[5], <double*>ws, <double*>o[0], <double*>o[1],
                 <double*>o[2], <double*>o[3], 1)
     PyMem_RawFree(ws)
     return tuple.__new__(output_type, outs)
@@ -1212,6 +1225,49 @@ def block_gru_forward(
                                   &w_c[0, 0], &b_ru[0], &b_c[0], lens, &ws[0],
                                   &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0], &h[0, 0, 0],
                                   n_threads)
+
+
+def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work,
+                   output_type):
+    """block_gru for the common call (no sequence_length), or None (see
+    block_lstm_fast).
+
+    Returns output_type(r, u, c, h) of (T, B, H) arrays."""
+    cdef void* a[6]   # x, h_prev, w_ru, w_c, b_ru, b_c
+    cdef void* o[4]   # r, u, c, h
+    if not plain_int(seq_len_max):
+        return None
+    cdef int typenum = gru_plain_dtype(3, x, h_prev, w_ru, w_c, b_ru, b_c, a)
+    if typenum < 0:
+        return None
+    cdef Py_ssize_t T = dim(x, 0), B = dim(x, 1), I = dim(x, 2), H = dim(h_prev, 1)
+    if (not 0 <= seq_len_max <= T or B * H >= max_serial_work or T * B > 2**30
+            or dim(h_prev, 0) != B):
+        return None
+    cdef Py_ssize_t L = int(seq_len_max)
+    cdef cnp.npy_intp dims[3]
+    dims[0] = T
+    dims[1] = B
+    dims[2] = H
+    outs = new_outputs(4, 3, dims, typenum, o)
+    cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
+    # seen by tracemalloc
+    cdef void* ws = PyMem_RawMalloc(block_gru_forward_workspace(L, B, H) * item)
+    if ws == NULL:
+        raise MemoryError()
+    with nogil:
+        if typenum == cnp.NPY_FLOAT32:
+            block_gru_forward_compute[float](
+                L, T, B, I, H, <float*>a[0], <float*>a[1], <float*>a[2], <float*>a[3],
+                <float*>a[4], <float*>a[5], NULL, <float*>ws, <float*>o[0], <float*>o[1],
+                <float*>o[2], <float*>o[3], 1)
+        else:
+            block_gru_forward_compute[double](
+                L, T, B, I, H, <double*>a[0], <double*>a[1], <double*>a[2], <double*>a[3],
+                <double*>a[4], <double*>a[5], NULL, <double*>ws, <double*>o[0],
+                <double*>o[1], <double*>o[2], <double*>o[3], 1)
+    PyMem_RawFree(ws)
+    return tuple.__new__(output_type, outs)
 
 
 cdef inline Py_ssize_t block_gru_backward_workspace(Py_ssize_t L, Py_ssize_t B,

@@ -189,6 +189,11 @@ def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=N
         The outputs of ``gru_block_cell`` at every step, each step starting
         from the previous step's h; all zero for t >= L.
     """
+    if sequence_length is None:
+        out = _kernels.block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c,
+                                      _config.MIN_PARALLEL_WORK, BlockGRUOutput)
+        if out is not None:  # the common call, checked and computed in compiled code
+            return out
     args = Arrays("block_gru", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
     L, lengths, T, B, I, H = _check_sequence(args, seq_len_max, sequence_length)
     outs = [args.empty(T, B, H) for _ in range(4)]

@@ -140,3 +140,33 @@ def test_sequence_fast_path_is_taken_only_for_plain_calls():
         short = arrays[:4] + [arrays[4][:-1]] + arrays[5:]   # a peephole vector of H - 1
         assert _kernels.block_lstm_fast(L, *short, 0.0, 0.0, False, layout, 1 << 20,
                                         lstm.BlockLSTMOutput) is None
+
+
+def test_gru_sequence_fast_path_is_taken_only_for_plain_calls():
+    """block_gru without sequence_length checks plain calls in compiled code, with
+    the same bits as the general path (Fortran-ordered inputs, or sequence_length)."""
+    from blockrnn import _kernels, gru
+
+    rng = np.random.default_rng(2)
+    T, B, I, H = 4, 3, 2, 5
+    for dtype in (np.float32, np.float64):
+        arrays = [rng.uniform(-1, 1, s).astype(dtype) for s in
+                  [(T, B, I), (B, H), (I + H, 2 * H), (I + H, H), (2 * H,), (H,)]]
+        for L in (T, 2, np.int64(3), 0):
+            fast = _kernels.block_gru_fast(L, *arrays, 1 << 20, gru.BlockGRUOutput)
+            assert isinstance(fast, gru.BlockGRUOutput) and fast.h.dtype == dtype
+            _assert_same(fast, blockrnn.block_gru(L, *[np.asfortranarray(a) for a in arrays]))
+            _assert_same(fast, blockrnn.block_gru(L, *arrays, sequence_length=[T] * B))
+            _assert_same(fast, blockrnn.block_gru(L, *arrays))
+        not_plain = [
+            (T + 1, arrays), (True, arrays), (np.array(T), arrays), (float(T), arrays),
+            (T, [a.astype(np.float16) for a in arrays]),
+            (T, [arrays[0].tolist()] + arrays[1:]),
+            (T, [np.asfortranarray(arrays[0])] + arrays[1:]),
+            (T, arrays[:1] + [arrays[1][:-1]] + arrays[2:]),   # h_prev of B - 1 rows
+            (T, arrays[:5] + [arrays[5][:-1]]),                # b_c of H - 1
+            (T, arrays[:2] + [arrays[2][:, :-1]] + arrays[3:]),  # w_ru of 2H - 1 columns
+        ]
+        for L, a in not_plain:
+            assert _kernels.block_gru_fast(L, *a, 1 << 20, gru.BlockGRUOutput) is None
+        assert _kernels.block_gru_fast(T, *arrays, B * H, gru.BlockGRUOutput) is None
