@@ -415,12 +415,28 @@ cdef int lstm_plain_dtype(int x_rank, x, cs_prev, h_prev, w, wci, wcf, wco, b,
     return typenum
 
 
-cdef list new_outputs(int count, int ndim, cnp.npy_intp* dims, int typenum, void** ptr):
-    """`count` new C-contiguous arrays of shape dims, with ptr[k] their data."""
+cdef list new_outputs(int count, int typenum, void** ptr, cnp.npy_intp n0,
+                      cnp.npy_intp n1, cnp.npy_intp n2=-1):
+    """`count` new C-contiguous arrays of shape (n0, n1), or (n0, n1, n2) if
+    n2 >= 0, with ptr[k] their data."""
+    cdef cnp.npy_intp dims[3]
+    dims[0] = n0
+    dims[1] = n1
+    dims[2] = n2
+    cdef int ndim = 3 if n2 >= 0 else 2
     outs = [cnp.PyArray_EMPTY(ndim, dims, typenum, 0) for _ in range(count)]
     for k in range(count):
         ptr[k] = data(outs[k])
     return outs
+
+
+cdef void* new_workspace(Py_ssize_t elements, int typenum) except NULL:
+    """Room for `elements` values of this dtype, from PyMem_RawMalloc (seen by
+    tracemalloc); the caller frees it with PyMem_RawFree."""
+    cdef void* ws = PyMem_RawMalloc(elements * (4 if typenum == cnp.NPY_FLOAT32 else 8))
+    if ws == NULL:
+        raise MemoryError()
+    return ws
 
 
 def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
@@ -443,14 +459,8 @@ def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_cl
             or dim(w, 0) != I + H or dim(w, 1) != 4 * H or dim(b, 0) != 4 * H
             or (peep and (dim(wci, 0) != H or dim(wcf, 0) != H or dim(wco, 0) != H))):
         return None
-    cdef cnp.npy_intp dims[2]
-    dims[0] = B
-    dims[1] = H
-    outs = new_outputs(7, 2, dims, typenum, o)
-    cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
-    cdef void* ws = PyMem_RawMalloc(lstm_cell_workspace(B, I, H) * item)  # seen by tracemalloc
-    if ws == NULL:
-        raise MemoryError()
+    outs = new_outputs(7, typenum, o, B, H)
+    cdef void* ws = new_workspace(lstm_cell_workspace(B, I, H), typenum)
     cdef double fb = forget_bias, clip_ = cell_clip
     cdef GateOffsets off = gate_offsets(ICFO, H)
     with nogil:
@@ -494,16 +504,8 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
             or dim(w, 0) != I + H or dim(w, 1) != 4 * H or dim(b, 0) != 4 * H
             or dim(wci, 0) != H or dim(wcf, 0) != H or dim(wco, 0) != H):
         return None
-    cdef cnp.npy_intp dims[3]
-    dims[0] = T
-    dims[1] = B
-    dims[2] = H
-    outs = new_outputs(7, 3, dims, typenum, o)
-    cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
-    # seen by tracemalloc
-    cdef void* g = PyMem_RawMalloc(block_lstm_forward_workspace(L, B, H) * item)
-    if g == NULL:
-        raise MemoryError()
+    outs = new_outputs(7, typenum, o, T, B, H)
+    cdef void* g = new_workspace(block_lstm_forward_workspace(L, B, H), typenum)
     cdef double fb = forget_bias, clip_ = cell_clip
     cdef bint peep = use_peephole
     with nogil:
@@ -1055,14 +1057,8 @@ def gru_cell_fast(x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work, o
     cdef Py_ssize_t B = dim(x, 0), I = dim(x, 1), H = dim(h_prev, 1)
     if B == 0 or H == 0 or B * H >= max_serial_work or dim(h_prev, 0) != B:
         return None
-    cdef cnp.npy_intp dims[2]
-    dims[0] = B
-    dims[1] = H
-    outs = new_outputs(4, 2, dims, typenum, o)
-    cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
-    cdef void* ws = PyMem_RawMalloc(gru_cell_workspace(B, I, H) * item)  # seen by tracemalloc
-    if ws == NULL:
-        raise MemoryError()
+    outs = new_outputs(4, typenum, o, B, H)
+    cdef void* ws = new_workspace(gru_cell_workspace(B, I, H), typenum)
     with nogil:
         if typenum == cnp.NPY_FLOAT32:
             gru_cell_compute[float](
@@ -1245,16 +1241,8 @@ def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_
             or dim(h_prev, 0) != B):
         return None
     cdef Py_ssize_t L = int(seq_len_max)
-    cdef cnp.npy_intp dims[3]
-    dims[0] = T
-    dims[1] = B
-    dims[2] = H
-    outs = new_outputs(4, 3, dims, typenum, o)
-    cdef Py_ssize_t item = 4 if typenum == cnp.NPY_FLOAT32 else 8
-    # seen by tracemalloc
-    cdef void* ws = PyMem_RawMalloc(block_gru_forward_workspace(L, B, H) * item)
-    if ws == NULL:
-        raise MemoryError()
+    outs = new_outputs(4, typenum, o, T, B, H)
+    cdef void* ws = new_workspace(block_gru_forward_workspace(L, B, H), typenum)
     with nogil:
         if typenum == cnp.NPY_FLOAT32:
             block_gru_forward_compute[float](
