@@ -79,10 +79,10 @@ def format_verdicts(verdicts):
             lines.append(f"  {text:<{width}}  not measured")
             continue
         value = (f"{100 * v['value']:.1f}%" if v["peer"] == "sgemm"
-                 else f"{v['value']:.2f}")
+                 else f"{v['value']:.3f}")   # 3 decimals: 0.053 is not 0.05
         line = f"  {text:<{width}}  {value:>6}  {'met' if v['met'] else 'MISSED'}"
         if v["floor"] is not None:
-            line += f"  (roofline floor {v['floor']:.2f})"
+            line += f"  (roofline floor {v['floor']:.3f})"
         lines.append(line)
     met = sum(v["met"] is True for v in verdicts)
     measured = sum(v["met"] is not None for v in verdicts)

@@ -210,7 +210,7 @@ def test_targets_are_judged_from_the_rows():
     assert v[3]["value"] is None and v[4]["floor"] is None and math.isclose(v[4]["value"], 0.1)
     text = targets.format_verdicts(v)
     assert "LSTM fwd+bwd 100,32,256,256: blockrnn / TensorFlow <= 0.2" in text
-    assert "0.24  MISSED  (roofline floor" in text and "0.67  met" in text
+    assert "0.240  MISSED  (roofline floor" in text and "0.667  met" in text
     assert "sgemm share >= 75%" in text and "74.0%  MISSED" in text
     assert "not measured" in text and "1 of 4 measured targets met" in text
 
