@@ -86,6 +86,30 @@ def openmp_max_threads():
     return brnn_omp_get_max_threads()
 
 
+def gemm_memview(bint trans_a, bint trans_b, double alpha, const floating[:, :] a,
+                 const floating[:, :] b, double beta, floating[:, :] c):
+    """C = alpha * op(A) @ op(B) + beta * C through _blas.pxd's gemm, the one
+    routine every product of the kernels goes through (for its tests). The
+    views may be column blocks of larger arrays: their row strides are passed
+    as leading dimensions. C [m, n]; op(A) [m, k]; op(B) [k, n]."""
+    cdef Py_ssize_t size = sizeof(floating)
+    if a.strides[1] != size or b.strides[1] != size or c.strides[1] != size:
+        raise ValueError("gemm_memview: rows must be contiguous")
+    cdef Py_ssize_t m = c.shape[0], n = c.shape[1]
+    cdef Py_ssize_t k = a.shape[0] if trans_a else a.shape[1]
+    if ((a.shape[1] if trans_a else a.shape[0]) != m
+            or (b.shape[1] if trans_b else b.shape[0]) != k
+            or (b.shape[0] if trans_b else b.shape[1]) != n):
+        raise ValueError(f"gemm_memview: op(A) {(a.shape[0], a.shape[1])} (trans "
+                         f"{trans_a}) @ op(B) {(b.shape[0], b.shape[1])} (trans {trans_b}) "
+                         f"does not give C {(m, n)}")
+    if max(m, n, k) > 2**30 // 4 or min(m, n, k) == 0:
+        raise ValueError("gemm_memview: every size must be in [1, 2**28]")
+    with nogil:
+        gemm(trans_a, trans_b, m, n, k, <floating>alpha, &a[0, 0], a.strides[0] // size,
+             &b[0, 0], b.strides[0] // size, <floating>beta, &c[0, 0], c.strides[0] // size)
+
+
 cdef GateOffsets gate_offsets(int layout, Py_ssize_t H) noexcept nogil:
     cdef GateOffsets off
     off.i = 0
