@@ -2,6 +2,8 @@
 
 Memory layouts (Fortran, strided, read-only) are covered for every op in test_validation.py.
 """
+import sys
+
 import numpy as np
 import pytest
 
@@ -101,6 +103,10 @@ def test_cell_fast_path_is_taken_only_for_plain_arrays():
     for a, attrs in not_plain:
         assert _kernels.lstm_cell_fast(*a, *attrs, 1 << 20, lstm.LSTMBlockCellOutput) is None
     assert _kernels.lstm_cell_fast(*args, 1.0, 3.0, True, 1, lstm.LSTMBlockCellOutput) is None
+    # The namedtuple is built in C: it and each array have exactly one owner.
+    assert sys.getrefcount(fast) == 2 and all(sys.getrefcount(a) == 3 for a in fast)
+    with pytest.raises(TypeError, match="tuple subclass"):
+        _kernels.lstm_cell_fast(*args, 1.0, 3.0, True, 1 << 20, dict)
 
     rng = np.random.default_rng(1)
     g_args = [rng.uniform(-1, 1, s).astype(np.float64)
