@@ -30,6 +30,7 @@ cdef enum:
     WIDE_GEMM_WORK = 1 << 20
     WIDE_GEMM_ROWS = 16
     CALLER_GEMM_WORK = 1 << 18
+    GEMV_ROWS = 3
 
 
 cdef inline void blas_gemm(bint trans_a, bint trans_b,
@@ -120,10 +121,19 @@ cdef inline void gemm(bint trans_a, bint trans_b,
     # operand, all of the weights, at every call, which GEMV never does
     # (measured, one row of 64..1024 by weights of 128..2048 columns: GEMM
     # 1-5.8x slower than GEMV with OpenBLAS's AVX-512 kernels, 15-17x with
-    # its AVX2 ones, OPENBLAS_CORETYPE=Haswell).
-    if m == 1:    # C[0, :] = alpha * a @ op(B) + beta * C[0, :]
-        gemv(not trans_b, n if trans_b else k, k if trans_b else n, alpha, b, ldb,
-             a, lda if trans_a else 1, beta, c, 1)
+    # its AVX2 ones, OPENBLAS_CORETYPE=Haswell). Two or three rows by weights
+    # of at least CALLER_GEMM_WORK elements too, one GEMV per row (H = 512:
+    # 89-122 vs 262-313 us with the AVX-512 kernels, 99-140 vs 498-520 with
+    # the AVX2 ones; H = 256: 27-40 vs 23-52, 26-48 vs 131-136). With smaller
+    # weights OpenBLAS's AVX-512 small-matrix GEMM wins (3.8 vs 5.6 us).
+    # Not for two or three columns (the backward's dh^T = W_h @ dG^T at batch
+    # 2 or 3): the row blocks below read W_h once, a GEMV per column once per
+    # column (measured, backward at 100,2,512,512: 15-17 vs 22 ms).
+    if m == 1 or (m <= GEMV_ROWS and n * k >= CALLER_GEMM_WORK):
+        for i in range(m):   # C[i, :] = alpha * op(A)[i, :] @ op(B) + beta * C[i, :]
+            gemv(not trans_b, n if trans_b else k, k if trans_b else n, alpha, b, ldb,
+                 a + (i if trans_a else i * lda), lda if trans_a else 1, beta,
+                 c + i * ldc, 1)
         return
     if n == 1:    # C[:, 0] = alpha * op(A) @ b + beta * C[:, 0]
         gemv(trans_a, k if trans_a else m, m if trans_a else k, alpha, a, lda,

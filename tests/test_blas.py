@@ -1,8 +1,8 @@
 """blockrnn/_blas.pxd's gemm, the routine every product of the kernels goes
 through, against NumPy: each transpose, float32 and float64, column blocks of
 larger arrays (leading dimensions), and each of its routes: one row or one
-column (GEMV, on the caller in blocks or whole), small products in row blocks
-on the caller, large ones in one call."""
+column, or up to three rows by large weights (GEMV, on the caller in blocks or
+whole), small products in row blocks on the caller, large ones in one call."""
 import numpy as np
 import pytest
 
@@ -10,9 +10,11 @@ from blockrnn import _kernels
 
 # (m, n, k): GEMV with one row / one column, below 2^18 multiply-adds (one
 # call), between 2^18 and 2^20 (blocks), above 2^20 (one call); a dot product;
-# GEMM in caller row blocks and in one call.
+# three rows by large weights (a GEMV per row) and by small ones; three
+# columns (GEMM); GEMM in caller row blocks and in one call.
 SHAPES = [(1, 7, 5), (6, 1, 9), (1, 700, 600), (900, 1, 500), (1, 1100, 1000),
-          (1030, 1, 1050), (1, 1, 33), (5, 40, 30), (64, 96, 80)]
+          (1030, 1, 1050), (1, 1, 33), (3, 700, 600), (3, 40, 30), (700, 3, 600),
+          (40, 3, 30), (5, 40, 30), (64, 96, 80)]
 
 
 def operand(rng, rows, cols, dtype, trans, pad):
