@@ -511,3 +511,46 @@ def test_float16_gru_vs_reference(parity_record, B, I, H, seed):
             e = rel_err(getattr(ours, k), getattr(truth, k))
             parity_record(f"{name} f16 [blockrnn vs f64]", e)
             assert e <= F16_MAX, f"{name}.{k}: f16 error {e:.2e}"
+
+
+# ------------------------------------------------------------------------------------------
+# Batch 1 to 3 with large weights: the GEMV routes of blockrnn/_blas.pxd (on the caller in
+# blocks, one call above 2^20 multiply-adds, one GEMV per row at 2 or 3 rows), which the
+# small shapes above do not reach. tests/test_blas.py checks the routine itself.
+# ------------------------------------------------------------------------------------------
+
+# (T, B, I, H): recurrent weights 4H x H of 2^18 (blocks, and per-row GEMV at B = 2, 3)
+# and above 2^20 (one call) elements.
+LARGE_SEQ_SHAPES = [(3, 1, 16, 256), (3, 2, 8, 256), (2, 3, 4, 256), (2, 1, 8, 520)]
+
+
+@pytest.mark.parametrize("impl", ("blockrnn", "raw_ops"))
+@pytest.mark.parametrize("T,B,I,H", LARGE_SEQ_SHAPES,
+                         ids=[f"T{T}-B{B}-I{I}-H{H}" for T, B, I, H in LARGE_SEQ_SHAPES])
+def test_block_lstm_v2_large_weights_small_batch(tf, parity_record, impl, T, B, I, H):
+    inputs = dict(seq_len_max=np.int64(T), **block_lstm_inputs(T, B, I, H, np.float32, H))
+    attrs = dict(cell_clip=0.0, use_peephole=True)
+    theirs = call_tf(tf, "BlockLSTMV2", inputs, **attrs)
+    ours = call_impl(impl, "BlockLSTMV2", inputs, **attrs)
+    compare(f"BlockLSTMV2 large weights [{impl}]", ours, theirs, SEQ_OUT, parity_record)
+    inputs.update(theirs)
+    inputs.update(upstream_grads((T, B, H), dtype=np.float32, seed=H))
+    theirs = call_tf(tf, "BlockLSTMGradV2", inputs, use_peephole=True)
+    ours = call_impl(impl, "BlockLSTMGradV2", inputs, use_peephole=True)
+    compare(f"BlockLSTMGradV2 large weights [{impl}]", ours, theirs, SEQ_GRAD_FIELDS,
+            parity_record)
+
+
+@pytest.mark.parametrize("B", (1, 2))
+def test_cells_large_weights_small_batch(tf, parity_record, B):
+    """LSTMBlockCell with w of 272 x 1024 and GRUBlockCell with w_ru of 408 x 800."""
+    inputs = lstm_cell_inputs(B, 16, 256, np.float32, B)
+    attrs = dict(forget_bias=1.0, cell_clip=3.0, use_peephole=True)
+    compare("LSTMBlockCell large weights [blockrnn]",
+            call_impl("blockrnn", "LSTMBlockCell", inputs, **attrs),
+            call_tf(tf, "LSTMBlockCell", inputs, **attrs), OPS["LSTMBlockCell"][2],
+            parity_record)
+    inputs = gru_cell_inputs(B, 8, 400, np.float32, B)
+    compare("GRUBlockCell large weights [blockrnn]",
+            call_impl("blockrnn", "GRUBlockCell", inputs),
+            call_tf(tf, "GRUBlockCell", inputs), GRU_OUT, parity_record)
