@@ -1,6 +1,7 @@
 # The only place blockrnn names a BLAS routine: row-major GEMM over SciPy's
 # BLAS (scipy.linalg.cython_blas), for float and double; a product with one
-# row or one column (batch 1) goes to SciPy's GEMV instead (see gemm).
+# row or one column (batch 1), or two or three rows by large weights, goes to
+# SciPy's GEMV instead (see gemm).
 #
 # Row-major trick: a C-contiguous [m, k] array is the column-major [k, m]
 # array of its transpose, so C = op(A) @ op(B) is computed as the column-major
@@ -120,12 +121,13 @@ cdef inline void gemm(bint trans_a, bint trans_b,
     # One row or one column (batch 1): GEMV. OpenBLAS's GEMM packs the other
     # operand, all of the weights, at every call, which GEMV never does
     # (measured, one row of 64..1024 by weights of 128..2048 columns: GEMM
-    # 1-5.8x slower than GEMV with OpenBLAS's AVX-512 kernels, 15-17x with
-    # its AVX2 ones, OPENBLAS_CORETYPE=Haswell). Two or three rows by weights
-    # of at least CALLER_GEMM_WORK elements too, one GEMV per row (H = 512:
-    # 89-122 vs 262-313 us with the AVX-512 kernels, 99-140 vs 498-520 with
-    # the AVX2 ones; H = 256: 27-40 vs 23-52, 26-48 vs 131-136). With smaller
-    # weights OpenBLAS's AVX-512 small-matrix GEMM wins (3.8 vs 5.6 us).
+    # 1-7x slower than GEMV with OpenBLAS's AVX-512 kernels, 9-18x with its
+    # AVX2 ones, OPENBLAS_CORETYPE=Haswell). Two or three rows by weights of
+    # at least CALLER_GEMM_WORK elements too, one GEMV per row (GEMV vs GEMM
+    # per step, H = 512: 89-122 vs 310-313 us with the AVX-512 kernels, 99-140
+    # vs 498-520 with the AVX2 ones; H = 256: 27-40 vs 23-52, 26-48 vs
+    # 131-136). With smaller weights OpenBLAS's AVX-512 small-matrix GEMM wins
+    # (3.8 vs 5.6 us).
     # Not for two or three columns (the backward's dh^T = W_h @ dG^T at batch
     # 2 or 3): the row blocks below read W_h once, a GEMV per column once per
     # column (measured, backward at 100,2,512,512: 15-17 vs 22 ms).
