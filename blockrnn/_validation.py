@@ -101,6 +101,16 @@ class Arrays:
         """An output buffer in the compute dtype."""
         return np.empty(shape, dtype=self.compute_dtype)
 
+    def empty_block(self, count, *shape):
+        """One buffer of shape (count, *shape) in the compute dtype, for ``count``
+        outputs of ``shape`` (one allocation; see new_outputs in _kernels.pyx)."""
+        return np.empty((count, *shape), dtype=self.compute_dtype)
+
+    def results(self, block):
+        """The outputs in ``block`` as a list of its views ``block[k]``, in the
+        storage dtype (float16: one conversion of the whole block)."""
+        return list(self.result(block))
+
     def zeros(self, shape):
         """An all-zero result in the storage dtype."""
         return np.zeros(shape, dtype=self.dtype)

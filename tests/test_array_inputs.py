@@ -176,3 +176,50 @@ def test_gru_sequence_fast_path_is_taken_only_for_plain_calls():
         for L, a in not_plain:
             assert _kernels.block_gru_fast(L, *a, 1 << 20, gru.BlockGRUOutput) is None
         assert _kernels.block_gru_fast(T, *arrays, B * H, gru.BlockGRUOutput) is None
+
+
+def _forward_calls(dtype):
+    """(name, call) for every forward op, on plain inputs (the compiled fast path)
+    and on inputs that take the general path (Fortran order, sequence_length)."""
+    from _inputs import block_lstm_inputs, gru_cell_inputs, lstm_cell_inputs
+
+    cell = lstm_cell_inputs(B, I, H, dtype)
+    seq = block_lstm_inputs(T, B, I, H, dtype)
+    gru_cell = gru_cell_inputs(B, I, H, dtype)
+    gru_seq = dict(gru_cell, x=block_lstm_inputs(T, B, I, H, dtype)["x"])
+    lengths = np.array([T, 1, 0][:B])
+    fortran = lambda d: {k: np.asfortranarray(v) for k, v in d.items()}  # noqa: E731
+    return [
+        ("lstm_block_cell", lambda: blockrnn.lstm_block_cell(**cell)),
+        ("lstm_block_cell F", lambda: blockrnn.lstm_block_cell(**fortran(cell))),
+        ("block_lstm", lambda: blockrnn.block_lstm(T, **seq)),
+        ("block_lstm lengths", lambda: blockrnn.block_lstm(T, **seq, sequence_length=lengths)),
+        ("block_lstm_v2", lambda: blockrnn.block_lstm_v2(T - 1, **seq)),
+        ("block_lstm_v2 F", lambda: blockrnn.block_lstm_v2(T - 1, **fortran(seq))),
+        ("gru_block_cell", lambda: blockrnn.gru_block_cell(**gru_cell)),
+        ("gru_block_cell F", lambda: blockrnn.gru_block_cell(**fortran(gru_cell))),
+        ("block_gru", lambda: blockrnn.block_gru(T, **gru_seq)),
+        ("block_gru lengths", lambda: blockrnn.block_gru(T, **gru_seq, sequence_length=lengths)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_forward_outputs_are_the_views_of_one_block(dtype):
+    """A forward op's outputs are block[0], block[1], ... of one C-contiguous array
+    (one allocation, see new_outputs in _kernels.pyx), on every path and dtype: each
+    its own writeable, non-overlapping (T, B, H) or (B, H) slab, in field order."""
+    for name, call in _forward_calls(dtype):
+        out = call()
+        block = out[0].base
+        assert isinstance(block, np.ndarray), name
+        assert block.shape == (len(out), *out[0].shape) and block.dtype == dtype, name
+        assert block.flags.c_contiguous and block.base is None, name
+        for k, a in enumerate(out):
+            assert a.base is block and a.dtype == dtype, (name, k)
+            assert a.flags.c_contiguous and a.flags.writeable, (name, k)
+            assert a.ctypes.data == block[k].ctypes.data, (name, k)
+        # One output written over leaves the others as they were.
+        before = [np.copy(a) for a in out]
+        out[-1][...] = 7
+        for a, b in zip(out[:-1], before[:-1]):
+            np.testing.assert_array_equal(a, b, err_msg=name)
