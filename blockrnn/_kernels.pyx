@@ -455,20 +455,30 @@ cdef extern from "Python.h":
     unsigned long Py_TPFLAGS_TUPLE_SUBCLASS
 
 
+# Outputs smaller than this (each) are the views of one block (see new_outputs).
+cdef enum:
+    SHARED_BLOCK_BYTES_C = 1 << 22
+SHARED_BLOCK_BYTES = SHARED_BLOCK_BYTES_C
+
+
 cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
                        cnp.npy_intp n0, cnp.npy_intp n1, cnp.npy_intp n2=-1):
     """output_type(*arrays), a tuple subclass (the op's namedtuple) of `count`
-    C-contiguous arrays of shape (n0, n1), or (n0, n1, n2) if n2 >= 0, with
+    new C-contiguous arrays of shape (n0, n1), or (n0, n1, n2) if n2 >= 0, with
     ptr[k] their data.
 
-    The arrays are the views block[k] of one new array of shape (count, n0,
-    n1[, n2]), as Arrays.empty_block makes them on the general path: one
-    allocation instead of `count`. A forward's outputs are fresh memory that
-    the OS zeroes on first touch; one block of 7 x 3.3 MB gets NumPy's huge
-    pages (it asks for them from 4 MB on), 7 arrays of 3.3 MB get 4 KB pages,
-    and glibc returns them to the OS at every call (measured, block_lstm_v2 at
-    200,16,128,256 in a loop: 5076 page faults and 14.5 ms of system time per
-    call, 36.4 ms in all, against 32 faults and 24.3 ms).
+    Arrays of less than SHARED_BLOCK_BYTES (4 MB) each are the views block[k]
+    of one array of shape (count, n0, n1[, n2]), as Arrays.output_buffers makes
+    them on the general path. A forward's outputs are fresh memory, zeroed by
+    the OS on first touch. Seven arrays of 3.3 MB get 4 KB pages, and glibc
+    returns them to the OS at every call; their 23 MB block gets NumPy's huge
+    pages (it asks for them from 4 MB on) and stays in glibc's heap between
+    calls (measured, block_lstm_v2 at 200,16,128,256 in a loop: 5076 page
+    faults, 14.5 ms of system time and 36.4 ms per call, against 32 faults and
+    24.3 ms). Arrays of 4 MB or more are separate: each gets huge pages by
+    itself, and their block would be above 32 MB, which glibc always maps
+    afresh (measured at 100,64,512,512 between the benchmark's peers, median
+    of 7: 209-255 ms separate, 263-273 ms as one block).
     The tuple is built the way tuple.__new__ builds a subclass instance
     (tp_alloc, then the items), without its method call, argument list and
     temporary tuple."""
@@ -480,25 +490,32 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     dims[2] = n1
     dims[3] = n2
     cdef int ndim = 3 if n2 >= 0 else 2
-    cdef cnp.ndarray block = cnp.PyArray_EMPTY(ndim + 1, dims, typenum, 0)
-    cdef char* start = <char*>cnp.PyArray_DATA(block)
-    cdef Py_ssize_t nbytes = n0 * n1 * (n2 if n2 >= 0 else 1) * cnp.PyArray_ITEMSIZE(block)
-    cdef cnp.dtype descr = block.dtype
+    cdef Py_ssize_t nbytes = (n0 * n1 * (n2 if n2 >= 0 else 1)
+                              * (4 if typenum == cnp.NPY_FLOAT32 else 8))
+    cdef cnp.ndarray block = None
+    cdef cnp.dtype descr = None
     cdef int k
+    if nbytes < SHARED_BLOCK_BYTES_C:
+        block = cnp.PyArray_EMPTY(ndim + 1, dims, typenum, 0)
+        descr = block.dtype
     cdef PyObject* p = (<PyTypeObject*>output_type).tp_alloc(<PyTypeObject*>output_type,
                                                             count)
     if p == NULL:
         raise MemoryError()
     cdef tuple outs = <tuple>p   # a second reference; drop tp_alloc's
     Py_DECREF(outs)
-    for k in range(count):   # a failure here frees outs and the views made so far
-        ptr[k] = start + k * nbytes
-        Py_INCREF(descr)     # PyArray_NewFromDescr steals it
-        view = PyArray_NewFromDescr(cnp.ndarray, descr, ndim, &dims[1], NULL, ptr[k],
-                                    cnp.NPY_ARRAY_CARRAY, NULL)
-        cnp.set_array_base(view, block)
-        Py_INCREF(view)      # PyTuple_SET_ITEM steals it
-        PyTuple_SET_ITEM(outs, k, view)
+    for k in range(count):   # a failure here frees outs and the arrays made so far
+        if block is None:
+            arr = cnp.PyArray_EMPTY(ndim, &dims[1], typenum, 0)
+            ptr[k] = data(arr)
+        else:
+            ptr[k] = <char*>cnp.PyArray_DATA(block) + k * nbytes
+            Py_INCREF(descr)     # PyArray_NewFromDescr steals it
+            arr = PyArray_NewFromDescr(cnp.ndarray, descr, ndim, &dims[1], NULL, ptr[k],
+                                       cnp.NPY_ARRAY_CARRAY, NULL)
+            cnp.set_array_base(arr, block)
+        Py_INCREF(arr)       # PyTuple_SET_ITEM steals it
+        PyTuple_SET_ITEM(outs, k, arr)
     return outs
 
 

@@ -4,9 +4,12 @@ Every error names the op and the argument, and gives the expected and the
 actual shape or dtype: ``ValueError`` for shapes, ranks and values,
 ``TypeError`` for dtypes and wrongly typed attributes.
 """
+import math
 import numbers
 
 import numpy as np
+
+from blockrnn import _kernels
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 # SciPy's cython_blas takes 32-bit integers (LP64): every GEMM size must fit.
@@ -101,15 +104,24 @@ class Arrays:
         """An output buffer in the compute dtype."""
         return np.empty(shape, dtype=self.compute_dtype)
 
-    def empty_block(self, count, *shape):
-        """One buffer of shape (count, *shape) in the compute dtype, for ``count``
-        outputs of ``shape`` (one allocation; see new_outputs in _kernels.pyx)."""
-        return np.empty((count, *shape), dtype=self.compute_dtype)
+    def output_buffers(self, count, *shape):
+        """``count`` output buffers of ``shape`` in the compute dtype: the views
+        ``block[k]`` of one (count, *shape) array if each is under
+        _kernels.SHARED_BLOCK_BYTES, else separate arrays (why: new_outputs
+        in _kernels.pyx, which the compiled fast paths use)."""
+        dtype = self.compute_dtype
+        if math.prod(shape) * dtype.itemsize < _kernels.SHARED_BLOCK_BYTES:
+            return list(np.empty((count, *shape), dtype=dtype))
+        return [np.empty(shape, dtype=dtype) for _ in range(count)]
 
-    def results(self, block):
-        """The outputs in ``block`` as a list of its views ``block[k]``, in the
-        storage dtype (float16: one conversion of the whole block)."""
-        return list(self.result(block))
+    def results(self, buffers):
+        """The outputs in ``buffers`` (from output_buffers) in the storage dtype:
+        float16 views of one block are converted as one block, so the results
+        share a block as the buffers do."""
+        block = buffers[0].base
+        if block is not None and self.dtype != self.compute_dtype:
+            return list(self.result(block))
+        return [self.result(b) for b in buffers]
 
     def zeros(self, shape):
         """An all-zero result in the storage dtype."""

@@ -65,8 +65,8 @@ def gru_block_cell(x, h_prev, w_ru, w_c, b_ru, b_c):
 
     Returns
     -------
-    GRUBlockCellOutput(r, u, c, h), each of shape (B, H), views of one
-    (4, B, H) array::
+    GRUBlockCellOutput(r, u, c, h), each of shape (B, H) (under 4 MB each,
+    views of one (4, B, H) array)::
 
         [r, u] = sigmoid([x, h_prev] @ w_ru + b_ru)
         c = tanh([x, r * h_prev] @ w_c + b_c)
@@ -78,9 +78,9 @@ def gru_block_cell(x, h_prev, w_ru, w_c, b_ru, b_c):
         return out
     args = Arrays("gru_block_cell", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
     B, I, H = _check_cell(args)
-    block = args.empty_block(4, B, H)
-    _kernels.gru_cell_forward(*args.kernel(*_INPUTS), kernel_threads(B, H), *block)
-    return GRUBlockCellOutput(*args.results(block))
+    outs = args.output_buffers(4, B, H)
+    _kernels.gru_cell_forward(*args.kernel(*_INPUTS), kernel_threads(B, H), *outs)
+    return GRUBlockCellOutput(*args.results(outs))
 
 
 def _cell_grad(op, values, full):
@@ -188,9 +188,9 @@ def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=N
     -------
     BlockGRUOutput(r, u, c, h), each of shape (T, B, H)
         The outputs of ``gru_block_cell`` at every step, each step starting
-        from the previous step's h; all zero for t >= L. The four arrays are
-        views of one (4, T, B, H) array (one allocation): keeping one alive
-        keeps all four's memory; ``h.copy()`` keeps h alone.
+        from the previous step's h; all zero for t >= L. Under 4 MB each, the
+        four arrays are views of one (4, T, B, H) array (one allocation):
+        keeping one alive keeps all four's memory; ``h.copy()`` keeps h alone.
     """
     if sequence_length is None:
         out = _kernels.block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c,
@@ -199,10 +199,10 @@ def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=N
             return out
     args = Arrays("block_gru", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
     L, lengths, T, B, I, H = _check_sequence(args, seq_len_max, sequence_length)
-    block = args.empty_block(4, T, B, H)
+    outs = args.output_buffers(4, T, B, H)
     _kernels.block_gru_forward(steps_to_run(L, lengths), *args.kernel(*_INPUTS),
-                               kernel_threads(B, H), *block, lengths)
-    return BlockGRUOutput(*args.results(block))
+                               kernel_threads(B, H), *outs, lengths)
+    return BlockGRUOutput(*args.results(outs))
 
 
 def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad, *,

@@ -100,7 +100,8 @@ def lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
     LSTMBlockCellOutput(i, cs, f, o, ci, co, h), each of shape (B, H):
     the input, forget and output gates after their sigmoid, the cell state
     (after clipping), the cell input ``ci`` after tanh, ``co = tanh(cs)`` and
-    ``h = o * co``. The seven arrays are views of one (7, B, H) array.
+    ``h = o * co``. Under 4 MB each, the seven arrays are views of one
+    (7, B, H) array.
     """
     out = _kernels.lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias,
                                   cell_clip, use_peephole, _config.MIN_PARALLEL_WORK,
@@ -118,11 +119,11 @@ def lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
         raise ValueError(
             f"{op}: cs_prev is empty, has shape (B, H) = {(B, H)}; "
             f"LSTMBlockCell needs B > 0 and H > 0 (I may be 0)")
-    block = args.empty_block(7, B, H)
+    outs = args.output_buffers(7, B, H)
     _kernels.lstm_cell_forward(
         *args.kernel("x", "cs_prev", "h_prev", *_PARAMS),
-        forget_bias, cell_clip, use_peephole, _kernels.GateLayout.ICFO, kernel_threads(B, H), *block)
-    return LSTMBlockCellOutput(*args.results(block))
+        forget_bias, cell_clip, use_peephole, _kernels.GateLayout.ICFO, kernel_threads(B, H), *outs)
+    return LSTMBlockCellOutput(*args.results(outs))
 
 
 def _cell_grad(op, values, use_peephole, full, optional=()):
@@ -231,11 +232,11 @@ def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_pee
     # TensorFlow checks the peephole lengths here even without peepholes.
     L, T, B, I, H = _check_sequence(args, seq_len_max, peepholes_required=True)
     lengths = check_sequence_length(op, sequence_length, B, T)
-    block = args.empty_block(7, T, B, H)
+    outs = args.output_buffers(7, T, B, H)
     _kernels.block_lstm_forward(
         steps_to_run(L, lengths), *args.kernel("x", "cs_prev", "h_prev", *_PARAMS),
-        forget_bias, cell_clip, use_peephole, layout, kernel_threads(B, H), *block, lengths)
-    return BlockLSTMOutput(*args.results(block))
+        forget_bias, cell_clip, use_peephole, layout, kernel_threads(B, H), *outs, lengths)
+    return BlockLSTMOutput(*args.results(outs))
 
 
 _SEQUENCE_LENGTH_DOC = """sequence_length : array of shape (B,) of integers in [0, T], optional
@@ -277,8 +278,9 @@ def block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
         Per step, the outputs of ``lstm_block_cell``; each step starts from
         the previous step's cs and h. Every output is zero for t >= L
         (TensorFlow zeroes only cs and h there and leaves the rest undefined).
-        The seven arrays are views of one (7, T, B, H) array (one allocation):
-        keeping one alive keeps all seven's memory; ``h.copy()`` keeps h alone.
+        Under 4 MB each, the seven arrays are views of one (7, T, B, H) array
+        (one allocation): keeping one alive keeps all seven's memory;
+        ``h.copy()`` keeps h alone.
     """
     values = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b)
     return _block_lstm("block_lstm", _kernels.GateLayout.ICFO, seq_len_max, values,
@@ -293,8 +295,9 @@ def block_lstm_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
     (input, forget, cell input, output), there is no forget bias (it is 0),
     and ``cell_clip`` defaults to 0.0 (no clipping). Shapes: x (T, B, I),
     cs_prev and h_prev (B, H), w (I+H, 4H), wci/wcf/wco (H,), b (4H,);
-    outputs BlockLSTMOutput(i, cs, f, o, ci, co, h), each (T, B, H), views of
-    one (7, T, B, H) array; ``sequence_length`` (B,) as for ``block_lstm``.
+    outputs BlockLSTMOutput(i, cs, f, o, ci, co, h), each (T, B, H) (under 4 MB
+    each, views of one (7, T, B, H) array); ``sequence_length`` (B,) as for
+    ``block_lstm``.
     """
     values = dict(x=x, cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b)
     return _block_lstm("block_lstm_v2", _kernels.GateLayout.IFCO, seq_len_max, values,

@@ -203,23 +203,52 @@ def _forward_calls(dtype):
     ]
 
 
+def _assert_views_of_one_block(name, out, dtype):
+    block = out[0].base
+    assert isinstance(block, np.ndarray), name
+    assert block.shape == (len(out), *out[0].shape) and block.dtype == dtype, name
+    assert block.flags.c_contiguous and block.base is None, name
+    for k, a in enumerate(out):
+        assert a.base is block and a.dtype == dtype, (name, k)
+        assert a.flags.c_contiguous and a.flags.writeable, (name, k)
+        assert a.ctypes.data == block[k].ctypes.data, (name, k)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_forward_outputs_are_the_views_of_one_block(dtype):
-    """A forward op's outputs are block[0], block[1], ... of one C-contiguous array
-    (one allocation, see new_outputs in _kernels.pyx), on every path and dtype: each
-    its own writeable, non-overlapping (T, B, H) or (B, H) slab, in field order."""
+    """A forward op's small outputs are block[0], block[1], ... of one C-contiguous
+    array (one allocation, see new_outputs in _kernels.pyx), on every path and dtype:
+    each its own writeable, non-overlapping (T, B, H) or (B, H) slab, in field order."""
     for name, call in _forward_calls(dtype):
         out = call()
-        block = out[0].base
-        assert isinstance(block, np.ndarray), name
-        assert block.shape == (len(out), *out[0].shape) and block.dtype == dtype, name
-        assert block.flags.c_contiguous and block.base is None, name
-        for k, a in enumerate(out):
-            assert a.base is block and a.dtype == dtype, (name, k)
-            assert a.flags.c_contiguous and a.flags.writeable, (name, k)
-            assert a.ctypes.data == block[k].ctypes.data, (name, k)
+        _assert_views_of_one_block(name, out, dtype)
         # One output written over leaves the others as they were.
         before = [np.copy(a) for a in out]
         out[-1][...] = 7
         for a, b in zip(out[:-1], before[:-1]):
             np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("order", ["C", "F"])   # the compiled fast path, the general path
+def test_outputs_of_4_mb_or_more_are_separate_arrays(dtype, order):
+    """From SHARED_BLOCK_BYTES (4 MB) per output on, each output is its own array;
+    one element less and they share a block."""
+    from _inputs import gru_cell_inputs, lstm_cell_inputs
+    from blockrnn import _kernels
+
+    H = 8
+    rows = _kernels.SHARED_BLOCK_BYTES // (H * np.dtype(dtype).itemsize)
+    for B in (rows, rows - 1):
+        lstm = {k: np.asarray(v, order=order) for k, v in lstm_cell_inputs(B, 1, H, dtype).items()}
+        gru = {k: np.asarray(v, order=order) for k, v in gru_cell_inputs(B, 1, H, dtype).items()}
+        seq = dict(lstm, x=lstm["x"][None])
+        gru_seq = dict(gru, x=gru["x"][None])
+        for name, out in [("lstm_block_cell", blockrnn.lstm_block_cell(**lstm)),
+                          ("block_lstm_v2", blockrnn.block_lstm_v2(1, **seq)),
+                          ("gru_block_cell", blockrnn.gru_block_cell(**gru)),
+                          ("block_gru", blockrnn.block_gru(1, **gru_seq))]:
+            if B == rows:
+                assert all(a.base is None and a.flags.owndata for a in out), (name, B)
+            else:
+                _assert_views_of_one_block((name, B), out, dtype)
