@@ -478,7 +478,7 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     24.3 ms). Arrays of 4 MB or more are separate: each gets huge pages by
     itself, and their block would be above 32 MB, which glibc always maps
     afresh (measured at 100,64,512,512 between the benchmark's peers, median
-    of 7: 209-255 ms separate, 263-273 ms as one block).
+    of 7, six runs: 209-255 ms separate, 240-278 ms as one block).
     The tuple is built the way tuple.__new__ builds a subclass instance
     (tp_alloc, then the items), without its method call, argument list and
     temporary tuple."""
