@@ -461,6 +461,24 @@ cdef enum:
 SHARED_BLOCK_BYTES = SHARED_BLOCK_BYTES_C
 
 
+cdef inline bint shares_block(Py_ssize_t bytes_each) noexcept:
+    """Whether outputs of bytes_each bytes each are the views of one block."""
+    return bytes_each < SHARED_BLOCK_BYTES_C
+
+
+def output_buffers(int count, tuple shape, dtype):
+    """`count` new C-contiguous arrays of `shape` and `dtype` for a forward's
+    outputs on the general path: the views block[k] of one array, or separate
+    arrays, by the rule of new_outputs."""
+    dtype = np.dtype(dtype)
+    cdef Py_ssize_t bytes_each = dtype.itemsize
+    for n in shape:
+        bytes_each *= n
+    if shares_block(bytes_each):
+        return list(np.empty((count,) + shape, dtype=dtype))
+    return [np.empty(shape, dtype=dtype) for _ in range(count)]
+
+
 cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
                        cnp.npy_intp n0, cnp.npy_intp n1, cnp.npy_intp n2=-1):
     """output_type(*arrays), a tuple subclass (the op's namedtuple) of `count`
@@ -468,8 +486,8 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     ptr[k] their data.
 
     Arrays of less than SHARED_BLOCK_BYTES (4 MB) each are the views block[k]
-    of one array of shape (count, n0, n1[, n2]), as Arrays.output_buffers makes
-    them on the general path. A forward's outputs are fresh memory, zeroed by
+    of one array of shape (count, n0, n1[, n2]), as output_buffers makes them
+    on the general path. A forward's outputs are fresh memory, zeroed by
     the OS on first touch. Seven arrays of 3.3 MB get 4 KB pages, and glibc
     returns them to the OS at every call; their 23 MB block gets NumPy's huge
     pages (it asks for them from 4 MB on) and stays in glibc's heap between
@@ -495,7 +513,7 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     cdef cnp.ndarray block = None
     cdef cnp.dtype descr = None
     cdef int k
-    if nbytes < SHARED_BLOCK_BYTES_C:
+    if shares_block(nbytes):
         block = cnp.PyArray_EMPTY(ndim + 1, dims, typenum, 0)
         descr = block.dtype
     cdef PyObject* p = (<PyTypeObject*>output_type).tp_alloc(<PyTypeObject*>output_type,

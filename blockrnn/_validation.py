@@ -4,7 +4,6 @@ Every error names the op and the argument, and gives the expected and the
 actual shape or dtype: ``ValueError`` for shapes, ranks and values,
 ``TypeError`` for dtypes and wrongly typed attributes.
 """
-import math
 import numbers
 
 import numpy as np
@@ -106,13 +105,9 @@ class Arrays:
 
     def output_buffers(self, count, *shape):
         """``count`` output buffers of ``shape`` in the compute dtype: the views
-        ``block[k]`` of one (count, *shape) array if each is under
-        _kernels.SHARED_BLOCK_BYTES, else separate arrays (why: new_outputs
-        in _kernels.pyx, which the compiled fast paths use)."""
-        dtype = self.compute_dtype
-        if math.prod(shape) * dtype.itemsize < _kernels.SHARED_BLOCK_BYTES:
-            return list(np.empty((count, *shape), dtype=dtype))
-        return [np.empty(shape, dtype=dtype) for _ in range(count)]
+        ``block[k]`` of one (count, *shape) array, or separate arrays from 4 MB
+        each on (_kernels.output_buffers; why: new_outputs in _kernels.pyx)."""
+        return _kernels.output_buffers(count, shape, self.compute_dtype)
 
     def results(self, buffers):
         """The outputs in ``buffers`` (from output_buffers) in the storage dtype:
