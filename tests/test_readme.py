@@ -1,0 +1,135 @@
+"""The README's Python examples run as printed and give what their comments say.
+
+Each ```python block of README.md is executed verbatim. Blocks that continue an earlier
+one (they use its variables) run in that block's namespace; the variables a block only
+assumes (``dy``, ``keras_lstm``, ...) are defined here, in the setup of its test. Two
+blocks are not run here: the ``torchrun`` one needs two processes (tests/test_ddp.py
+trains that way) and the ``threadpool_limits`` one elides its arguments (``...``).
+"""
+import os
+import re
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "README.md")
+
+
+def python_blocks():
+    """The README's ```python blocks, dedented, in order."""
+    with open(README, encoding="utf-8") as fh:
+        text = fh.read()
+    blocks = []
+    for m in re.finditer(r"^( *)```python\n(.*?)^\1```", text, re.S | re.M):
+        indent = len(m.group(1))
+        blocks.append("".join(line[indent:] for line in m.group(2).splitlines(True)))
+    return blocks
+
+
+def block(first_line):
+    """The one block whose first line starts with `first_line` (the test fails, rather
+    than passing vacuously, if the README no longer has it)."""
+    found = [b for b in python_blocks() if b.startswith(first_line)]
+    assert len(found) == 1, f"README: {len(found)} python blocks start with {first_line!r}"
+    return found[0]
+
+
+def run(code, namespace):
+    exec(compile(code, README, "exec"), namespace)
+    return namespace
+
+
+def test_every_block_is_run_or_named_as_not_run():
+    firsts = [b.splitlines()[0] for b in python_blocks()]
+    tested = ("import numpy as np", "lengths = ", "lstm = blockrnn.LSTM",
+              "import blockrnn.torch", "from blockrnn import convert")
+    not_run = ("# torchrun", "from threadpoolctl import")
+    unknown = [f for f in firsts if not f.startswith(tested + not_run)]
+    assert not unknown, f"README python blocks this test does not know: {unknown}"
+    assert len(firsts) == len(tested) + len(not_run)
+
+
+@pytest.fixture
+def example():
+    """The namespace after the README's first example (## Example)."""
+    return run(block("import numpy as np\nimport blockrnn\n"), {})
+
+
+def test_example(example):
+    import blockrnn
+    ns = example
+    T, B, H = ns["T"], ns["B"], ns["H"]
+    assert ns["grads"].w_grad.shape == (48, 128)                 # its comment
+    assert all(a.shape == (T, B, H) for a in ns["fwd"])
+    # The raw_ops spelling is the same op.
+    for a, b in zip(ns["out"], ns["fwd"]):
+        np.testing.assert_array_equal(a, b)
+    # The gradient is that of sum(h): compare one weight with a float64 difference.
+    x, cs0, h0, w = (np.asarray(ns[k], np.float64) for k in ("x", "cs0", "h0", "w"))
+    rest = [np.asarray(ns[k], np.float64) for k in ("wci", "wcf", "wco", "b")]
+    eps = 1e-6
+    w_plus, w_minus = w.copy(), w.copy()
+    w_plus[3, 5] += eps
+    w_minus[3, 5] -= eps
+    h_sum = [blockrnn.block_lstm_v2(T, x, cs0, h0, ww, *rest).h.sum()
+             for ww in (w_plus, w_minus)]
+    np.testing.assert_allclose(ns["grads"].w_grad[3, 5], (h_sum[0] - h_sum[1]) / (2 * eps),
+                               rtol=1e-3, atol=1e-4)
+
+
+def test_sequence_length(example):
+    ns = run(block("lengths = "), example)
+    lengths, fwd, B = ns["lengths"], ns["fwd"], ns["B"]
+    for row in range(B):
+        np.testing.assert_array_equal(ns["h_final"][row], fwd.h[lengths[row] - 1, row])
+        assert not fwd.h[lengths[row]:, row].any()      # zero after each row's length
+
+
+def test_training_in_numpy(example):
+    ns = run(block("lengths = "), example)
+    T, B = ns["T"], ns["B"]
+    ns["dy"] = np.ones((T, B, 32), np.float32)
+    ns["dh"] = np.ones((B, 32), np.float32)
+    run("import blockrnn\n" + block("lstm = blockrnn.LSTM"), ns)
+    assert ns["y"].shape == (T, B, 32) and ns["dx"].shape == ns["x"].shape
+    # The loop applied the gradients: the parameters are no longer the seed's.
+    import blockrnn
+    fresh = blockrnn.LSTM(16, 32, seed=0)
+    assert set(fresh.params) == set(ns["lstm"].params)
+    for name, p in ns["lstm"].params.items():
+        np.testing.assert_allclose(p, fresh.params[name] - 0.1 * ns["lstm"].grads[name],
+                                   rtol=1e-6, atol=1e-7)
+
+
+def test_torch():
+    import torch
+    B, T = 4, 6
+    g = torch.Generator().manual_seed(0)
+    ns = {"x": torch.randn(B, T, 16, generator=g),
+          "h0": torch.zeros(1, B, 32), "c0": torch.zeros(1, B, 32),
+          "x_time_major": torch.randn(T, B, 16, generator=g)}
+    run(block("import blockrnn.torch"), ns)
+    assert ns["y"].shape == (T, B, 32) and ns["h_n"].shape == (1, B, 32)
+    # The LSTM ran before y, h_n were rebound by the GRU; check it against nn.LSTM.
+    lstm = ns["lstm"]
+    y, (h_n, c_n) = lstm(ns["x"], (ns["h0"], ns["c0"]))
+    assert y.shape == (B, T, 32) and h_n.shape == c_n.shape == (1, B, 32)
+    torch.testing.assert_close(y[:, -1], h_n[0])
+
+
+def test_weight_import():
+    import keras
+    import torch
+    T, B = 5, 3
+    keras_lstm = keras.layers.LSTM(32)
+    keras_lstm.build((None, T, 16))
+    ns = {"keras_lstm": keras_lstm, "torch_nn_lstm": torch.nn.LSTM(16, 32),
+          "x_time_major": np.random.default_rng(0).standard_normal((T, B, 16), np.float32)}
+    run(block("from blockrnn import convert"), ns)
+    y = ns["y"]
+    want, _ = ns["torch_nn_lstm"](torch.from_numpy(ns["x_time_major"]))
+    np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-5, atol=1e-5)
