@@ -50,6 +50,9 @@ PACKAGE_FILES = [
 # the benchmark harness's smoke test (benchmarks/ belongs to the source checkout,
 # not to the package).
 NOT_RERUN = ("test_wheel.py", "test_fuzz.py", "test_stress.py", "test_benchmarks.py")
+# Files beside tests/ that the tests read; pyproject.toml's cibuildwheel
+# test-sources lists them with tests/.
+TEST_SOURCE_FILES = ("README.md",)
 COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "wheelhouse", "*.egg-info", "__pycache__",
     ".pytest_cache", ".hypothesis", "*.so", "*.o", "_kernels.c", "_kernels.html")
@@ -198,6 +201,10 @@ def test_fresh_venv_imports_the_wheel_not_the_source_tree(venv, tmp_path):
 def test_installed_wheel_passes_the_test_suite(venv, tmp_path):
     tests = tmp_path / "tests"
     shutil.copytree(TESTS_DIR, tests, ignore=shutil.ignore_patterns("__pycache__", *NOT_RERUN))
+    # What cibuildwheel's test-sources copies (pyproject.toml): test_readme.py runs
+    # the README's examples from ../README.md.
+    for name in TEST_SOURCE_FILES:
+        shutil.copy(os.path.join(ROOT, name), tmp_path / name)
     # One more test, run inside the inner session: blockrnn comes from the fresh venv.
     prefix = os.path.realpath(venv.parent.parent) + os.sep
     (tests / "test_zz_installed_location.py").write_text(
