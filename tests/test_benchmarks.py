@@ -18,7 +18,7 @@ if _ROOT not in sys.path:   # benchmarks/ is a top-level package of the reposito
 from benchmarks import peers, run, targets, threads  # noqa: E402
 
 TINY = ["--quick", "--repeats", "1", "--shapes", "5,2,4,6", "--cell-shape", "1,4,4",
-        "--sgemm-size", "64"]
+        "--sgemm-size", "64", "--settle", "0"]
 
 # The rows each peer must produce when installed (blockrnn: every workload).
 EXPECTED = {
@@ -120,6 +120,13 @@ def test_table_rows_columns_and_ratios(tmp_path, capsys, monkeypatch):
             assert math.isclose(r["ratio_blockrnn_over_peer"],
                                 base[0]["best_ms"] / r["best_ms"])
             assert r["tracemalloc_peak_bytes"] is None
+
+
+def test_quick_keeps_the_pause_between_samples():
+    """--quick shortens the run but still lets the previous implementation's spinning
+    threads go idle before each sample; --settle sets the pause."""
+    assert run.Run(run.parse_args(["--quick"]), None, None).settle == run.measure.SETTLE_S > 0
+    assert run.Run(run.parse_args(["--quick", "--settle", "0.05"]), None, None).settle == 0.05
 
 
 def test_flops_and_memory_bound_formulas():
