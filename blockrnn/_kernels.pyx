@@ -393,12 +393,15 @@ def lstm_cell_forward(
 # ---------------------------------------------------------------------------
 
 cdef inline int plain_array(object a, int ndim, int typenum) noexcept:
-    """Whether `a` is an exact ndarray of this rank and dtype, C-contiguous and aligned."""
+    """Whether `a` is an exact ndarray of this rank and dtype, C-contiguous, aligned,
+    in native byte order (the type number does not say the byte order: '>f4' is
+    NPY_FLOAT32 too)."""
     if not cnp.PyArray_CheckExact(a):
         return 0
     cdef cnp.ndarray arr = <cnp.ndarray>a
     return (cnp.PyArray_NDIM(arr) == ndim and cnp.PyArray_TYPE(arr) == typenum
-            and cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISALIGNED(arr))
+            and cnp.PyArray_IS_C_CONTIGUOUS(arr) and cnp.PyArray_ISALIGNED(arr)
+            and cnp.PyArray_ISNOTSWAPPED(arr))
 
 
 cdef inline cnp.npy_intp dim(object a, int k) noexcept:
@@ -410,8 +413,9 @@ cdef inline void* data(object a) noexcept:
 
 
 cdef inline bint plain_float(object v) noexcept:
-    """A Python float or int (not bool) attribute."""
-    return type(v) is float or type(v) is int
+    """A Python float, or an int (not bool) that converts to a double without
+    overflow (a huge int takes the general path, which raises the documented error)."""
+    return type(v) is float or (type(v) is int and -1e308 < v < 1e308)
 
 
 cdef inline bint plain_int(object v) noexcept:
@@ -425,13 +429,15 @@ cdef int lstm_plain_dtype(int x_rank, x, cs_prev, h_prev, w, wci, wcf, wco, b,
     """NPY_FLOAT32 or NPY_FLOAT64 if the LSTM arguments are plain arrays of one
     float dtype (x of rank x_rank, the states and w of rank 2, the vectors of
     rank 1; the shapes are checked by the caller), with ptr[0:8] their data in
-    this order; else -1."""
-    if not cnp.PyArray_CheckExact(x):
+    this order; else -1. An empty x or cs_prev is declined: the Python layer
+    returns such calls early."""
+    if not cnp.PyArray_CheckExact(x) or cnp.PyArray_SIZE(<cnp.ndarray>x) == 0:
         return -1
     cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
     if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
         return -1
     if not (plain_array(x, x_rank, typenum) and plain_array(cs_prev, 2, typenum)
+            and cnp.PyArray_SIZE(<cnp.ndarray>cs_prev) != 0
             and plain_array(h_prev, 2, typenum) and plain_array(w, 2, typenum)
             and plain_array(wci, 1, typenum) and plain_array(wcf, 1, typenum)
             and plain_array(wco, 1, typenum) and plain_array(b, 1, typenum)):
@@ -1132,13 +1138,15 @@ cdef int gru_plain_dtype(int x_rank, x, h_prev, w_ru, w_c, b_ru, b_c,
     """NPY_FLOAT32 or NPY_FLOAT64 if the GRU arguments are plain arrays of one
     float dtype (x of rank x_rank, h_prev and the weights of rank 2, the biases
     of rank 1) of consistent shapes, with ptr[0:6] their data in this order;
-    else -1. The caller checks x's batch size against h_prev's."""
-    if not cnp.PyArray_CheckExact(x):
+    else -1. The caller checks x's batch size against h_prev's. An empty x or
+    h_prev is declined: the Python layer returns such calls early."""
+    if not cnp.PyArray_CheckExact(x) or cnp.PyArray_SIZE(<cnp.ndarray>x) == 0:
         return -1
     cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
     if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
         return -1
     if not (plain_array(x, x_rank, typenum) and plain_array(h_prev, 2, typenum)
+            and cnp.PyArray_SIZE(<cnp.ndarray>h_prev) != 0
             and plain_array(w_ru, 2, typenum) and plain_array(w_c, 2, typenum)
             and plain_array(b_ru, 1, typenum) and plain_array(b_c, 1, typenum)):
         return -1

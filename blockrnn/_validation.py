@@ -15,6 +15,20 @@ FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 BLAS_INT_MAX = 2**31 - 1
 
 
+def native(array):
+    """``array`` in native byte order: itself, or its native-order copy.
+
+    The one place where byte order is decided, for every array blockrnn admits
+    (float arguments, sequence_length, the layers' inputs): a big-endian
+    ``>f4`` array from a file is computed as the ``float32`` array of the
+    same values. (The compiled fast paths decline non-native arrays, so they
+    reach this.)
+    """
+    if array.dtype.isnative:
+        return array
+    return array.astype(array.dtype.newbyteorder("="))
+
+
 class Arrays:
     """The array arguments of one call, converted to NumPy and dtype-checked.
 
@@ -59,7 +73,7 @@ class Arrays:
 
     def _as_float_array(self, name, value):
         try:
-            array = np.asarray(value)
+            array = native(np.asarray(value))
         except Exception as exc:  # e.g. a torch tensor that requires grad
             raise TypeError(
                 f"{self.op}: {name} ({type(value).__name__}) cannot be converted to a "
@@ -185,7 +199,7 @@ def check_sequence_length(op, value, batch, time_len):
     if value is None:
         return None
     try:
-        array = np.asarray(value)
+        array = native(np.asarray(value))
     except Exception as exc:
         raise TypeError(
             f"{op}: sequence_length must be an integer array of shape (B,), got "

@@ -37,7 +37,7 @@ from collections import namedtuple
 import numpy as np
 
 import blockrnn  # the ops are looked up at call time (blockrnn imports this module)
-from blockrnn._validation import check_sequence_length, steps_to_run
+from blockrnn._validation import check_sequence_length, native, steps_to_run
 
 __all__ = ["LSTM", "GRU", "LSTMContext", "GRUContext"]
 
@@ -87,7 +87,7 @@ def _array(where, name, value, dtype, shape):
     if value is None:
         raise TypeError(f"{where}: {name} is required, got None")
     if hasattr(value, "dtype"):
-        arr = np.asarray(value)
+        arr = native(np.asarray(value))
         if arr.dtype != dtype:
             raise TypeError(f"{where}: {name} must have dtype {dtype} (the layer's dtype), "
                             f"got {arr.dtype}")

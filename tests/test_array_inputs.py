@@ -252,3 +252,68 @@ def test_outputs_of_4_mb_or_more_are_separate_arrays(dtype, order):
                 assert all(a.base is None and a.flags.owndata for a in out), (name, B)
             else:
                 _assert_views_of_one_block((name, B), out, dtype)
+
+
+def _swapped(a):
+    """The same values in the other byte order (big-endian on this machine)."""
+    return a.astype(a.dtype.newbyteorder("S"))
+
+
+def test_fast_paths_decline_non_native_byte_order():
+    """The compiled fast paths read raw memory: a byte-swapped argument (even one)
+    must send the call to the general path, never be read as native numbers."""
+    from blockrnn import _kernels, gru, lstm
+
+    L, *arrays = _lstm_args(np.float64)
+    for k in range(len(arrays)):
+        a = list(arrays)
+        a[k] = _swapped(a[k])
+        assert _kernels.block_lstm_fast(L, *a, 1.0, 0.0, False, _kernels.GateLayout.ICFO,
+                                        1 << 20, lstm.BlockLSTMOutput) is None, k
+        cell = [v[0] if v.ndim == 3 else v for v in a]
+        assert _kernels.lstm_cell_fast(*cell, 1.0, 0.0, False, 1 << 20,
+                                       lstm.LSTMBlockCellOutput) is None, k
+    rng = np.random.default_rng(3)
+    g = [rng.uniform(-1, 1, s) for s in [(T, B, I), (B, H), (I + H, 2 * H), (I + H, H),
+                                         (2 * H,), (H,)]]
+    for k in range(len(g)):
+        a = list(g)
+        a[k] = _swapped(a[k])
+        assert _kernels.block_gru_fast(T, *a, 1 << 20, gru.BlockGRUOutput) is None, k
+        assert _kernels.gru_cell_fast(a[0][0], *a[1:], 1 << 20,
+                                      gru.GRUBlockCellOutput) is None, k
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_non_native_byte_order_is_computed_as_its_native_copy(dtype):
+    """Big-endian arrays (as read from many file formats) give the bits of the
+    native-order call, forward and gradient, in every dtype; so do big-endian
+    integer sequence lengths."""
+    from _inputs import block_lstm_grad_inputs, gru_cell_inputs, lstm_cell_inputs
+
+    swap = lambda d: {k: _swapped(v) if isinstance(v, np.ndarray) else v  # noqa: E731
+                      for k, v in d.items()}
+    cell = lstm_cell_inputs(B, I, H, dtype)
+    grad = block_lstm_grad_inputs(T, B, I, H, T - 1, dtype)
+    seq = {k: grad[k] for k in ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")}
+    gcell = gru_cell_inputs(B, I, H, dtype)
+    gseq = dict(gcell, x=seq["x"])
+    lengths = np.array([T, 1, 0][:B])
+    calls = [
+        lambda d: blockrnn.lstm_block_cell(**d, use_peephole=True),
+        lambda d: blockrnn.block_lstm(T, **d, use_peephole=True),
+        lambda d: blockrnn.block_lstm_v2(T, **d, cell_clip=0.5),
+        lambda d: blockrnn.gru_block_cell(**d),
+        lambda d: blockrnn.block_gru(T, **d),
+        lambda d: blockrnn.block_lstm_grad(**d, use_peephole=True),
+        lambda d: blockrnn.block_lstm_grad_v2(**d, use_peephole=False),
+    ]
+    for call, d in zip(calls, [cell, seq, seq, gcell, gseq, grad, grad]):
+        native = call(d)
+        _assert_same(call(swap(d)), native)
+        one = dict(d, w=_swapped(d["w"])) if "w" in d else dict(d, w_c=_swapped(d["w_c"]))
+        _assert_same(call(one), native)
+    for op in (blockrnn.block_lstm, blockrnn.block_lstm_v2, blockrnn.block_gru):
+        d = seq if op is not blockrnn.block_gru else gseq
+        _assert_same(op(T, **swap(d), sequence_length=_swapped(lengths)),
+                     op(T, **d, sequence_length=lengths))
