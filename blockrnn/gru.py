@@ -155,7 +155,8 @@ def _check_sequence(args, seq_len_max, sequence_length):
     _check_params(args, I, H)
     L = check_seq_len_max(args.op, seq_len_max, T)
     lengths = check_sequence_length(args.op, sequence_length, B, T)
-    check_blas_sizes(args.op, **{"T*B": T * B, "I+H": I + H, "2H": 2 * H})
+    if B and H:  # else nothing is computed (the ops return early)
+        check_blas_sizes(args.op, **{"T*B": T * B, "I+H": I + H, "2H": 2 * H})
     return L, lengths, T, B, I, H
 
 
@@ -200,6 +201,8 @@ def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=N
     args = Arrays("block_gru", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
     L, lengths, T, B, I, H = _check_sequence(args, seq_len_max, sequence_length)
     outs = args.output_buffers(4, T, B, H)
+    if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
+        return BlockGRUOutput(*args.results(outs))
     _kernels.block_gru_forward(steps_to_run(L, lengths), *args.kernel(*_INPUTS),
                                kernel_threads(B, H), *outs, lengths)
     return BlockGRUOutput(*args.results(outs))
@@ -230,6 +233,8 @@ def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_g
     L, lengths, T, B, I, H = _check_sequence(args, seq_len_max, sequence_length)
     for name in ("r", "u", "c", "h", "h_grad"):
         args.shape(name, "[T, B, H]", (T, B, H))
+    if B == 0 or H == 0:  # nothing to compute: zero gradients, whatever T is
+        return BlockGRUGradOutput(*(args.zeros(args[name].shape) for name in _INPUTS))
     grads = [args.empty(T, B, I), args.empty(B, H), args.empty(I + H, 2 * H),
              args.empty(I + H, H), args.empty(2 * H), args.empty(H)]
     _kernels.block_gru_backward(

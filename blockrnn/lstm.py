@@ -66,7 +66,8 @@ def _check_sequence(args, seq_len_max, peepholes_required):
     args.shape("h_prev", "[B, H]", (B, H))
     _check_params(args, I, H, peepholes_required)
     L = check_seq_len_max(args.op, seq_len_max, T)
-    check_blas_sizes(args.op, **{"T*B": T * B, "I+H": I + H, "4H": 4 * H})
+    if B and H:  # else nothing is computed (the ops return early)
+        check_blas_sizes(args.op, **{"T*B": T * B, "I+H": I + H, "4H": 4 * H})
     return L, T, B, I, H
 
 
@@ -233,6 +234,8 @@ def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_pee
     L, T, B, I, H = _check_sequence(args, seq_len_max, peepholes_required=True)
     lengths = check_sequence_length(op, sequence_length, B, T)
     outs = args.output_buffers(7, T, B, H)
+    if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
+        return BlockLSTMOutput(*args.results(outs))
     _kernels.block_lstm_forward(
         steps_to_run(L, lengths), *args.kernel("x", "cs_prev", "h_prev", *_PARAMS),
         forget_bias, cell_clip, use_peephole, layout, kernel_threads(B, H), *outs, lengths)
@@ -311,6 +314,9 @@ def _block_lstm_grad(op, layout, seq_len_max, values, use_peephole, sequence_len
     for name in _GATES + ("h", "cs_grad", "h_grad"):
         args.shape(name, "[T, B, H]", (T, B, H))
     lengths = check_sequence_length(op, sequence_length, B, T)
+    if B == 0 or H == 0:  # nothing to compute: zero gradients, whatever T is
+        return BlockLSTMGradOutput(*(args.zeros(args[name].shape) for name in (
+            "x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")))
     grads = [args.empty(T, B, I), args.empty(B, H), args.empty(B, H),
              args.empty(I + H, 4 * H), args.empty(H), args.empty(H), args.empty(H),
              args.empty(4 * H)]

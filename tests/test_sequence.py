@@ -323,3 +323,51 @@ def test_block_gru_float16_and_zero_sizes():
                                             (2 * H,), (H,)]
         expected = ref.block_gru_grad(T, *d.values(), *out, np.ones((T, B, H)))
         assert all(rel_err(a, b) <= 1e-13 for a, b in zip(grads, expected))
+
+
+HUGE_T = 2**31 + 1   # more steps than any loop over T could finish in a second
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("B, I, H", [(0, 3, 2), (2, 0, 0)])   # empty batch; empty cell
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_empty_calls_return_in_constant_time(dtype, B, I, H, with_lengths):
+    """Nothing to compute (B = 0, or H = 0 with I = 0 so that x is empty too):
+    every sequence op and gradient returns its zeros at once, whatever T is (a
+    zero-size x of 2**31 + 1 steps costs no memory, and must cost no time)."""
+    import time
+
+    T = HUGE_T
+    x = np.empty((T, B, I), dtype)
+    lengths = {"sequence_length": np.zeros(B, np.int64)} if with_lengths else {}
+    rng = np.random.default_rng(0)
+    rand = lambda *s: rng.uniform(-1, 1, s).astype(dtype)  # noqa: E731
+    lstm = (rand(B, H), rand(B, H), rand(I + H, 4 * H), rand(H), rand(H), rand(H), rand(4 * H))
+    gru = (rand(B, H), rand(I + H, 2 * H), rand(I + H, H), rand(2 * H), rand(H))
+    seq = lambda k: [np.empty((T, B, H), dtype) for _ in range(k)]  # noqa: E731
+    start = time.perf_counter()
+    for fwd, attrs in [(blockrnn.block_lstm, dict(forget_bias=1.0)),
+                       (blockrnn.block_lstm_v2, {}), (raw_ops.BlockLSTMV2, None)]:
+        if attrs is None:
+            out = fwd(seq_len_max=T, x=x, cs_prev=lstm[0], h_prev=lstm[1], w=lstm[2],
+                      wci=lstm[3], wcf=lstm[4], wco=lstm[5], b=lstm[6])
+        else:
+            out = fwd(T, x, *lstm, use_peephole=True, **attrs, **lengths)
+        assert [(o.shape, o.dtype) for o in out] == [((T, B, H), dtype)] * 7
+    for grad in (blockrnn.block_lstm_grad, blockrnn.block_lstm_grad_v2):
+        g = grad(T, x, *lstm, *seq(9), use_peephole=True, **lengths)
+        for got, arg in zip(g, (x,) + lstm):
+            assert got.shape == arg.shape and got.dtype == dtype and not got.any()
+    out = blockrnn.block_gru(T, x, *gru, **lengths)
+    assert [(o.shape, o.dtype) for o in out] == [((T, B, H), dtype)] * 4
+    g = blockrnn.block_gru_grad(T, x, *gru, *seq(5), **lengths)
+    for got, arg in zip(g, (x,) + gru):
+        assert got.shape == arg.shape and got.dtype == dtype and not got.any()
+    if dtype != np.float16 and H:   # the NumPy layers on an empty batch
+        for layer in (blockrnn.LSTM(I, H, dtype=dtype, use_peephole=True),
+                      blockrnn.GRU(I, H, dtype=dtype)):
+            y, _, ctx = layer.forward(x, **lengths)
+            dx, _ = layer.backward(ctx, None)
+            assert y.shape == (T, B, H) and dx.shape == x.shape
+            assert all(not v.any() for v in layer.grads.values())
+    assert time.perf_counter() - start < 1.0   # a hang guard; the asserts above are the test
