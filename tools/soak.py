@@ -1,0 +1,249 @@
+"""Soak test: N Python threads call a random mix of every blockrnn op for a while.
+
+    python tools/soak.py --threads 2 --seconds 600      # the 10-minute run
+    python tools/soak.py --threads 2 --seconds 25       # CI's short run (.ci/run)
+
+Before the threads start, a pool of random cases is drawn (every op: the cells,
+BlockLSTM / BlockLSTMV2 / the sequence GRU, every gradient; with and without
+sequence_length; float16/32/64; peepholes, cell_clip, forget_bias; small random
+shapes, a few large enough for the kernels' parallel loops) and each case's
+serial answer is computed in the main thread. Each thread then calls random
+cases from the pool until the time is up and compares every result with the
+serial answer, bit for bit.
+
+Reports calls per second, p50/p99 latency per op (from a fixed histogram, so
+that the run itself allocates nothing that grows) and the resident set size at
+the start, after warm-up (the middle of the run) and at the end. Exits 1 on any
+mismatch or error, or if RSS grows by more than 5% from the middle to the end.
+"""
+import argparse
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import blockrnn  # noqa: E402
+from blockrnn import _config  # noqa: E402
+
+DTYPES = (np.float16, np.float32, np.float64)
+# Latency histogram: log-spaced bins from 1 us to 100 s (about 4.7% wide).
+BIN_EDGES = np.logspace(-6, 2, 401)
+# The large cases (parallel gate loops) take ~1000 times a small one's time.
+BIG_EVERY = 1000
+
+
+def rss_mb():
+    """Current resident set size in MB (Linux /proc; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rand(rng, dtype, *shape):
+    return rng.uniform(-1, 1, shape).astype(dtype)
+
+
+def _shape(rng, big):
+    """T, B, I, H: small, or (big) a gate block B x H of MIN_PARALLEL_WORK (the
+    kernels' parallel loops)."""
+    if big:
+        return 1, _config.MIN_PARALLEL_WORK // 64, 4, 64
+    return (int(rng.integers(1, 9)), int(rng.integers(1, 9)), int(rng.integers(0, 9)),
+            int(rng.integers(1, 17)))
+
+
+def _lengths(rng, T, B):
+    return rng.integers(0, T + 1, B) if rng.random() < 0.5 else None
+
+
+def lstm_case(rng, dtype, big):
+    T, B, I, H = _shape(rng, big)
+    state = [_rand(rng, dtype, B, H) for _ in range(2)]
+    params = [_rand(rng, dtype, I + H, 4 * H) * 0.5] + [_rand(rng, dtype, H) for _ in range(3)]
+    params.append(_rand(rng, dtype, 4 * H))
+    peep = bool(rng.random() < 0.5)
+    clip = float(rng.choice([0.0, 0.5, 3.0]))
+    fb = float(rng.choice([0.0, 1.0]))
+    lengths = _lengths(rng, T, B)
+    x = _rand(rng, dtype, T, B, I)
+    kind = rng.integers(0, 4)
+    if kind == 0:   # the cell and its gradients
+        args = (x[0], *state, *params)
+        fwd = blockrnn.lstm_block_cell(*args, forget_bias=fb, cell_clip=clip, use_peephole=peep)
+        up = [_rand(rng, dtype, B, H) for _ in range(2)]
+        grad_args = (*args, *fwd[:6], *up)
+        return [
+            ("lstm_block_cell", lambda: blockrnn.lstm_block_cell(
+                *args, forget_bias=fb, cell_clip=clip, use_peephole=peep)),
+            ("lstm_block_cell_grad", lambda: blockrnn.lstm_block_cell_grad(
+                *grad_args, use_peephole=peep)),
+            ("lstm_block_cell_grad_full", lambda: blockrnn.lstm_block_cell_grad_full(
+                *grad_args, use_peephole=peep)),
+        ]
+    v2 = kind >= 2
+    fwd_op = blockrnn.block_lstm_v2 if v2 else blockrnn.block_lstm
+    grad_op = blockrnn.block_lstm_grad_v2 if v2 else blockrnn.block_lstm_grad
+    attrs = dict(cell_clip=clip, use_peephole=peep, sequence_length=lengths)
+    if not v2:
+        attrs["forget_bias"] = fb
+    L = int(rng.integers(0, T + 1))
+    args = (x, *state, *params)
+    fwd = fwd_op(L, *args, **attrs)
+    up = [_rand(rng, dtype, T, B, H) for _ in range(2)]
+    suffix = "" if lengths is None else " +lengths"
+    return [
+        (fwd_op.__name__ + suffix, lambda: fwd_op(L, *args, **attrs)),
+        (grad_op.__name__ + suffix, lambda: grad_op(
+            L, *args, *fwd, *up, use_peephole=peep, sequence_length=lengths)),
+    ]
+
+
+def gru_case(rng, dtype, big):
+    T, B, I, H = _shape(rng, big)
+    params = [_rand(rng, dtype, I + H, 2 * H) * 0.5, _rand(rng, dtype, I + H, H) * 0.5,
+              _rand(rng, dtype, 2 * H), _rand(rng, dtype, H)]
+    h0 = _rand(rng, dtype, B, H)
+    x = _rand(rng, dtype, T, B, I)
+    if rng.random() < 0.4:
+        args = (x[0], h0, *params)
+        fwd = blockrnn.gru_block_cell(*args)
+        d_h = _rand(rng, dtype, B, H)
+        return [
+            ("gru_block_cell", lambda: blockrnn.gru_block_cell(*args)),
+            ("gru_block_cell_grad", lambda: blockrnn.gru_block_cell_grad(*args, *fwd[:3], d_h)),
+            ("gru_block_cell_grad_full",
+             lambda: blockrnn.gru_block_cell_grad_full(*args, *fwd[:3], d_h)),
+        ]
+    lengths = _lengths(rng, T, B)
+    L = int(rng.integers(0, T + 1))
+    args = (x, h0, *params)
+    fwd = blockrnn.block_gru(L, *args, sequence_length=lengths)
+    h_grad = _rand(rng, dtype, T, B, H)
+    suffix = "" if lengths is None else " +lengths"
+    return [
+        ("block_gru" + suffix, lambda: blockrnn.block_gru(L, *args, sequence_length=lengths)),
+        ("block_gru_grad" + suffix, lambda: blockrnn.block_gru_grad(
+            L, *args, *fwd, h_grad, sequence_length=lengths)),
+    ]
+
+
+def make_pool(seed, size):
+    """[(op name, call, serial answer)]: every op several times, random shapes/flags."""
+    rng = np.random.default_rng(seed)
+    # One large LSTM and one large GRU case (float32), then small random ones.
+    cases = lstm_case(rng, np.float32, True) + gru_case(rng, np.float32, True)
+    n_big = len(cases)
+    while len(cases) < n_big + size:
+        make = lstm_case if rng.random() < 0.6 else gru_case
+        cases += make(rng, DTYPES[rng.integers(0, 3)], False)
+    cases = [(name, call, call()) for name, call in cases]
+    return cases[n_big:], cases[:n_big]
+
+
+def same_bits(a, b):
+    return all(x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+               for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def worker(pool, big, names, seed, stop, counts, failures):
+    """Call random cases (one of the large ones every BIG_EVERY calls) until stop."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(pool), 1 << 16)
+    k = 0
+    while not stop.is_set():
+        if k % BIG_EVERY == BIG_EVERY - 1:
+            name, call, expected = big[(k // BIG_EVERY) % len(big)]
+        else:
+            name, call, expected = pool[picks[k & 0xFFFF]]
+        k += 1
+        start = time.perf_counter()
+        try:
+            got = call()
+        except Exception as exc:  # noqa: BLE001 - any error is a failure of the run
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        elapsed = time.perf_counter() - start
+        counts[names[name], np.searchsorted(BIN_EDGES, elapsed)] += 1
+        if not same_bits(got, expected):
+            failures.append(f"{name}: result differs from the serial answer")
+
+
+def percentile(hist, q):
+    """Upper edge of the histogram bin holding the q-quantile (seconds)."""
+    cum = np.cumsum(hist)
+    k = int(np.searchsorted(cum, q * cum[-1]))
+    return BIN_EDGES[min(k, len(BIN_EDGES) - 1)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--pool", type=int, default=300, help="number of random cases")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-rss-growth", type=float, default=0.05,
+                    help="allowed RSS growth from the middle to the end (fraction)")
+    args = ap.parse_args(argv)
+
+    rss_start = rss_mb()
+    pool, big = make_pool(args.seed, args.pool)
+    for k, (name, call, expected) in enumerate(big):
+        big[k] = (name + " (large)", call, expected)
+    names = {n: k for k, n in enumerate(sorted({n for n, _, _ in pool + big}))}
+    print(f"blockrnn {blockrnn.__version__} ({os.path.dirname(blockrnn.__file__)}); "
+          f"{args.threads} threads, {args.seconds:g} s, {len(pool)} small cases + "
+          f"{len(big)} large ({len(names)} op variants), seed {args.seed}", flush=True)
+
+    stop = threading.Event()
+    counts = [np.zeros((len(names), len(BIN_EDGES) + 1), np.int64) for _ in range(args.threads)]
+    failures = []
+    threads = [threading.Thread(target=worker, daemon=True,
+                                args=(pool, big, names, args.seed + 1 + k, stop, counts[k], failures))
+               for k in range(args.threads)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(args.seconds / 2)
+    rss_middle = rss_mb()
+    time.sleep(max(0.0, args.seconds - (time.perf_counter() - start)))
+    rss_end = rss_mb()
+    stop.set()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+
+    hist = sum(counts)
+    total = int(hist.sum())
+    print(f"{total} calls in {wall:.1f} s: {total / wall:.0f} calls/s")
+    print(f"{'op':34s} {'calls':>9s} {'p50 us':>9s} {'p99 us':>9s}")
+    for name, k in names.items():
+        n = int(hist[k].sum())
+        if n:
+            print(f"{name:34s} {n:9d} {percentile(hist[k], 0.5) * 1e6:9.1f} "
+                  f"{percentile(hist[k], 0.99) * 1e6:9.1f}")
+    growth = rss_end / rss_middle - 1
+    print(f"RSS MB: start {rss_start:.1f}, middle {rss_middle:.1f}, end {rss_end:.1f} "
+          f"(middle to end {growth:+.2%})")
+    status = 0
+    if failures:
+        print(f"FAIL: {len(failures)} mismatches/errors, first: {failures[:5]}")
+        status = 1
+    if growth > args.max_rss_growth:
+        print(f"FAIL: RSS grew {growth:+.2%} from the middle to the end "
+              f"(limit {args.max_rss_growth:.0%})")
+        status = 1
+    if total == 0:
+        print("FAIL: no call finished")
+        status = 1
+    print("OK" if status == 0 else "FAILED")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
