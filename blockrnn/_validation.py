@@ -148,10 +148,17 @@ def check_bool(op, name, value):
 
 
 def check_float(op, name, value):
+    """A real number (not a bool) as a Python float; ValueError if it does not fit one."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"{op}: {name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError as exc:  # e.g. 10**400
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise ValueError(
+            f"{op}: {name} must fit a float (magnitude at most {np.finfo(float).max:.4g}), "
+            f"got {shown}") from exc
 
 
 def check_seq_len_max(op, value, time_len):

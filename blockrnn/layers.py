@@ -37,7 +37,7 @@ from collections import namedtuple
 import numpy as np
 
 import blockrnn  # the ops are looked up at call time (blockrnn imports this module)
-from blockrnn._validation import check_sequence_length, native, steps_to_run
+from blockrnn._validation import check_float, check_sequence_length, native, steps_to_run
 
 __all__ = ["LSTM", "GRU", "LSTMContext", "GRUContext"]
 
@@ -208,11 +208,8 @@ class LSTM(_Layer):
         if not isinstance(use_peephole, (bool, np.bool_)):
             raise TypeError(f"LSTM: use_peephole must be a bool, got "
                             f"{type(use_peephole).__name__}")
-        if isinstance(cell_clip, (bool, np.bool_)) or not isinstance(cell_clip, numbers.Real):
-            raise TypeError(f"LSTM: cell_clip must be a real number, got "
-                            f"{type(cell_clip).__name__}")
         self.use_peephole = bool(use_peephole)
-        self.cell_clip = float(cell_clip)
+        self.cell_clip = check_float("LSTM", "cell_clip", cell_clip)
         self.dtype = _check_dtype("LSTM", dtype)
         rng = np.random.default_rng(seed)
         k = 1.0 / np.sqrt(H)

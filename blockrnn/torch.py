@@ -31,7 +31,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 import blockrnn
-from blockrnn._validation import check_sequence_length, steps_to_run
+from blockrnn._validation import check_float, check_sequence_length, steps_to_run
 
 __all__ = ["LSTM", "GRU", "BlockLSTMFunction", "BlockGRUFunction"]
 
@@ -266,10 +266,8 @@ class LSTM(_RNNBase):
         if not isinstance(use_peephole, bool):
             raise TypeError(f"LSTM: use_peephole must be a bool, got "
                             f"{type(use_peephole).__name__}")
-        if isinstance(cell_clip, bool) or not isinstance(cell_clip, (int, float)):
-            raise TypeError(f"LSTM: cell_clip must be a real number, got "
-                            f"{type(cell_clip).__name__}")
-        self.use_peephole, self.cell_clip = use_peephole, float(cell_clip)
+        self.use_peephole = use_peephole
+        self.cell_clip = check_float("LSTM", "cell_clip", cell_clip)
         I, H, fk = input_size, hidden_size, self._factory
         self.w = nn.Parameter(torch.empty(I + H, 4 * H, **fk))
         self.b = nn.Parameter(torch.empty(4 * H, **fk))

@@ -491,6 +491,24 @@ def test_float_attr_bad_type(op, attr, bad):
     check_raises(TypeError, [attr], op, base_args(op), base_attrs(op, **{attr: bad}))
 
 
+@pytest.mark.parametrize("op, attr", [
+    ("lstm_block_cell", "forget_bias"), ("lstm_block_cell", "cell_clip"),
+    ("block_lstm", "forget_bias"), ("block_lstm", "cell_clip"), ("block_lstm_v2", "cell_clip")])
+@pytest.mark.parametrize("huge", [10**400, -10**400, __import__("fractions").Fraction(10**400)],
+                         ids=["1e400", "-1e400", "Fraction"])
+@pytest.mark.parametrize("api", ["snake", "raw"])
+def test_float_attr_too_large_for_a_float(op, attr, huge, api):
+    """A real number no float can hold raises the documented ValueError naming the
+    argument (on the compiled fast path too), not a bare OverflowError."""
+    with pytest.raises(ValueError, match=rf"{op}: {attr} must fit a float"):
+        call(op, base_args(op), base_attrs(op, **{attr: huge}), api)
+
+
+def test_layer_cell_clip_too_large_for_a_float():
+    with pytest.raises(ValueError, match="LSTM: cell_clip must fit a float"):
+        blockrnn.LSTM(2, 3, cell_clip=10**400)
+
+
 @pytest.mark.parametrize("bad", ["0.5", [0.5]], ids=repr)
 def test_cell_clip_bad_type_v2(bad):
     op = "block_lstm_v2"
