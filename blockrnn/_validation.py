@@ -109,9 +109,26 @@ class Arrays:
             raise ValueError(
                 f"{self.op}: {name} must have shape {symbolic} = {expected}, got {actual}")
 
-    def kernel(self, *names):
-        """C-contiguous arrays in the compute dtype, in the order of ``names``."""
-        return [np.ascontiguousarray(self._arrays[n], dtype=self.compute_dtype) for n in names]
+    def kernel(self, *names, padded=(), steps=0, lengths=None):
+        """C-contiguous arrays in the compute dtype, in the order of ``names``.
+
+        The arrays named in ``padded`` (shape (T, B, ...)) are copies whose
+        padding, the steps t in [lengths[b], steps) of each row b, is zero: a
+        gradient kernel that multiplies them by a zero gradient there then
+        gets zeros whatever the caller's padding holds (NaN * 0 is NaN).
+        """
+        out = []
+        pad = None
+        if lengths is not None and lengths.size and lengths.min() < steps:
+            pad = np.arange(steps)[:, None] >= lengths[None, :]   # (steps, B)
+        for n in names:
+            if pad is not None and n in padded:
+                array = np.array(self._arrays[n], dtype=self.compute_dtype, order="C")
+                array[:steps][pad] = 0
+            else:
+                array = np.ascontiguousarray(self._arrays[n], dtype=self.compute_dtype)
+            out.append(array)
+        return out
 
     def empty(self, *shape):
         """An output buffer in the compute dtype."""

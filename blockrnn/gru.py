@@ -217,7 +217,8 @@ def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_g
     seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, sequence_length
         As given to ``block_gru`` (b_ru and b_c: only their shapes are used).
     r, u, c, h : arrays of shape (T, B, H)
-        ``block_gru``'s outputs (entries at t >= L are not read).
+        ``block_gru``'s outputs (entries at t >= L are not read; their values
+        past a row's length do not matter, NaN included).
     h_grad : array of shape (T, B, H)
         Gradient of the loss w.r.t. h at every step (entries at t >= L, and
         in row b at t >= sequence_length[b], are not read). A loss on a row's
@@ -237,8 +238,12 @@ def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_g
         return BlockGRUGradOutput(*(args.zeros(args[name].shape) for name in _INPUTS))
     grads = [args.empty(T, B, I), args.empty(B, H), args.empty(I + H, 2 * H),
              args.empty(I + H, H), args.empty(2 * H), args.empty(H)]
+    steps = steps_to_run(L, lengths)
+    # The weight gradients multiply r and h at a row's padding by zero: zero it
+    # in the copies they read, so that any padding gives zeros.
     _kernels.block_gru_backward(
-        steps_to_run(L, lengths),
-        *args.kernel("x", "h_prev", "w_ru", "w_c", "r", "u", "c", "h", "h_grad"),
+        steps,
+        *args.kernel("x", "h_prev", "w_ru", "w_c", "r", "u", "c", "h", "h_grad",
+                     padded=("r", "h"), steps=steps, lengths=lengths),
         kernel_threads(B, H), *grads, lengths)
     return BlockGRUGradOutput(*map(args.result, grads))

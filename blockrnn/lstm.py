@@ -320,10 +320,14 @@ def _block_lstm_grad(op, layout, seq_len_max, values, use_peephole, sequence_len
     grads = [args.empty(T, B, I), args.empty(B, H), args.empty(B, H),
              args.empty(I + H, 4 * H), args.empty(H), args.empty(H), args.empty(H),
              args.empty(4 * H)]
+    steps = steps_to_run(L, lengths)
+    # The weight and peephole gradients multiply h and cs at a row's padding by
+    # zero: zero it in the copies they read, so that any padding gives zeros.
     _kernels.block_lstm_backward(
-        steps_to_run(L, lengths),
+        steps,
         *args.kernel("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco",
-                     *_GATES, "h", "cs_grad", "h_grad"),
+                     *_GATES, "h", "cs_grad", "h_grad",
+                     padded=("cs", "h"), steps=steps, lengths=lengths),
         use_peephole, layout, kernel_threads(B, H), *grads, lengths)
     if not use_peephole:  # zeros of the shape of the given (unused) peephole weights
         grads[4:7] = [args.zeros(args[name].shape) for name in ("wci", "wcf", "wco")]
@@ -345,7 +349,9 @@ _GRAD_DOC = """Backward of ``{fwd}`` over a whole sequence (TensorFlow's ``{tf}`
     b : array of shape (4H,)
         Only its shape is used.
     i, cs, f, o, ci, co, h : arrays of shape (T, B, H)
-        The forward op's outputs (entries at t >= L are not read).
+        The forward op's outputs (entries at t >= L are not read; with
+        sequence_length, their values past a row's length do not matter, NaN
+        included).
     cs_grad, h_grad : arrays of shape (T, B, H)
         Gradients of the loss w.r.t. the forward outputs cs and h at every
         step (entries at t >= L are not read).

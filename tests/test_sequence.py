@@ -371,3 +371,44 @@ def test_empty_calls_return_in_constant_time(dtype, B, I, H, with_lengths):
             assert y.shape == (T, B, H) and dx.shape == x.shape
             assert all(not v.any() for v in layer.grads.values())
     assert time.perf_counter() - start < 1.0   # a hang guard; the asserts above are the test
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_output_padding_never_reaches_a_gradient(dtype, bad):
+    """Forward outputs past a row's length that are not finite (masked, or made
+    elsewhere) give the gradients of clean (zero) padding, bit for bit: every
+    output of every sequence op, alone and all at once."""
+    lengths = np.array([6, 0, 2, 5])
+    d = {k: v.astype(dtype) for k, v in lstm_case(dtype=np.float64).items()}
+    g = upstream_grads((6, 4, 5), dtype=dtype)
+
+    def poison(fwd, names):
+        out = fwd._asdict()
+        for name in names:
+            out[name] = out[name].copy()
+            for row, n in enumerate(lengths):
+                out[name][n:, row] = bad
+        return out
+
+    for fwd_op, grad_op in [(blockrnn.block_lstm, blockrnn.block_lstm_grad),
+                            (blockrnn.block_lstm_v2, blockrnn.block_lstm_grad_v2)]:
+        fwd = fwd_op(6, *d.values(), use_peephole=True, sequence_length=lengths)
+        clean = grad_op(6, *d.values(), *fwd, *g.values(), use_peephole=True,
+                        sequence_length=lengths)
+        assert all(np.isfinite(a).all() for a in clean)
+        for names in [(n,) for n in fwd._fields] + [fwd._fields]:
+            dirty = grad_op(6, *d.values(), **poison(fwd, names), **g, use_peephole=True,
+                            sequence_length=lengths)
+            for k, a, b in zip(clean._fields, dirty, clean):
+                np.testing.assert_array_equal(a, b, err_msg=f"{fwd_op.__name__} {names} {k}")
+
+    gd = {k: v.astype(dtype) for k, v in gru_sequence_inputs(6, 4, 3, 5, seed=8).items()}
+    fwd = blockrnn.block_gru(6, *gd.values(), sequence_length=lengths)
+    clean = blockrnn.block_gru_grad(6, *gd.values(), *fwd, g["h_grad"], sequence_length=lengths)
+    assert all(np.isfinite(a).all() for a in clean)
+    for names in [(n,) for n in fwd._fields] + [fwd._fields]:
+        dirty = blockrnn.block_gru_grad(6, *gd.values(), **poison(fwd, names),
+                                        h_grad=g["h_grad"], sequence_length=lengths)
+        for k, a, b in zip(clean._fields, dirty, clean):
+            np.testing.assert_array_equal(a, b, err_msg=f"block_gru {names} {k}")
