@@ -21,7 +21,9 @@ The calling convention is explicit (no autograd)::
 ``layer.params`` maps names to the parameter arrays themselves (update them
 in place, or assign new arrays to the attributes: ``params`` always reflects
 the attributes); ``layer.grads`` has the same keys and arrays of the same
-shapes, and every ``backward`` call OVERWRITES them (it does not accumulate).
+shapes, and every ``backward`` call OVERWRITES them in place (it does not
+accumulate; the dict and its arrays stay the same objects). ``y`` is the
+caller's own array: changing it does not change what ``backward`` computes.
 
 LSTM state is the tuple ``(h, c)``, in that order (as ``torch.nn.LSTM``'s
 ``(h_n, c_n)``); GRU state is the array ``h``. Either may be None (zeros).
@@ -159,6 +161,17 @@ class _Layer:
         dy = _array(where, "dy", dy, self.dtype, (T, B, self.hidden_size))
         return np.array(dy, dtype=self.dtype, order="C", copy=True)
 
+    def _fill_grads(self, **grads):
+        """Overwrite ``self.grads`` in place with the gradients of the parameters: the
+        same dict and, where the shapes still match, the same arrays, so that an
+        optimizer holding a reference to either sees every new gradient."""
+        for name in self._param_names:
+            old, new = self.grads.get(name), grads[name]
+            if isinstance(old, np.ndarray) and old.shape == new.shape and old.dtype == new.dtype:
+                old[...] = new
+            else:
+                self.grads[name] = new
+
     def _state_part(self, where, name, value, B):
         if value is None:
             return None
@@ -255,7 +268,8 @@ class LSTM(_Layer):
                                      self.b, cell_clip=self.cell_clip,
                                      use_peephole=self.use_peephole, sequence_length=lengths)
         state_n = (_last(fwd.h, h0, lengths), _last(fwd.cs, c0, lengths))
-        return fwd.h, state_n, LSTMContext(x, h0, c0, fwd, L, lengths)
+        # y is a copy: backward reads fwd.h, which the caller must not be able to change.
+        return fwd.h.copy(), state_n, LSTMContext(x, h0, c0, fwd, L, lengths)
 
     __call__ = forward
 
@@ -291,7 +305,7 @@ class LSTM(_Layer):
         dstate0 : tuple (dh0, dc0), each (B, H)
             dLoss/d(initial state).
 
-        Fills ``self.grads`` (overwriting it) with dLoss/d(parameter).
+        Fills ``self.grads`` in place (overwriting its arrays) with dLoss/d(parameter).
         Cell clipping is ignored by the gradient, as in TensorFlow.
         """
         where = "LSTM.backward"
@@ -310,9 +324,8 @@ class LSTM(_Layer):
         g = blockrnn.block_lstm_grad_v2(
             L, x, c0, h0, self.w, self.wci, self.wcf, self.wco, self.b, *fwd,
             cs_grad, h_grad, use_peephole=self.use_peephole, sequence_length=lengths)
-        self.grads = {"w": g.w_grad, "b": g.b_grad}
-        if self.use_peephole:
-            self.grads.update(wci=g.wci_grad, wcf=g.wcf_grad, wco=g.wco_grad)
+        self._fill_grads(w=g.w_grad, b=g.b_grad, wci=g.wci_grad, wcf=g.wcf_grad,
+                         wco=g.wco_grad)
         return g.x_grad, (g.h_prev_grad + dh0_extra, g.cs_prev_grad + dc0_extra)
 
 
@@ -379,7 +392,8 @@ class GRU(_Layer):
         L = steps_to_run(T, lengths)
         fwd = blockrnn.block_gru(L, x, h0, self.w_ru, self.w_c, self.b_ru, self.b_c,
                                  sequence_length=lengths)
-        return fwd.h, _last(fwd.h, h0, lengths), GRUContext(x, h0, fwd, L, lengths)
+        # y is a copy: backward reads fwd.h, which the caller must not be able to change.
+        return fwd.h.copy(), _last(fwd.h, h0, lengths), GRUContext(x, h0, fwd, L, lengths)
 
     __call__ = forward
 
@@ -397,7 +411,7 @@ class GRU(_Layer):
         dx : array (T, B, I)
         dstate0 : array dh0 (B, H)
 
-        Fills ``self.grads`` (overwriting it).
+        Fills ``self.grads`` in place (overwriting its arrays).
         """
         where = "GRU.backward"
         if not isinstance(context, GRUContext):
@@ -411,6 +425,5 @@ class GRU(_Layer):
         _route(h_grad, dh0_extra, dh_n, lengths)
         g = blockrnn.block_gru_grad(L, x, h0, self.w_ru, self.w_c, self.b_ru, self.b_c,
                                     *fwd, h_grad, sequence_length=lengths)
-        self.grads = {"w_ru": g.w_ru_grad, "w_c": g.w_c_grad, "b_ru": g.b_ru_grad,
-                      "b_c": g.b_c_grad}
+        self._fill_grads(w_ru=g.w_ru_grad, w_c=g.w_c_grad, b_ru=g.b_ru_grad, b_c=g.b_c_grad)
         return g.x_grad, g.h_prev_grad + dh0_extra

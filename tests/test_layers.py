@@ -170,6 +170,54 @@ def test_grads_are_overwritten_not_accumulated():
         np.testing.assert_array_equal(first[k], layer.grads[k])
 
 
+def _layers():
+    return [LSTM(I, H, dtype=np.float64, seed=0),
+            LSTM(I, H, dtype=np.float64, seed=0, use_peephole=True),
+            GRU(I, H, dtype=np.float64, seed=0)]
+
+
+@pytest.mark.parametrize("lengths", [None, LENGTHS])
+def test_grads_are_filled_in_place(lengths):
+    """An optimizer that kept layer.grads (or one of its arrays) sees every new
+    gradient: backward fills the same dict and the same arrays."""
+    for layer in _layers():
+        grads = layer.grads
+        arrays = dict(grads)
+        x, h0, c0 = _inputs(1)
+        for scale in (1.0, 3.0):
+            state = (h0, c0) if isinstance(layer, LSTM) else h0
+            y, _, ctx = layer.forward(x, state, sequence_length=lengths)
+            layer.backward(ctx, scale * np.ones_like(y))
+            assert layer.grads is grads and set(grads) == set(layer.params)
+            for name, a in arrays.items():
+                assert grads[name] is a, name
+            assert any(np.any(a != 0) for a in arrays.values())
+        fresh = type(layer)(I, H, dtype=np.float64, seed=0,
+                            **({"use_peephole": True} if "wci" in grads else {}))
+        y, _, ctx = fresh.forward(x, state, sequence_length=lengths)
+        fresh.backward(ctx, 3.0 * np.ones_like(y))
+        for name, a in arrays.items():
+            np.testing.assert_array_equal(a, fresh.grads[name], err_msg=name)
+
+
+@pytest.mark.parametrize("lengths", [None, LENGTHS])
+def test_changing_the_returned_y_does_not_change_the_gradients(lengths):
+    """y is the caller's array, not the one backward reads: y *= 2 before backward
+    leaves every gradient as it was."""
+    for make in (lambda: _layers()[1], lambda: _layers()[2]):
+        x, h0, c0 = _inputs(2)
+        results = []
+        for scale in (1.0, 2.0):
+            layer = make()
+            y, _, ctx = layer.forward(x, sequence_length=lengths)
+            dy = np.cos(np.arange(y.size)).reshape(y.shape)
+            y *= scale
+            dx, _ = layer.backward(ctx, dy)
+            results.append([dx] + [layer.grads[k].copy() for k in sorted(layer.grads)])
+        for a, b in zip(*results):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_default_state_is_zeros_and_T_zero():
     layer = LSTM(I, H, seed=0)
     x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
