@@ -17,16 +17,10 @@ blockrnn's GRU (TensorFlow's GRUBlockCell) applies it BEFORE,
 """
 import numpy as np
 
+from blockrnn._validation import RESET_AFTER as _RESET_AFTER
 from blockrnn.layers import GRU, LSTM
 
 __all__ = ["from_keras", "from_torch"]
-
-_RESET_AFTER = (
-    "{what} applies the reset gate AFTER the recurrent matmul "
-    "(n = tanh(x @ W_n + b_n + r * (h @ U_n + b_hn))), while blockrnn's GRU (TensorFlow's "
-    "GRUBlockCell) applies it BEFORE (c = tanh([x, r * h] @ w_c + b_c)); these are "
-    "different functions, so the weights cannot be converted.{hint}")
-
 
 def _dtype(where, dtype, default):
     dt = np.dtype(default if dtype is None else dtype)
@@ -124,39 +118,6 @@ def from_keras(layer, *, dtype=None):
 # PyTorch
 # --------------------------------------------------------------------------
 
-def _torch_lstm_arrays(module):
-    """w (I+H, 4H) IFCO, b (4H,), sizes, batch_first and dtype of a torch.nn.LSTM."""
-    import torch
-    from torch import nn
-    where = "blockrnn.convert.from_torch"
-    if isinstance(module, nn.GRU):
-        raise ValueError(f"{where}: " + _RESET_AFTER.format(
-            what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU and train it instead."))
-    if not isinstance(module, nn.LSTM):
-        raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
-    if module.num_layers != 1:
-        raise ValueError(f"{where}: only single-layer nn.LSTMs convert (num_layers="
-                         f"{module.num_layers}); stack one blockrnn LSTM per layer")
-    if module.bidirectional:
-        raise ValueError(f"{where}: bidirectional nn.LSTMs are not supported")
-    if getattr(module, "proj_size", 0):
-        raise ValueError(f"{where}: nn.LSTM with proj_size={module.proj_size} (projected "
-                         f"LSTM) is not supported")
-    w_ih, w_hh = module.weight_ih_l0.detach(), module.weight_hh_l0.detach()
-    if w_ih.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"{where}: nn.LSTM weights must be float32 or float64, got "
-                        f"{w_ih.dtype}")
-    w_ih, w_hh = w_ih.cpu().numpy(), w_hh.cpu().numpy()
-    H, I = module.hidden_size, module.input_size
-    w = np.concatenate([w_ih.T, w_hh.T], axis=0)   # torch gate rows i, f, g, o = IFCO
-    if module.bias:
-        b = (module.bias_ih_l0.detach().cpu().numpy() + module.bias_hh_l0.detach().cpu().numpy())
-    else:
-        b = np.zeros(4 * H, w.dtype)
-    return {"w": w, "b": b, "input_size": I, "hidden_size": H,
-            "batch_first": bool(module.batch_first), "torch_dtype": module.weight_ih_l0.dtype}
-
-
 def from_torch(module, *, dtype=None):
     """A ``blockrnn.layers.LSTM`` / ``GRU`` with the weights of a PyTorch module.
 
@@ -174,7 +135,7 @@ def from_torch(module, *, dtype=None):
     """
     import torch
     where = "blockrnn.convert.from_torch"
-    from blockrnn import torch as bt
+    from blockrnn import torch as bt   # convert -> torch, never the other way
     if isinstance(module, (bt.LSTM, bt.GRU)):
         p = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
         dt = _dtype(where, dtype, next(iter(p.values())).dtype)
@@ -185,6 +146,6 @@ def from_torch(module, *, dtype=None):
         return _fill(out, **p)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
-    a = _torch_lstm_arrays(module)
+    a = bt.nn_lstm_arrays(module, where)
     dt = _dtype(where, dtype, a["w"].dtype)
     return _fill(LSTM(a["input_size"], a["hidden_size"], dtype=dt), w=a["w"], b=a["b"])
