@@ -1,0 +1,126 @@
+"""ONNX export (blockrnn.onnx) and import (blockrnn.convert.from_onnx), judged by ONNX Runtime."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+import blockrnn
+import blockrnn.onnx as bo
+import blockrnn.torch as bt
+from blockrnn import convert
+
+SHAPES = [(5, 3, 4, 6), (1, 4, 3, 5), (7, 1, 6, 4), (1, 1, 2, 3), (12, 16, 20, 32)]
+
+
+def _session(model):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _close(got, want, rel=1e-5):
+    """|got - want| <= rel * max|want| elementwise (float32 parity, relative to the scale)."""
+    scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-30)
+    err = float(np.max(np.abs(got.astype(np.float64) - want), initial=0.0)) / scale
+    assert err <= rel, f"relative error {err:.2e} > {rel:.0e}"
+    return err
+
+
+def _layers(I, H):
+    return [blockrnn.LSTM(I, H, seed=1), blockrnn.LSTM(I, H, use_peephole=True, seed=2),
+            blockrnn.GRU(I, H, seed=3)]
+
+
+@pytest.mark.parametrize("T,B,I,H", SHAPES)
+@pytest.mark.parametrize("with_lengths", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_export_runs_in_onnx_runtime_like_forward(T, B, I, H, with_lengths, with_state):
+    rng = np.random.default_rng(T * 100 + B)
+    for layer in _layers(I, H):
+        model = bo.export(layer, sequence_lens=with_lengths, initial_state=with_state)
+        onnx.checker.check_model(model, full_check=True)
+        lstm = isinstance(layer, blockrnn.LSTM)
+        x = rng.uniform(-1, 1, (T, B, I)).astype(np.float32)
+        feed, lengths, state = {"X": x}, None, None
+        if with_lengths:
+            lengths = rng.integers(1, T + 1, B).astype(np.int32)
+            lengths[0] = T
+            feed["sequence_lens"] = lengths
+        if with_state:
+            h0, c0 = rng.uniform(-1, 1, (2, B, H)).astype(np.float32)
+            feed["initial_h"] = h0[None]
+            if lstm:
+                feed["initial_c"] = c0[None]
+            state = (h0, c0) if lstm else h0
+        out = _session(model).run(None, feed)
+        y, final, _ = layer.forward(x, state, lengths)
+        assert out[0].shape == (T, 1, B, H)
+        _close(out[0][:, 0], y)
+        finals = final if lstm else (final,)
+        assert len(out) == 1 + len(finals)
+        for got, want in zip(out[1:], finals):
+            assert got.shape == (1, B, H)
+            _close(got[0], want)
+
+
+def test_export_torch_modules_and_path(tmp_path):
+    T, B, I, H = 6, 3, 5, 4
+    x = torch.from_numpy(np.random.default_rng(0).uniform(-1, 1, (T, B, I)).astype(np.float32))
+    for module in (bt.LSTM(I, H, use_peephole=True), bt.GRU(I, H), bt.LSTM(I, H)):
+        path = tmp_path / f"{type(module).__name__}.onnx"
+        model = bo.export(module, path)
+        assert onnx.load(str(path)) == model
+        with torch.no_grad():
+            y, final = module(x)
+        out = _session(model).run(None, {"X": x.numpy()})
+        _close(out[0][:, 0], y.numpy())
+        finals = final if isinstance(final, tuple) else (final,)
+        for got, want in zip(out[1:], finals):
+            _close(got, want.numpy())
+
+
+def test_export_float64_checks_and_dynamic_dims():
+    model = bo.export(blockrnn.LSTM(3, 4, dtype=np.float64))
+    onnx.checker.check_model(model, full_check=True)
+    x = model.graph.input[0].type.tensor_type
+    assert x.elem_type == onnx.TensorProto.DOUBLE
+    assert [d.dim_param or d.dim_value for d in x.shape.dim] == ["T", "B", 3]
+    (node,) = model.graph.node
+    assert node.op_type == "LSTM"
+    gru = bo.export(blockrnn.GRU(3, 4)).graph.node[0]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in gru.attribute}[
+        "linear_before_reset"] == 0
+
+
+def test_lstm_weights_icfo_and_forget_bias():
+    """BlockLSTM's ICFO columns and forget_bias land where IFCO + a folded bias do."""
+    rng = np.random.default_rng(4)
+    I, H = 3, 2
+    w, b = rng.standard_normal((I + H, 4 * H)), rng.standard_normal(4 * H)
+    i, c, f, o = np.split(w, 4, axis=1)
+    bi, bc, bf, bo_ = np.split(b, 4)
+    want = bo.lstm_weights(np.concatenate([i, f, c, o], 1),
+                           np.concatenate([bi, bf + 1.5, bc, bo_]))
+    got = bo.lstm_weights(w, b, gate_order="ICFO", forget_bias=1.5)
+    for g, wt in zip(got[:3], want[:3]):
+        np.testing.assert_array_equal(g, wt)
+    with pytest.raises(ValueError, match="gate_order must be 'IFCO' or 'ICFO'"):
+        bo.lstm_weights(w, b, gate_order="IOFC")
+
+
+def test_export_refusals():
+    with pytest.raises(ValueError, match="cell_clip=2.0 cannot be exported: ONNX's LSTM "
+                                         "attribute 'clip' clips the gates' pre-activations"):
+        bo.export(blockrnn.LSTM(3, 4, cell_clip=2.0))
+    with pytest.raises(ValueError, match="cell_clip=1.0 cannot be exported"):
+        bo.export(bt.LSTM(3, 4, cell_clip=1.0))
+    with pytest.raises(TypeError, match="model must be a blockrnn.LSTM, .* got Linear"):
+        bo.export(torch.nn.Linear(3, 4))
+
+
+def test_import_blockrnn_does_not_import_onnx():
+    import subprocess
+    import sys
+    code = ("import sys, blockrnn, blockrnn.layers, blockrnn.convert; "
+            "bad = [m for m in ('onnx', 'onnxruntime', 'jax', 'torch') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
