@@ -124,3 +124,116 @@ def test_import_blockrnn_does_not_import_onnx():
             "bad = [m for m in ('onnx', 'onnxruntime', 'jax', 'torch') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------
+# import: blockrnn.convert.from_onnx
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_round_trip_is_bit_for_bit(dtype, tmp_path):
+    for layer in (blockrnn.LSTM(4, 6, seed=1, dtype=dtype),
+                  blockrnn.LSTM(4, 6, use_peephole=True, seed=2, dtype=dtype),
+                  blockrnn.GRU(4, 6, seed=3, dtype=dtype)):
+        path = tmp_path / "m.onnx"
+        back = convert.from_onnx(bo.export(layer, path))
+        again = convert.from_onnx(str(path))
+        for out in (back, again):
+            assert type(out) is type(layer) and out.dtype == layer.dtype
+            assert getattr(out, "use_peephole", None) == getattr(layer, "use_peephole", None)
+            assert out.params.keys() == layer.params.keys()
+            for k, v in layer.params.items():
+                np.testing.assert_array_equal(out.params[k], v, err_msg=k)
+
+
+def _lstm_node_model(I, H, rng, peephole, attrs=None, lengths=False):
+    """An ONNX LSTM built with onnx.helper (nonzero Rb, peepholes), as another tool writes."""
+    from onnx import TensorProto, helper, numpy_helper
+    W, R = rng.uniform(-.5, .5, (1, 4 * H, I)), rng.uniform(-.5, .5, (1, 4 * H, H))
+    Bias, P = rng.uniform(-.5, .5, (1, 8 * H)), rng.uniform(-.5, .5, (1, 3 * H))
+    inits = [numpy_helper.from_array(a.astype(np.float32), n)
+             for a, n in ((W, "W"), (R, "R"), (Bias, "B"), (P, "P"))]
+    ins = ["X", "W", "R", "B", "lens" if lengths else ""] + ["", ""] + (["P"] if peephole else [])
+    node = helper.make_node("LSTM", ins, ["Y", "Y_h", "Y_c"], name="enc", hidden_size=H,
+                            **(attrs or {}))
+    graph_inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", "B", I])]
+    if lengths:
+        graph_inputs.append(helper.make_tensor_value_info("lens", TensorProto.INT32, ["B"]))
+    graph = helper.make_graph(
+        [node], "other", graph_inputs,
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
+         (("Y", ["T", 1, "B", H]), ("Y_h", [1, "B", H]), ("Y_c", [1, "B", H]))],
+        inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
+
+
+@pytest.mark.parametrize("peephole", [False, True])
+def test_import_helper_built_lstm_matches_onnx_runtime(peephole):
+    rng = np.random.default_rng(5)
+    T, B, I, H = 7, 3, 5, 4
+    model = _lstm_node_model(I, H, rng, peephole, lengths=True)
+    onnx.checker.check_model(model, full_check=True)
+    layer = convert.from_onnx(model)
+    assert layer.use_peephole == peephole
+    x = rng.uniform(-1, 1, (T, B, I)).astype(np.float32)
+    lens = np.array([7, 2, 5], np.int32)
+    y, h, c = _session(model).run(None, {"X": x, "lens": lens})
+    ours, (h_n, c_n), _ = layer.forward(x, None, lens)
+    _close(y[:, 0], ours)
+    _close(h[0], h_n)
+    _close(c[0], c_n)
+
+
+@pytest.mark.filterwarnings("ignore")   # the TorchScript exporter's tracer warnings
+def test_import_torch_exported_nn_lstm_matches_onnx_runtime(tmp_path):
+    torch.manual_seed(0)
+    T, B, I, H = 6, 2, 4, 5
+    ref = torch.nn.LSTM(I, H)
+    path = tmp_path / "torch_lstm.onnx"
+    torch.onnx.export(ref, (torch.zeros(T, B, I),), str(path), dynamo=False,
+                      input_names=["x"], output_names=["y", "h", "c"],
+                      dynamic_axes={"x": {0: "T", 1: "B"}}, opset_version=14)
+    model = onnx.load(str(path))
+    assert [n.op_type for n in model.graph.node].count("LSTM") == 1
+    layer = convert.from_onnx(path)
+    x = np.random.default_rng(6).uniform(-1, 1, (T + 3, B + 1, I)).astype(np.float32)
+    y, h, c = _session(model).run(None, {"x": x})
+    ours, (h_n, c_n), _ = layer.forward(x)
+    _close(y, ours)
+    _close(h[0], h_n)
+    _close(c[0], c_n)
+
+
+@pytest.mark.parametrize("attrs,match", [
+    ({"direction": "bidirectional"}, "direction='bidirectional'; only direction='forward'"),
+    ({"direction": "reverse"}, "direction='reverse'"),
+    ({"activations": ["Sigmoid", "Relu", "Tanh"]}, "activations=.*Relu"),
+    ({"clip": 3.0}, "clip=3.0; ONNX's clip bounds the gates' pre-activations"),
+    ({"input_forget": 1}, "input_forget=1"),
+    ({"layout": 1}, "layout=1; blockrnn's layers are time-major"),
+])
+def test_import_refusals_name_the_attribute(attrs, match):
+    model = _lstm_node_model(3, 2, np.random.default_rng(0), False, attrs)
+    with pytest.raises(ValueError, match=match):
+        convert.from_onnx(model)
+
+
+def test_import_refusals_gru_and_graph():
+    model = bo.export(blockrnn.GRU(3, 2))
+    model.graph.node[0].attribute.append(onnx.helper.make_attribute("linear_before_reset", 1))
+    del model.graph.node[0].attribute[1]   # drop the exporter's linear_before_reset=0
+    with pytest.raises(ValueError, match="linear_before_reset=1; that is the reset-after GRU"):
+        convert.from_onnx(model)
+    two = bo.export(blockrnn.LSTM(3, 2))
+    two.graph.node.append(onnx.helper.make_node("GRU", ["X"], ["Z"], name="second"))
+    with pytest.raises(ValueError, match="2 LSTM/GRU nodes .*pass node=<name>"):
+        convert.from_onnx(two)
+    assert isinstance(convert.from_onnx(two, node="lstm"), blockrnn.LSTM)
+    with pytest.raises(ValueError, match="no LSTM/GRU node named 'nope'"):
+        convert.from_onnx(two, node="nope")
+    dynamic = bo.export(blockrnn.LSTM(3, 2))
+    dynamic.graph.initializer.pop(0)                                  # W becomes an input
+    with pytest.raises(ValueError, match="input W \\('W'\\) is not a constant"):
+        convert.from_onnx(dynamic)
+    with pytest.raises(TypeError, match="expected an onnx.ModelProto or a path, got int"):
+        convert.from_onnx(3)
