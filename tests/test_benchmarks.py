@@ -1,4 +1,4 @@
-"""Smoke tests of the benchmark harness (benchmarks/): tiny shapes, one repeat, no timed
+"""Smoke tests of the benchmark harness (blockrnn.bench): tiny shapes, one repeat, no timed
 assertions. They pass whichever peers (TF, torch, ONNX Runtime, matplotlib) are installed:
 a missing peer must give its "not importable" line instead of rows."""
 import json
@@ -11,11 +11,7 @@ import numpy as np
 
 import blockrnn
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:   # benchmarks/ is a top-level package of the repository
-    sys.path.insert(0, _ROOT)
-
-from benchmarks import peers, run, targets, threads  # noqa: E402
+from blockrnn.bench import peers, run, targets, threads
 
 TINY = ["--quick", "--repeats", "1", "--shapes", "5,2,4,6", "--cell-shape", "1,4,4",
         "--sgemm-size", "64", "--settle", "0"]
@@ -26,8 +22,9 @@ EXPECTED = {
     "tf": {"lstm_fwd", "lstm_fwdbwd", "lstm_cell", "gru_cell"},
     "torch": set(peers.WORKLOADS),
     "ort": {"lstm_fwd", "gru_fwd"},
+    "jax": set(peers.SEQUENCE_WORKLOADS),
 }
-VERSION_KEY = {"tf": "tensorflow", "torch": "torch", "ort": "onnxruntime"}
+VERSION_KEY = {"tf": "tensorflow", "torch": "torch", "ort": "onnxruntime", "jax": "jax"}
 
 _GRU = namedtuple("BlockGRUOutput", "r u c h")
 

@@ -1,9 +1,9 @@
 """Thread scaling of blockrnn: batch-1 sequence inference from several Python threads.
 
-    python -m benchmarks.threads [--counts 1,2,4] [--shape 50,1,128,128] [--duration 2]
+    python -m blockrnn.bench.threads [--counts 1,2,4] [--shape 50,1,128,128] [--duration 2]
                                  [--quick] [--blas-threads default,1] [--json FILE]
 
-(also ``python -m benchmarks.run --threads ...`` / ``python -m blockrnn bench --threads``.)
+(also ``python -m blockrnn bench --threads ...`` / ``python -m blockrnn bench --threads``.)
 
 For each thread count N, N Python threads start together (a barrier) and each calls
 ``blockrnn.block_lstm_v2`` (peepholes, float32, shape T,B,I,H = 50,1,128,128 by default)
@@ -29,8 +29,8 @@ import time
 import numpy as np
 
 import blockrnn
-from benchmarks import measure, targets
-from benchmarks.peers import Problem
+from blockrnn.bench import measure, targets
+from blockrnn.bench.peers import Problem
 
 DEFAULT_COUNTS = (1, 2, 4)
 DEFAULT_SHAPE = (50, 1, 128, 128)
@@ -104,7 +104,7 @@ def parse_shape(text, n=4):
 
 
 def add_arguments(parser, prefix=""):
-    """The scaling options (``prefix`` = "thread-" when embedded in benchmarks.run)."""
+    """The scaling options (``prefix`` = "thread-" when embedded in blockrnn.bench.run)."""
     parser.add_argument(f"--{prefix}counts", type=lambda s: tuple(int(v) for v in s.split(",")),
                         default=DEFAULT_COUNTS, help="thread counts (default 1,2,4)")
     parser.add_argument(f"--{prefix}shape", type=parse_shape, default=DEFAULT_SHAPE,
@@ -114,7 +114,7 @@ def add_arguments(parser, prefix=""):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.threads",
+    parser = argparse.ArgumentParser(prog="python -m blockrnn.bench.threads",
                                      description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="0.5 s per thread count")

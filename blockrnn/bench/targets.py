@@ -13,7 +13,7 @@ installed, workload or shape not run) is "not measured".
 The thread-scaling target (two Python threads at least 1.7x one thread's
 batch-1 throughput) is judged by the ``--threads`` mode, ``THREAD_TARGET``.
 """
-from benchmarks.peers import CELL_WORKLOADS, IMPL_TITLES, WORKLOAD_TITLES
+from blockrnn.bench.peers import CELL_WORKLOADS, IMPL_TITLES, WORKLOAD_TITLES
 
 # (workload, shape, peer -- or "sgemm" for the roofline share --, bound)
 TARGETS = (
@@ -92,7 +92,7 @@ def format_verdicts(verdicts):
 
 
 def thread_verdict(rows):
-    """The thread-scaling target as text, from benchmarks.threads.scaling's rows of
+    """The thread-scaling target as text, from blockrnn.bench.threads.scaling's rows of
     one BLAS setting (None without a 1-thread and a 2-thread row)."""
     by_count = {r["threads"]: r for r in rows}
     if 1 not in by_count or 2 not in by_count:
