@@ -253,7 +253,7 @@ def test_installed_wheel_runs_the_benchmark(venv, tmp_path):
     assert {(r["workload"], tuple(r["shape"])) for r in results["rows"]
             if r["impl"] == "blockrnn"} >= {("lstm_fwd", (6, 2, 4, 8)),
                                             ("gru_fwdbwd", (6, 2, 4, 8))}
-    assert "roofline floor" in proc.stdout, proc.stdout[-2000:]
+    assert "\ntargets (roofline floor" in proc.stdout, proc.stdout[-2000:]
     where = _run([str(venv), "-c", "import blockrnn.bench, os; "
                   "print(os.path.realpath(blockrnn.bench.__file__))"],
                  timeout=120, cwd=tmp_path, env=_clean_env()).stdout.strip()

@@ -54,7 +54,7 @@ IMPLS = ("blockrnn", "tf", "torch", "ort", "jax")
 IMPL_TITLES = {"blockrnn": "blockrnn", "tf": "TensorFlow", "torch": "PyTorch",
                "ort": "ONNX Runtime", "jax": "JAX"}
 
-# The shapes (T, B, I, H) of issue 3, and the batch-1 cell shape (B, I, H).
+# The benchmark shapes (T, B, I, H), and the batch-1 cell shape (B, I, H).
 DEFAULT_SHAPES = ((100, 32, 256, 256), (100, 64, 512, 512), (50, 1, 128, 128),
                   (200, 16, 128, 256))
 CELL_SHAPE = (1, 32, 32)

@@ -6,7 +6,7 @@ Usage::
                              [--workloads lstm_fwd lstm_fwdbwd gru_fwd gru_fwdbwd lstm_cell gru_cell]
                              [--impls blockrnn tf torch ort jax] [--num-threads N]
                              [--sgemm-size N] [--json FILE] [--plot FILE.png]
-    python -m blockrnn bench --threads [--thread-counts 1,2,4] [--thread-shape 50,1,128,128]
+    python -m blockrnn bench --threads [--thread-counts 1,2,4] [--thread-shape 50,1,128,128 ...]
                              [--thread-duration S] [--blas-threads default,1] [--json FILE]
 
 Entry point for ``python -m blockrnn bench``: ``main(argv) -> int`` (exit status 0, or 1
@@ -41,7 +41,7 @@ that peer's best time (below 1: blockrnn is faster); ``sgemm share`` = flops / (
 peak sgemm GFLOP/s measured in the same run with scipy.linalg.blas.sgemm on 2048^3 float32,
 best of 3, at the start and again at the end: the better of the two).
 
-After the table, issue 3's targets are judged on this run, each with its measured ratio
+After the table, the targets are judged on this run, each with its measured ratio
 and roofline floor (``blockrnn.bench.targets``; also saved under "targets" by --json).
 
 Threads: every library uses ``--num-threads`` threads (default: OMP_NUM_THREADS, else the
@@ -49,8 +49,9 @@ usable CPUs): TF intra-op threads, torch.set_num_threads, ORT intra_op_num_threa
 --num-threads given, SciPy's BLAS threads are limited to it too (threadpoolctl).
 
 ``--threads`` switches to the thread-scaling mode of ``blockrnn.bench.threads`` (1, 2, 4
-Python threads each running batch-1 ``block_lstm_v2`` inference on (50,1,128,128);
-aggregate sequences/s, the speed-up relative to 1 thread and the 2-thread target).
+Python threads each running ``block_lstm_v2`` inference on (50,1,128,128) and
+(100,32,256,256), with SciPy's BLAS as configured and limited to 1 thread; aggregate
+sequences/s, the speed-up relative to 1 thread and the 2-thread targets).
 """
 import argparse
 import contextlib
@@ -437,7 +438,7 @@ def main(argv=None):
         if opts.num_threads:
             print("note: --num-threads does not apply to --threads; use --blas-threads")
         argv_threads = ["--counts", ",".join(map(str, opts.thread_counts)),
-                        "--shape", ",".join(map(str, opts.thread_shape)),
+                        "--shape", *(",".join(map(str, s)) for s in opts.thread_shape),
                         "--blas-threads", ",".join(map(str, opts.blas_threads))]
         if opts.thread_duration is not None:
             argv_threads += ["--duration", str(opts.thread_duration)]
