@@ -84,7 +84,7 @@ def self_check(seed=0):
 
 
 def _bench(argv):
-    """Run the benchmark harness (``blockrnn.bench``; its peers: ``pip install blockrnn[bench]``)."""
+    """Run the benchmark harness, ``blockrnn.bench`` (the peers: ``blockrnn[bench]``)."""
     from blockrnn.bench.run import main as bench_main
     return bench_main(argv)
 

@@ -3,8 +3,6 @@ assertions. They pass whichever peers (TF, torch, ONNX Runtime, matplotlib) are 
 a missing peer must give its "not importable" line instead of rows."""
 import json
 import math
-import os
-import sys
 from collections import namedtuple
 
 import numpy as np

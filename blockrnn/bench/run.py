@@ -3,7 +3,8 @@
 Usage::
 
     python -m blockrnn bench [--quick] [--repeats N] [--shapes T,B,I,H ...]
-                             [--workloads lstm_fwd lstm_fwdbwd gru_fwd gru_fwdbwd lstm_cell gru_cell]
+                             [--workloads lstm_fwd lstm_fwdbwd gru_fwd gru_fwdbwd lstm_cell
+                                          gru_cell]
                              [--impls blockrnn tf torch ort jax] [--num-threads N]
                              [--sgemm-size N] [--json FILE] [--plot FILE.png]
     python -m blockrnn bench --threads [--thread-counts 1,2,4] [--thread-shape 50,1,128,128 ...]

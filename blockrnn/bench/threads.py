@@ -8,11 +8,11 @@
 
 For each shape and thread count N, N Python threads start together (a barrier) and each
 calls ``blockrnn.block_lstm_v2`` (peepholes, float32; shapes T,B,I,H = 50,1,128,128 and
-100,32,256,256 by default) on its own inputs in a loop for ``--duration`` seconds. Printed: aggregate throughput
-(sequences/s over all threads), the speed-up relative to 1 thread, and the mean latency of
-one call, then the thread-scaling target of that shape and BLAS setting, if it has one
-(``blockrnn.bench.targets.THREAD_TARGETS``). blockrnn releases the GIL for its whole compiled work, so the throughput should
-scale up to the number of usable CPUs (the machine's CPU count caps the speed-up: 4 threads
+100,32,256,256 by default) on its own inputs in a loop for ``--duration`` seconds.
+Printed: aggregate throughput (sequences/s over all threads), the speed-up relative to 1
+thread, and the mean latency of one call, then the thread-scaling target of that shape and
+BLAS setting, if it has one (``blockrnn.bench.targets.THREAD_TARGETS``). blockrnn releases
+the GIL for its whole compiled work, so the throughput should scale up to the number of usable CPUs (the machine's CPU count caps the speed-up: 4 threads
 on 2 CPUs can give at most 2x). Every thread checks that its first result equals the
 single-threaded one bit for bit; a mismatch is reported and makes the exit status 1.
 
@@ -86,8 +86,8 @@ def scaling(counts=DEFAULT_COUNTS, shape=DEFAULT_SHAPES[0], duration=2.0, seed=0
         rate = total / elapsed
         base = base or rate
         bad = [m for m in mismatches if m is not None]
-        row = {"shape": list(shape), "blas_threads": blas, "threads": n, "calls": total, "seconds": elapsed, "sequences_per_s": rate,
-               "speedup": rate / base, "ms_per_call": 1e3 * n * elapsed / total,
+        row = {"shape": list(shape), "blas_threads": blas, "threads": n, "calls": total,
+               "seconds": elapsed, "sequences_per_s": rate, "speedup": rate / base, "ms_per_call": 1e3 * n * elapsed / total,
                "bitwise_equal": not bad}
         results.append(row)
         check = "same bits as 1 thread" if not bad else f"MISMATCH (max diff {max(bad):.1e})"
