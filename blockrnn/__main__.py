@@ -101,7 +101,7 @@ def main(argv=None):
         description="Print blockrnn's build configuration and check every op against "
                     "its float64 NumPy reference (exit status 0 if all agree). "
                     "Subcommands: `demo` (train a character-level language model), "
-                    "`bench` (benchmarks against TensorFlow, PyTorch, ONNX Runtime).")
+                    "`bench` (benchmarks against TensorFlow, PyTorch, ONNX Runtime, JAX).")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     args = parser.parse_args(argv)
     blockrnn.show_config()

@@ -64,6 +64,10 @@ def _x(where, x, I):
     dtype = np.dtype(x.dtype)
     if dtype not in _DTYPES:
         raise TypeError(f"{where}: x must be float32 or float64, got {dtype}")
+    if dtype == np.float64 and not jax.config.jax_enable_x64:
+        raise TypeError(f"{where}: x is float64 but JAX runs in float32 (jax_enable_x64 is "
+                        f"off); enable it with jax.config.update('jax_enable_x64', True) "
+                        f"or pass float32")
     if len(x.shape) != 3 or x.shape[2] != I:
         raise ValueError(f"{where}: x must have shape (T, B, I) with I = {I} (from the "
                          f"params), got {tuple(x.shape)}")

@@ -161,3 +161,17 @@ def test_bad_input_is_refused():
         bj.gru(dict(gru.params, w_ru=gru.w_ru[:, :6]), x)
     with pytest.raises(ValueError, match=r"state must have shape \(3, 6\)"):
         bj.gru(gru.params, x, np.zeros((2, H), np.float32))
+
+
+def test_float64_without_x64_is_refused_clearly():
+    import subprocess
+    import sys
+    code = ("import numpy as np, blockrnn, blockrnn.jax as bj\n"
+            "layer = blockrnn.LSTM(3, 4, dtype=np.float64)\n"
+            "try:\n"
+            "    bj.lstm(layer.params, np.zeros((2, 1, 3)))\n"
+            "except TypeError as e:\n"
+            "    assert 'jax_enable_x64 is off' in str(e), e\n"
+            "else:\n"
+            "    raise SystemExit('no error')\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
