@@ -115,7 +115,8 @@ def export(model, path=None, *, sequence_lens=False, initial_state=False):
     Parameters
     ----------
     model : blockrnn.LSTM, blockrnn.GRU, blockrnn.torch.LSTM or blockrnn.torch.GRU
-        float32 or float64 (the graph's element type). An LSTM with
+        float32 or float64 (the graph's element type; ONNX Runtime 1.32's CPU
+        LSTM and GRU run float32 only). An LSTM with
         ``cell_clip > 0`` is refused (ValueError): ONNX cannot express it.
     path : None, str or os.PathLike
         Where to write the model (``onnx.save``); None writes nothing.

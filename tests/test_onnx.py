@@ -78,6 +78,18 @@ def test_export_torch_modules_and_path(tmp_path):
             _close(got, want.numpy())
 
 
+def test_export_batch_first_torch_module_is_time_major():
+    T, B, I, H = 4, 2, 3, 5
+    module = bt.LSTM(I, H, batch_first=True)
+    x = torch.from_numpy(np.random.default_rng(1).uniform(-1, 1, (B, T, I)).astype(np.float32))
+    with torch.no_grad():
+        y, (h_n, c_n) = module(x)
+    out = _session(bo.export(module)).run(None, {"X": x.numpy().transpose(1, 0, 2).copy()})
+    _close(out[0][:, 0].transpose(1, 0, 2), y.numpy())
+    _close(out[1], h_n.numpy())
+    _close(out[2], c_n.numpy())
+
+
 def test_export_float64_checks_and_dynamic_dims():
     model = bo.export(blockrnn.LSTM(3, 4, dtype=np.float64))
     onnx.checker.check_model(model, full_check=True)
