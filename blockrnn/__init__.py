@@ -6,9 +6,11 @@ with TensorFlow 2.21's exact semantics, as snake_case functions here and under
 their TensorFlow names in ``blockrnn.raw_ops``, plus a sequence GRU
 (``block_gru``, ``block_gru_grad``) and per-row ``sequence_length``.
 ``LSTM`` and ``GRU`` are trainable NumPy layers over the sequence ops,
-``blockrnn.convert`` imports Keras / PyTorch weights, and ``blockrnn.torch``
-(imported on its own; it needs PyTorch) wraps the ops as autograd Functions
-and ``nn.Module``s. Every call releases the GIL
+``blockrnn.convert`` imports Keras / PyTorch / ONNX weights. Imported on their
+own, each needing its framework: ``blockrnn.torch`` wraps the ops as autograd
+Functions and ``nn.Module``s, ``blockrnn.jax`` as differentiable JAX functions,
+``blockrnn.onnx`` exports the layers as ONNX models, and ``blockrnn.bench`` is
+the benchmark harness (``python -m blockrnn bench``). Every call releases the GIL
 around its compiled work and keeps no global state, so threads may call
 blockrnn concurrently.
 """

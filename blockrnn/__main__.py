@@ -2,8 +2,8 @@
 
 Subcommands: ``python -m blockrnn demo`` trains a character-level language
 model (``blockrnn.demo``); ``python -m blockrnn bench`` runs the benchmarks
-against TensorFlow, PyTorch and ONNX Runtime (``benchmarks/`` of a source
-checkout). Each has its own ``--help``.
+against TensorFlow, PyTorch, ONNX Runtime and JAX (``blockrnn.bench``; the
+peers come with ``pip install blockrnn[bench]``). Each has its own ``--help``.
 
 Runs each of the twelve entry points once (block_lstm_v2 also with per-row
 lengths) on a small random input, in float32 and
@@ -11,7 +11,6 @@ float64, and compares it with blockrnn's float64 NumPy reference
 (``blockrnn._reference``). Exits with status 0 only if every op agrees.
 """
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -85,14 +84,8 @@ def self_check(seed=0):
 
 
 def _bench(argv):
-    """Run benchmarks/run.py of the source checkout this blockrnn comes from."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not os.path.isfile(os.path.join(root, "benchmarks", "run.py")):
-        print("python -m blockrnn bench runs the benchmarks/ of a source checkout "
-              "(pip install -e .); this blockrnn is installed without them.", file=sys.stderr)
-        return 2
-    sys.path.insert(0, root)
-    from benchmarks.run import main as bench_main
+    """Run the benchmark harness, ``blockrnn.bench`` (the peers: ``blockrnn[bench]``)."""
+    from blockrnn.bench.run import main as bench_main
     return bench_main(argv)
 
 
@@ -108,7 +101,7 @@ def main(argv=None):
         description="Print blockrnn's build configuration and check every op against "
                     "its float64 NumPy reference (exit status 0 if all agree). "
                     "Subcommands: `demo` (train a character-level language model), "
-                    "`bench` (benchmarks against TensorFlow, PyTorch, ONNX Runtime).")
+                    "`bench` (benchmarks against TensorFlow, PyTorch, ONNX Runtime, JAX).")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     args = parser.parse_args(argv)
     blockrnn.show_config()

@@ -247,3 +247,12 @@ def steps_to_run(seq_len_max, lengths):
     if lengths is None or lengths.size == 0:
         return seq_len_max
     return min(seq_len_max, int(lengths.max()))
+
+
+# Why reset-after GRUs (Keras 3's default, torch.nn.GRU) cannot be converted; used by
+# blockrnn.convert and blockrnn.torch.
+RESET_AFTER = (
+    "{what} applies the reset gate AFTER the recurrent matmul "
+    "(n = tanh(x @ W_n + b_n + r * (h @ U_n + b_hn))), while blockrnn's GRU (TensorFlow's "
+    "GRUBlockCell) applies it BEFORE (c = tanh([x, r * h] @ w_c + b_c)); these are "
+    "different functions, so the weights cannot be converted.{hint}")

@@ -1,12 +1,15 @@
-"""Weight import: Keras 3 and PyTorch recurrent layers -> blockrnn's NumPy layers.
+"""Weight import: Keras 3, PyTorch and ONNX recurrent layers -> blockrnn's NumPy layers.
 
 * ``from_keras(layer)``: ``keras.layers.LSTM`` -> ``blockrnn.layers.LSTM``;
   ``keras.layers.GRU(reset_after=False)`` -> ``blockrnn.layers.GRU``.
 * ``from_torch(module)``: ``torch.nn.LSTM`` (one layer, unidirectional, no
   projection) -> ``blockrnn.layers.LSTM``; also ``blockrnn.torch.LSTM`` /
   ``GRU`` -> the NumPy layer with the same weights.
+* ``from_onnx(model_or_path, node=None)``: an ONNX ``LSTM`` / ``GRU`` node
+  (forward, default activations, no clip; the GRU reset-before) -> the layer;
+  ``blockrnn.onnx.export`` writes such nodes.
 
-Neither Keras nor PyTorch is imported by this module; only the function given
+Neither Keras, PyTorch nor ONNX is imported by this module; only the function given
 such a layer touches its framework.
 
 Not convertible, refused with a ValueError: Keras' ``GRU(reset_after=True)``
@@ -17,16 +20,10 @@ blockrnn's GRU (TensorFlow's GRUBlockCell) applies it BEFORE,
 """
 import numpy as np
 
+from blockrnn._validation import RESET_AFTER as _RESET_AFTER
 from blockrnn.layers import GRU, LSTM
 
-__all__ = ["from_keras", "from_torch"]
-
-_RESET_AFTER = (
-    "{what} applies the reset gate AFTER the recurrent matmul "
-    "(n = tanh(x @ W_n + b_n + r * (h @ U_n + b_hn))), while blockrnn's GRU (TensorFlow's "
-    "GRUBlockCell) applies it BEFORE (c = tanh([x, r * h] @ w_c + b_c)); these are "
-    "different functions, so the weights cannot be converted.{hint}")
-
+__all__ = ["from_keras", "from_torch", "from_onnx"]
 
 def _dtype(where, dtype, default):
     dt = np.dtype(default if dtype is None else dtype)
@@ -124,39 +121,6 @@ def from_keras(layer, *, dtype=None):
 # PyTorch
 # --------------------------------------------------------------------------
 
-def _torch_lstm_arrays(module):
-    """w (I+H, 4H) IFCO, b (4H,), sizes, batch_first and dtype of a torch.nn.LSTM."""
-    import torch
-    from torch import nn
-    where = "blockrnn.convert.from_torch"
-    if isinstance(module, nn.GRU):
-        raise ValueError(f"{where}: " + _RESET_AFTER.format(
-            what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU and train it instead."))
-    if not isinstance(module, nn.LSTM):
-        raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
-    if module.num_layers != 1:
-        raise ValueError(f"{where}: only single-layer nn.LSTMs convert (num_layers="
-                         f"{module.num_layers}); stack one blockrnn LSTM per layer")
-    if module.bidirectional:
-        raise ValueError(f"{where}: bidirectional nn.LSTMs are not supported")
-    if getattr(module, "proj_size", 0):
-        raise ValueError(f"{where}: nn.LSTM with proj_size={module.proj_size} (projected "
-                         f"LSTM) is not supported")
-    w_ih, w_hh = module.weight_ih_l0.detach(), module.weight_hh_l0.detach()
-    if w_ih.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"{where}: nn.LSTM weights must be float32 or float64, got "
-                        f"{w_ih.dtype}")
-    w_ih, w_hh = w_ih.cpu().numpy(), w_hh.cpu().numpy()
-    H, I = module.hidden_size, module.input_size
-    w = np.concatenate([w_ih.T, w_hh.T], axis=0)   # torch gate rows i, f, g, o = IFCO
-    if module.bias:
-        b = (module.bias_ih_l0.detach().cpu().numpy() + module.bias_hh_l0.detach().cpu().numpy())
-    else:
-        b = np.zeros(4 * H, w.dtype)
-    return {"w": w, "b": b, "input_size": I, "hidden_size": H,
-            "batch_first": bool(module.batch_first), "torch_dtype": module.weight_ih_l0.dtype}
-
-
 def from_torch(module, *, dtype=None):
     """A ``blockrnn.layers.LSTM`` / ``GRU`` with the weights of a PyTorch module.
 
@@ -174,7 +138,7 @@ def from_torch(module, *, dtype=None):
     """
     import torch
     where = "blockrnn.convert.from_torch"
-    from blockrnn import torch as bt
+    from blockrnn import torch as bt   # convert -> torch, never the other way
     if isinstance(module, (bt.LSTM, bt.GRU)):
         p = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
         dt = _dtype(where, dtype, next(iter(p.values())).dtype)
@@ -185,6 +149,136 @@ def from_torch(module, *, dtype=None):
         return _fill(out, **p)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
-    a = _torch_lstm_arrays(module)
+    a = bt.nn_lstm_arrays(module, where)
     dt = _dtype(where, dtype, a["w"].dtype)
     return _fill(LSTM(a["input_size"], a["hidden_size"], dtype=dt), w=a["w"], b=a["b"])
+
+
+# --------------------------------------------------------------------------
+# ONNX
+# --------------------------------------------------------------------------
+
+# Attribute values that match blockrnn's math (absent attributes take ONNX's defaults).
+_ONNX_DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
+
+
+def _onnx_tensors(graph):
+    """name -> NumPy array of the graph's initializers and Constant nodes' values."""
+    from onnx import helper, numpy_helper
+    out = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            out[n.output[0]] = numpy_helper.to_array(helper.get_attribute_value(n.attribute[0]))
+    return out
+
+
+def from_onnx(model_or_path, node=None, *, dtype=None):
+    """The ``blockrnn.LSTM`` / ``GRU`` whose forward equals an ONNX ``LSTM`` / ``GRU`` node.
+
+    Parameters
+    ----------
+    model_or_path : onnx.ModelProto, or a path (str / os.PathLike) to one
+    node : None (the model's only LSTM or GRU node), or a node name (str)
+    dtype : None (the weights' dtype) or float32 / float64
+
+    The node must be what blockrnn computes: ``direction="forward"``, default
+    activations, no ``clip``, ``input_forget=0``, ``layout=0``, a GRU with
+    ``linear_before_reset=0``, and its ``W``, ``R``, ``B``, ``P`` constant
+    (initializers or Constant nodes). Anything else is refused with a
+    ValueError naming the attribute. ONNX's gate orders (LSTM i, o, f, c; GRU
+    z, r, h) map to TensorFlow's (IFCO; [r | u], c with u = z); the biases
+    become ``b = Wb + Rb``; ``P`` = [p_i, p_o, p_f] becomes the peepholes.
+    The layer is time-major like the node: ``Y[:, 0]`` is ``forward(X)[0]``.
+    """
+    import os
+
+    import onnx
+    where = "blockrnn.convert.from_onnx"
+    if isinstance(model_or_path, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model_or_path))
+    elif isinstance(model_or_path, onnx.ModelProto):
+        model = model_or_path
+    else:
+        raise TypeError(f"{where}: expected an onnx.ModelProto or a path, got "
+                        f"{type(model_or_path).__name__}")
+    rnns = [n for n in model.graph.node if n.op_type in ("LSTM", "GRU")]
+    if node is None:
+        if len(rnns) != 1:
+            raise ValueError(f"{where}: the model has {len(rnns)} LSTM/GRU nodes "
+                             f"({[n.name for n in rnns]}); pass node=<name> to pick one")
+        (n,) = rnns
+    else:
+        picked = [r for r in rnns if r.name == node]
+        if not picked:
+            raise ValueError(f"{where}: no LSTM/GRU node named {node!r}; the model has "
+                             f"{[r.name for r in rnns]}")
+        n = picked[0]
+    kind = n.op_type
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+    for key, value in attrs.items():
+        if isinstance(value, bytes):
+            attrs[key] = value.decode()
+        elif isinstance(value, list):
+            attrs[key] = [v.decode() if isinstance(v, bytes) else v for v in value]
+
+    def refuse(name, why):
+        raise ValueError(f"{where}: {kind} node {n.name!r} has {name}={attrs[name]!r}; {why}")
+
+    if attrs.get("direction", "forward") != "forward":
+        refuse("direction", "only direction='forward' converts (blockrnn's layers run forward)")
+    if "activations" in attrs and attrs["activations"] != _ONNX_DEFAULT_ACTIVATIONS[kind]:
+        refuse("activations", f"blockrnn's {kind} uses {_ONNX_DEFAULT_ACTIVATIONS[kind]}")
+    for name in ("activation_alpha", "activation_beta"):
+        if attrs.get(name):
+            refuse(name, "blockrnn's activations take no parameters")
+    if "clip" in attrs:
+        refuse("clip", "ONNX's clip bounds the gates' pre-activations, which blockrnn "
+                       "does not do (its cell_clip bounds the cell state)")
+    if attrs.get("input_forget", 0) != 0:
+        refuse("input_forget", "coupled input and forget gates are not blockrnn's LSTM")
+    if attrs.get("layout", 0) != 0:
+        refuse("layout", "blockrnn's layers are time-major (layout=0)")
+    if kind == "GRU" and attrs.get("linear_before_reset", 0) != 0:
+        refuse("linear_before_reset", "that is the reset-after GRU (nn.GRU, Keras' "
+                                      "reset_after=True); blockrnn's GRUBlockCell resets "
+                                      "before the recurrent matmul (linear_before_reset=0)")
+    consts = _onnx_tensors(model.graph)
+    names = list(n.input) + [""] * 8
+    arrays = {}
+    for pos, key in ((1, "W"), (2, "R"), (3, "B"), (7, "P")):
+        name = names[pos]
+        if name == "":
+            continue
+        if name not in consts:
+            raise ValueError(f"{where}: {kind} node {n.name!r}: input {key} ({name!r}) is not "
+                             f"a constant of the graph (initializer or Constant node)")
+        arrays[key] = consts[name]
+    if "W" not in arrays or "R" not in arrays:
+        raise ValueError(f"{where}: {kind} node {n.name!r} lacks its W or R input")
+    W, R = arrays["W"][0], arrays["R"][0]              # (G*H, I), (G*H, H)
+    G = 4 if kind == "LSTM" else 3
+    H = R.shape[1]
+    if attrs.get("hidden_size", H) != H or W.shape[0] != G * H or R.shape[0] != G * H:
+        raise ValueError(f"{where}: {kind} node {n.name!r}: W {arrays['W'].shape} and R "
+                         f"{arrays['R'].shape} do not fit hidden_size={attrs.get('hidden_size')}")
+    I = W.shape[1]
+    B = arrays.get("B", np.zeros((1, 2 * G * H), W.dtype))[0]
+    bias = B[:G * H] + B[G * H:]                         # Wb + Rb
+    dt = _dtype(where, dtype, W.dtype if W.dtype in (np.float32, np.float64) else np.float32)
+    wt = np.concatenate([W.T, R.T], axis=0)              # (I+H, G*H), ONNX gate order
+    blocks = {g: slice(k * H, (k + 1) * H) for k, g in
+              enumerate("iofc" if kind == "LSTM" else "zrh")}
+    if kind == "LSTM":
+        w = np.concatenate([wt[:, blocks[g]] for g in "ifco"], axis=1)
+        b = np.concatenate([bias[blocks[g]] for g in "ifco"])
+        peep = {}
+        if "P" in arrays:
+            p_i, p_o, p_f = np.split(arrays["P"][0], 3)
+            peep = {"wci": p_i, "wcf": p_f, "wco": p_o}
+        layer = LSTM(I, H, use_peephole=bool(peep), dtype=dt)
+        return _fill(layer, w=w, b=b, **peep)
+    return _fill(GRU(I, H, dtype=dt),
+                 w_ru=np.concatenate([wt[:, blocks["r"]], wt[:, blocks["z"]]], axis=1),
+                 w_c=wt[:, blocks["h"]],
+                 b_ru=np.concatenate([bias[blocks["r"]], bias[blocks["z"]]]),
+                 b_c=bias[blocks["h"]])

@@ -31,7 +31,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 import blockrnn
-from blockrnn._validation import check_float, check_sequence_length, steps_to_run
+from blockrnn._validation import RESET_AFTER, check_float, check_sequence_length, steps_to_run
 
 __all__ = ["LSTM", "GRU", "BlockLSTMFunction", "BlockGRUFunction"]
 
@@ -152,6 +152,43 @@ class BlockGRUFunction(torch.autograd.Function):
                                     sequence_length=ctx.lengths)
         grads = (g.x_grad, g.h_prev_grad, g.w_ru_grad, g.w_c_grad, g.b_ru_grad, g.b_c_grad)
         return (*[_tensor(gr) if n else None for gr, n in zip(grads, need)], None)
+
+
+def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
+    """The weights of a single-layer, unidirectional ``torch.nn.LSTM`` in TensorFlow's layout.
+
+    Returns a dict: ``w`` (I+H, 4H) NumPy, IFCO gate columns (nn.LSTM's gate
+    rows i, f, g, o), ``w = [W_ih.T; W_hh.T]``; ``b`` (4H,) = ``b_ih + b_hh``
+    (zeros without bias); ``input_size``, ``hidden_size``, ``batch_first`` and
+    ``torch_dtype``. ``blockrnn.convert.from_torch`` uses it too (convert
+    imports this module, never the reverse).
+    """
+    if isinstance(module, nn.GRU):
+        raise ValueError(f"{where}: " + RESET_AFTER.format(
+            what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU and train it instead."))
+    if not isinstance(module, nn.LSTM):
+        raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
+    if module.num_layers != 1:
+        raise ValueError(f"{where}: only single-layer nn.LSTMs convert (num_layers="
+                         f"{module.num_layers}); stack one blockrnn LSTM per layer")
+    if module.bidirectional:
+        raise ValueError(f"{where}: bidirectional nn.LSTMs are not supported")
+    if getattr(module, "proj_size", 0):
+        raise ValueError(f"{where}: nn.LSTM with proj_size={module.proj_size} (projected "
+                         f"LSTM) is not supported")
+    w_ih, w_hh = module.weight_ih_l0.detach(), module.weight_hh_l0.detach()
+    if w_ih.dtype not in _DTYPES:
+        raise TypeError(f"{where}: nn.LSTM weights must be float32 or float64, got "
+                        f"{w_ih.dtype}")
+    w_ih, w_hh = w_ih.cpu().numpy(), w_hh.cpu().numpy()
+    H = module.hidden_size
+    w = np.concatenate([w_ih.T, w_hh.T], axis=0)
+    if module.bias:
+        b = (module.bias_ih_l0.detach().cpu().numpy() + module.bias_hh_l0.detach().cpu().numpy())
+    else:
+        b = np.zeros(4 * H, w.dtype)
+    return {"w": w, "b": b, "input_size": module.input_size, "hidden_size": H,
+            "batch_first": bool(module.batch_first), "torch_dtype": module.weight_ih_l0.dtype}
 
 
 def _final(seq, init, lengths):
@@ -307,8 +344,7 @@ class LSTM(_RNNBase):
         The gradient of ``w`` maps back as ``W_ih.grad = w.grad[:I].T``,
         ``W_hh.grad = w.grad[I:].T``; ``b_ih.grad = b_hh.grad = b.grad``.
         """
-        from blockrnn.convert import _torch_lstm_arrays
-        a = _torch_lstm_arrays(module)
+        a = nn_lstm_arrays(module)
         out = cls(a["input_size"], a["hidden_size"], batch_first=a["batch_first"],
                   dtype=a["torch_dtype"])
         with torch.no_grad():

@@ -1,21 +1,15 @@
-"""Smoke tests of the benchmark harness (benchmarks/): tiny shapes, one repeat, no timed
+"""Smoke tests of the benchmark harness (blockrnn.bench): tiny shapes, one repeat, no timed
 assertions. They pass whichever peers (TF, torch, ONNX Runtime, matplotlib) are installed:
 a missing peer must give its "not importable" line instead of rows."""
 import json
 import math
-import os
-import sys
 from collections import namedtuple
 
 import numpy as np
 
 import blockrnn
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:   # benchmarks/ is a top-level package of the repository
-    sys.path.insert(0, _ROOT)
-
-from benchmarks import peers, run, targets, threads  # noqa: E402
+from blockrnn.bench import peers, run, targets, threads
 
 TINY = ["--quick", "--repeats", "1", "--shapes", "5,2,4,6", "--cell-shape", "1,4,4",
         "--sgemm-size", "64", "--settle", "0"]
@@ -26,8 +20,9 @@ EXPECTED = {
     "tf": {"lstm_fwd", "lstm_fwdbwd", "lstm_cell", "gru_cell"},
     "torch": set(peers.WORKLOADS),
     "ort": {"lstm_fwd", "gru_fwd"},
+    "jax": set(peers.SEQUENCE_WORKLOADS),
 }
-VERSION_KEY = {"tf": "tensorflow", "torch": "torch", "ort": "onnxruntime"}
+VERSION_KEY = {"tf": "tensorflow", "torch": "torch", "ort": "onnxruntime", "jax": "jax"}
 
 _GRU = namedtuple("BlockGRUOutput", "r u c h")
 
@@ -71,7 +66,8 @@ def test_table_rows_columns_and_ratios(tmp_path, capsys, monkeypatch):
     # Header and table layout.
     assert f"blockrnn {blockrnn.__version__}" in out
     assert "sgemm roofline" in out and "threads per library" in out
-    assert "targets of issue 3" in out and len(results["targets"]) == len(targets.TARGETS)
+    assert "\ntargets (roofline floor" in out and "issue" not in out
+    assert len(results["targets"]) == len(targets.TARGETS)
     header = [line for line in out.splitlines() if line.startswith("workload  ")]
     assert len(header) == 1
     for column in run.COLUMNS:
@@ -158,14 +154,16 @@ def test_a_failed_parity_check_excludes_the_row_loudly(capsys, monkeypatch):
 def test_thread_scaling_mode(tmp_path, capsys):
     path = tmp_path / "threads.json"
     assert run.main(["--threads", "--thread-counts", "1,2", "--thread-shape", "4,1,3,5",
-                     "--thread-duration", "0.05", "--blas-threads", "default,1",
+                     "6,2,3,5", "--thread-duration", "0.05", "--blas-threads", "default,1",
                      "--json", str(path)]) == 0
     out = capsys.readouterr().out
     assert "sequences/s" in out and "speed-up" in out
-    assert out.count("target of issue 3: 2 threads >= 1.7x") == 2   # one per BLAS setting
+    assert "target:" not in out   # these shapes have no thread-scaling target
     rows = json.loads(path.read_text())["thread_scaling"]
-    assert [(r["blas_threads"], r["threads"]) for r in rows] == \
-        [("default", 1), ("default", 2), (1, 1), (1, 2)]
+    assert [(tuple(r["shape"]), r["blas_threads"], r["threads"]) for r in rows] == \
+        [(s, blas, n) for s in ((4, 1, 3, 5), (6, 2, 3, 5)) for blas in ("default", 1)
+         for n in (1, 2)]
+    rows = rows[:4]
     for r in rows:
         assert r["calls"] >= r["threads"] and r["bitwise_equal"]
         assert math.isclose(r["sequences_per_s"], r["calls"] / r["seconds"])
@@ -221,9 +219,35 @@ def test_targets_are_judged_from_the_rows():
     assert "sgemm share >= 75%" in text and "74.0%  MISSED" in text
     assert "not measured" in text and "1 of 4 measured targets met" in text
 
-    rows = [{"threads": 1, "sequences_per_s": 100.0}, {"threads": 2, "sequences_per_s": 169.0}]
-    assert targets.thread_verdict(rows).endswith("1.69x, MISSED")
-    rows[1]["sequences_per_s"] = 170.0
-    assert targets.thread_verdict(rows).endswith("1.70x, met")
-    assert targets.thread_verdict(rows[:1]) is None
+    rows = [{"threads": 1, "sequences_per_s": 100.0}, {"threads": 2, "sequences_per_s": 179.0}]
+    one, mid = (50, 1, 128, 128), (100, 32, 256, 256)
+    assert targets.thread_verdict(rows, one) == (
+        "target: 2 threads >= 1.8x one thread's throughput at 50,1,128,128 "
+        "(BLAS as configured): 1.79x, MISSED")
+    assert targets.thread_verdict(rows, mid, "default").endswith("1.79x, met")   # >= 0.95
+    assert targets.thread_verdict(rows, mid, 1).endswith("(threadpool_limits(1)): 1.79x, MISSED")
+    rows[1]["sequences_per_s"] = 180.0
+    assert targets.thread_verdict(rows, one).endswith("1.80x, met")
+    assert targets.thread_verdict(rows, mid, 1).endswith("1.80x, met")
+    assert targets.thread_verdict(rows, one, 1) is None        # no target there
+    assert targets.thread_verdict(rows[:1], one) is None
     assert all(t[2] == "sgemm" or t[2] in peers.IMPLS for t in targets.TARGETS)
+
+
+def test_the_targets_table():
+    """The performance targets, as the project states them (ratios: blockrnn / peer)."""
+    got = {(w, s, p): b for w, s, p, b in targets.TARGETS}
+    assert len(got) == len(targets.TARGETS) == 17
+    big, mid, long_, one = (100, 64, 512, 512), (100, 32, 256, 256), (200, 16, 128, 256), \
+        (50, 1, 128, 128)
+    assert got[("lstm_fwd", big, "ort")] == 1.0
+    assert got[("lstm_fwd", mid, "ort")] == got[("lstm_fwd", long_, "ort")] == 1.1
+    for s in (mid, big, long_):
+        assert got[("gru_fwd", s, "ort")] == 1.0
+    for s in (mid, big, long_, one):
+        assert got[("lstm_fwdbwd", s, "torch")] == (1.0 if s != one else 0.5)
+        assert got[("gru_fwdbwd", s, "torch")] == 0.7
+    assert got[("lstm_fwdbwd", big, "sgemm")] == 0.85
+    assert got[("lstm_fwd", one, "ort")] == got[("gru_fwd", one, "ort")] == 0.8
+    assert set(targets.THREAD_TARGETS) == {(one, "default", 1.8), (mid, "default", 0.95),
+                                           (mid, 1, 1.8)}

@@ -221,3 +221,15 @@ def test_import_blockrnn_does_not_import_torch():
             "bad = [m for m in ('torch', 'tensorflow', 'keras') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_torch_adapter_does_not_import_convert():
+    """convert -> torch, never the reverse (the two used to import each other)."""
+    import ast
+    import blockrnn.torch
+    tree = ast.parse(open(blockrnn.torch.__file__).read())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    names += [f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+              for a in n.names]
+    assert not [m for m in names if "convert" in m], names

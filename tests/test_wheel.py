@@ -42,13 +42,16 @@ PACKAGE_FILES = [
     "blockrnn/_reference.py", "blockrnn/_validation.py", "blockrnn/_version.py",
     "blockrnn/gru.py", "blockrnn/lstm.py", "blockrnn/raw_ops.py",
     "blockrnn/layers.py", "blockrnn/torch.py", "blockrnn/convert.py", "blockrnn/demo.py",
+    "blockrnn/onnx.py", "blockrnn/jax.py",
+    "blockrnn/bench/__init__.py", "blockrnn/bench/run.py", "blockrnn/bench/peers.py",
+    "blockrnn/bench/measure.py", "blockrnn/bench/targets.py", "blockrnn/bench/threads.py",
     "blockrnn/data/shakespeare.txt",
     "blockrnn/_blas.pxd", "blockrnn/_openmp.pxd", "blockrnn/_kernels.pxd", "blockrnn/capi.pxd",
 ]
 # The installed-wheel run leaves out this module (it would recurse), the slow
 # randomised modules, which test the same compiled code as the in-place run, and
-# the benchmark harness's smoke test (benchmarks/ belongs to the source checkout,
-# not to the package).
+# the benchmark harness's smoke test (the installed harness runs end to end in
+# test_installed_wheel_runs_the_benchmark instead).
 NOT_RERUN = ("test_wheel.py", "test_fuzz.py", "test_stress.py", "test_benchmarks.py")
 # Files beside tests/ that the tests read; pyproject.toml's cibuildwheel
 # test-sources lists them with tests/.
@@ -233,3 +236,25 @@ def test_installed_wheel_passes_the_test_suite(venv, tmp_path):
     assert expected_modules <= {m for m, _ in ran}, (expected_modules, sorted(ran)[:20])
     assert ("test_zz_installed_location", "test_blockrnn_comes_from_the_fresh_venv") in ran
     assert counts["tests"] > 1000, counts  # the whole suite, not a collection accident
+
+
+def test_installed_wheel_runs_the_benchmark(venv, tmp_path):
+    """``python -m blockrnn bench --quick`` from the wheel, outside the source tree:
+    the harness ships in the package (blockrnn.bench), every installed peer checked."""
+    cmd = [str(venv), "-m", "blockrnn", "bench", "--quick", "--shapes", "6,2,4,8",
+           "--cell-shape", "1,4,4", "--sgemm-size", "128",
+           "--json", str(tmp_path / "bench.json")]
+    proc = _run(cmd, timeout=600, cwd=tmp_path, env=_clean_env())
+    print(proc.stdout)   # shown with pytest -s: the wheel-installed bench output
+    results = json.loads((tmp_path / "bench.json").read_text())
+    assert not results["failed"] and all(p["ok"] for p in results["parity"]), results["parity"]
+    impls = {r["impl"] for r in results["rows"]}
+    assert "blockrnn" in impls, impls
+    assert {(r["workload"], tuple(r["shape"])) for r in results["rows"]
+            if r["impl"] == "blockrnn"} >= {("lstm_fwd", (6, 2, 4, 8)),
+                                            ("gru_fwdbwd", (6, 2, 4, 8))}
+    assert "\ntargets (roofline floor" in proc.stdout, proc.stdout[-2000:]
+    where = _run([str(venv), "-c", "import blockrnn.bench, os; "
+                  "print(os.path.realpath(blockrnn.bench.__file__))"],
+                 timeout=120, cwd=tmp_path, env=_clean_env()).stdout.strip()
+    assert where.startswith(os.path.realpath(venv.parent.parent) + os.sep), where

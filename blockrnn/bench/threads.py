@@ -1,16 +1,18 @@
-"""Thread scaling of blockrnn: batch-1 sequence inference from several Python threads.
+"""Thread scaling of blockrnn: sequence inference from several Python threads.
 
-    python -m benchmarks.threads [--counts 1,2,4] [--shape 50,1,128,128] [--duration 2]
-                                 [--quick] [--blas-threads default,1] [--json FILE]
+    python -m blockrnn.bench.threads [--counts 1,2,4] [--shape 50,1,128,128 100,32,256,256]
+                                     [--duration 2] [--quick] [--blas-threads default,1]
+                                     [--json FILE]
 
-(also ``python -m benchmarks.run --threads ...`` / ``python -m blockrnn bench --threads``.)
+(also ``python -m blockrnn bench --threads ...``.)
 
-For each thread count N, N Python threads start together (a barrier) and each calls
-``blockrnn.block_lstm_v2`` (peepholes, float32, shape T,B,I,H = 50,1,128,128 by default)
-on its own inputs in a loop for ``--duration`` seconds. Printed: aggregate throughput
-(sequences/s over all threads), the speed-up relative to 1 thread, and the mean latency of
-one call. blockrnn releases the GIL for its whole compiled work, so the throughput should
-scale up to the number of usable CPUs (the machine's CPU count caps the speed-up: 4 threads
+For each shape and thread count N, N Python threads start together (a barrier) and each
+calls ``blockrnn.block_lstm_v2`` (peepholes, float32; shapes T,B,I,H = 50,1,128,128 and
+100,32,256,256 by default) on its own inputs in a loop for ``--duration`` seconds.
+Printed: aggregate throughput (sequences/s over all threads), the speed-up relative to 1
+thread, and the mean latency of one call, then the thread-scaling target of that shape and
+BLAS setting, if it has one (``blockrnn.bench.targets.THREAD_TARGETS``). blockrnn releases
+the GIL for its whole compiled work, so the throughput should scale up to the number of usable CPUs (the machine's CPU count caps the speed-up: 4 threads
 on 2 CPUs can give at most 2x). Every thread checks that its first result equals the
 single-threaded one bit for bit; a mismatch is reported and makes the exit status 1.
 
@@ -29,14 +31,15 @@ import time
 import numpy as np
 
 import blockrnn
-from benchmarks import measure, targets
-from benchmarks.peers import Problem
+from blockrnn.bench import measure, targets
+from blockrnn.bench.peers import Problem
 
 DEFAULT_COUNTS = (1, 2, 4)
-DEFAULT_SHAPE = (50, 1, 128, 128)
+# Batch 1, and a batched shape where the OpenBLAS threads and the Python threads meet.
+DEFAULT_SHAPES = ((50, 1, 128, 128), (100, 32, 256, 256))
 
 
-def scaling(counts=DEFAULT_COUNTS, shape=DEFAULT_SHAPE, duration=2.0, seed=0, out=print,
+def scaling(counts=DEFAULT_COUNTS, shape=DEFAULT_SHAPES[0], duration=2.0, seed=0, out=print,
             blas="default"):
     """Run the scaling measurement; returns a list of dicts, one per thread count."""
     T, B, I, H = shape
@@ -83,14 +86,14 @@ def scaling(counts=DEFAULT_COUNTS, shape=DEFAULT_SHAPE, duration=2.0, seed=0, ou
         rate = total / elapsed
         base = base or rate
         bad = [m for m in mismatches if m is not None]
-        row = {"blas_threads": blas, "threads": n, "calls": total, "seconds": elapsed, "sequences_per_s": rate,
-               "speedup": rate / base, "ms_per_call": 1e3 * n * elapsed / total,
+        row = {"shape": list(shape), "blas_threads": blas, "threads": n, "calls": total,
+               "seconds": elapsed, "sequences_per_s": rate, "speedup": rate / base, "ms_per_call": 1e3 * n * elapsed / total,
                "bitwise_equal": not bad}
         results.append(row)
         check = "same bits as 1 thread" if not bad else f"MISMATCH (max diff {max(bad):.1e})"
         out(f"{n:>8} {total:>8} {elapsed:>8.2f} {rate:>12.1f} {rate / base:>8.2f}x "
             f"{row['ms_per_call']:>9.3f}  {check}")
-    verdict = targets.thread_verdict(results)
+    verdict = targets.thread_verdict(results, shape, blas)
     if verdict:
         out(verdict)
     return results
@@ -104,17 +107,19 @@ def parse_shape(text, n=4):
 
 
 def add_arguments(parser, prefix=""):
-    """The scaling options (``prefix`` = "thread-" when embedded in benchmarks.run)."""
+    """The scaling options (``prefix`` = "thread-" when embedded in blockrnn.bench.run)."""
     parser.add_argument(f"--{prefix}counts", type=lambda s: tuple(int(v) for v in s.split(",")),
                         default=DEFAULT_COUNTS, help="thread counts (default 1,2,4)")
-    parser.add_argument(f"--{prefix}shape", type=parse_shape, default=DEFAULT_SHAPE,
-                        help="T,B,I,H of the sequence (default 50,1,128,128)")
+    parser.add_argument(f"--{prefix}shape", type=parse_shape, nargs="+",
+                        default=list(DEFAULT_SHAPES),
+                        help="T,B,I,H of the sequence, one or more (default 50,1,128,128 "
+                             "100,32,256,256)")
     parser.add_argument(f"--{prefix}duration", type=float, default=None,
                         help="seconds per thread count (default 2, 0.5 with --quick)")
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.threads",
+    parser = argparse.ArgumentParser(prog="python -m blockrnn.bench.threads",
                                      description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="0.5 s per thread count")
@@ -126,9 +131,10 @@ def main(argv=None):
     if hasattr(blockrnn, "show_config"):
         blockrnn.show_config()
     results = []
-    for blas in args.blas_threads:
-        results += run_with_blas_limit(blas, lambda: scaling(
-            args.counts, args.shape, duration, blas=blas))
+    for shape in args.shape:
+        for blas in args.blas_threads:
+            results += run_with_blas_limit(blas, lambda: scaling(
+                args.counts, shape, duration, blas=blas))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"thread_scaling": results}, f, indent=1)

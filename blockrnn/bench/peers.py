@@ -14,6 +14,10 @@ Workloads (``WORKLOADS``):
   different model with the same matmul flops), ORT ``GRU`` (forward only,
   ``linear_before_reset=0``: TF's reset-before GRU). TensorFlow has no sequence GRU op; a
   Python loop of ``GRUBlockCell`` would not be a fair peer, so there is no TF row.
+* JAX (every sequence workload): ``blockrnn.jax.reference_lstm`` / ``reference_gru``, the
+  same math written in ``jax.numpy`` with ``lax.scan`` (no peepholes), under ``jax.jit``;
+  fwd+bwd is ``jax.jit(jax.vjp)`` of it with the same ones-for-every-h loss gradient.
+  XLA's own CPU thread pool runs it (``--num-threads`` does not reach it).
 * ``lstm_cell`` / ``gru_cell`` -- one step at B=1 (latency): blockrnn ``lstm_block_cell`` /
   ``gru_block_cell``, TF eager ``tf.raw_ops.LSTMBlockCell`` / ``GRUBlockCell``, torch
   ``nn.LSTMCell`` / ``nn.GRUCell`` under ``no_grad``.
@@ -46,11 +50,11 @@ WORKLOAD_TITLES = {
     "lstm_fwd": "LSTM fwd", "lstm_fwdbwd": "LSTM fwd+bwd", "gru_fwd": "GRU fwd",
     "gru_fwdbwd": "GRU fwd+bwd", "lstm_cell": "LSTMCell B=1", "gru_cell": "GRUCell B=1",
 }
-IMPLS = ("blockrnn", "tf", "torch", "ort")
+IMPLS = ("blockrnn", "tf", "torch", "ort", "jax")
 IMPL_TITLES = {"blockrnn": "blockrnn", "tf": "TensorFlow", "torch": "PyTorch",
-               "ort": "ONNX Runtime"}
+               "ort": "ONNX Runtime", "jax": "JAX"}
 
-# The shapes (T, B, I, H) of issue 3, and the batch-1 cell shape (B, I, H).
+# The benchmark shapes (T, B, I, H), and the batch-1 cell shape (B, I, H).
 DEFAULT_SHAPES = ((100, 32, 256, 256), (100, 64, 512, 512), (50, 1, 128, 128),
                   (200, 16, 128, 256))
 CELL_SHAPE = (1, 32, 32)
@@ -195,7 +199,7 @@ class Peers:
 
     def __init__(self, wanted=IMPLS, threads=None):
         self.threads = threads or 1
-        self.tf = self.torch = self.ort = self.onnx = None
+        self.tf = self.torch = self.ort = self.onnx = self.jax = None
         self.skipped = []
         self.notes = []
         if "tf" in wanted:
@@ -230,10 +234,19 @@ class Peers:
                     f"onnxruntime/onnx not importable ({type(exc).__name__}: {exc}): "
                     "ONNX Runtime columns skipped")
 
+        if "jax" in wanted:
+            try:
+                import jax
+                import blockrnn.jax  # noqa: F401  (the lax.scan models)
+                self.jax = jax
+            except Exception as exc:  # noqa: BLE001
+                self.skipped.append(
+                    f"jax not importable ({type(exc).__name__}: {exc}): JAX columns skipped")
+
     def versions(self):
         out = {}
         for name, mod in (("tensorflow", self.tf), ("torch", self.torch),
-                          ("onnxruntime", self.ort), ("onnx", self.onnx)):
+                          ("onnxruntime", self.ort), ("onnx", self.onnx), ("jax", self.jax)):
             out[name] = getattr(mod, "__version__", "?") if mod is not None else None
         return out
 
@@ -560,6 +573,64 @@ def _ort(peers, workload, p):
     raise ValueError(workload)
 
 
+# --------------------------------------------------------------------------
+# JAX: the lax.scan models of blockrnn.jax, jitted
+# --------------------------------------------------------------------------
+
+def _jax(jax, workload, p):
+    if workload in CELL_WORKLOADS:
+        raise Skip("")   # no cell rows: a jitted single step measures dispatch only
+    from blockrnn import jax as bj
+    jnp = jax.numpy
+    lstm = workload.startswith("lstm")
+    if lstm:
+        params = {"w": jnp.asarray(p.w), "b": jnp.asarray(p.b)}
+        state = (jnp.asarray(p.h0), jnp.asarray(p.cs0))
+        model = bj.reference_lstm
+    else:
+        params = {k: jnp.asarray(getattr(p, k)) for k in ("w_ru", "w_c", "b_ru", "b_c")}
+        state = jnp.asarray(p.h0)
+        model = bj.reference_gru
+    x = jnp.asarray(p.x)
+    want_h = p.lstm_fwd(False).h if lstm else p.gru_h()
+    what = "h - h_blockrnn(no peep.)" if lstm else "h - h_blockrnn"
+    note = "lax.scan model, no peepholes" if lstm else "lax.scan model"
+    if workload.endswith("_fwd"):
+        fwd = jax.jit(lambda params, x, state: model(params, x, state)[0])
+
+        def run():
+            return fwd(params, x, state).block_until_ready()
+        return Impl("jax", f"jit({model.__name__})", run,
+                    lambda: _combine(_fwd_parity(run(), want_h, what)), note)
+    h_grad = jnp.asarray(p.h_grad)
+
+    @jax.jit
+    def fwdbwd(params, x, state):
+        y, vjp = jax.vjp(lambda params, x, state: model(params, x, state)[0], params, x, state)
+        return y, vjp(h_grad)
+
+    def run():
+        return jax.block_until_ready(fwdbwd(params, x, state))
+
+    def check():
+        y, (dparams, dx, dstate) = run()
+        if lstm:
+            want = p.lstm_grad(False)
+            pairs = [("x_grad", dx, want.x_grad), ("h_prev_grad", dstate[0], want.h_prev_grad),
+                     ("cs_prev_grad", dstate[1], want.cs_prev_grad),
+                     ("w_grad", dparams["w"], want.w_grad), ("b_grad", dparams["b"], want.b_grad)]
+        else:
+            args = p.gru_args()
+            want = blockrnn.block_gru_grad(*args, *blockrnn.block_gru(*args), p.h_grad)
+            pairs = [("x_grad", dx, want.x_grad), ("h_prev_grad", dstate, want.h_prev_grad),
+                     ("w_ru_grad", dparams["w_ru"], want.w_ru_grad),
+                     ("w_c_grad", dparams["w_c"], want.w_c_grad),
+                     ("b_ru_grad", dparams["b_ru"], want.b_ru_grad),
+                     ("b_c_grad", dparams["b_c"], want.b_c_grad)]
+        return _combine(_fwd_parity(y, want_h, what), _grad_parity(pairs))
+    return Impl("jax", f"jit(vjp({model.__name__}))", run, check, note)
+
+
 class CellProblem(Problem):
     """The batch-1 cell latency problem: one step, ICFO LSTM weights (LSTMBlockCell)."""
 
@@ -578,7 +649,8 @@ def build(workload, problem, peers, wanted=IMPLS):
     makers = {"blockrnn": lambda: _blockrnn(workload, problem),
               "tf": lambda: _tf(peers.tf, workload, problem) if peers.tf else None,
               "torch": lambda: _torch(peers.torch, workload, problem) if peers.torch else None,
-              "ort": lambda: _ort(peers, workload, problem) if peers.ort else None}
+              "ort": lambda: _ort(peers, workload, problem) if peers.ort else None,
+              "jax": lambda: _jax(peers.jax, workload, problem) if peers.jax else None}
     for name in IMPLS:
         if name not in wanted:
             continue

@@ -1,19 +1,20 @@
-"""blockrnn vs its peers: ``python -m benchmarks.run`` (``python -m blockrnn bench``).
+"""blockrnn vs its peers: ``python -m blockrnn bench`` (``blockrnn.bench.run.main``).
 
 Usage::
 
-    python -m benchmarks.run [--quick] [--repeats N] [--shapes T,B,I,H ...]
-                             [--workloads lstm_fwd lstm_fwdbwd gru_fwd gru_fwdbwd lstm_cell gru_cell]
-                             [--impls blockrnn tf torch ort] [--num-threads N]
+    python -m blockrnn bench [--quick] [--repeats N] [--shapes T,B,I,H ...]
+                             [--workloads lstm_fwd lstm_fwdbwd gru_fwd gru_fwdbwd lstm_cell
+                                          gru_cell]
+                             [--impls blockrnn tf torch ort jax] [--num-threads N]
                              [--sgemm-size N] [--json FILE] [--plot FILE.png]
-    python -m benchmarks.run --threads [--thread-counts 1,2,4] [--thread-shape 50,1,128,128]
+    python -m blockrnn bench --threads [--thread-counts 1,2,4] [--thread-shape 50,1,128,128 ...]
                              [--thread-duration S] [--blas-threads default,1] [--json FILE]
 
 Entry point for ``python -m blockrnn bench``: ``main(argv) -> int`` (exit status 0, or 1
 if a parity check or a blockrnn call failed, 2 on bad options such as --plot without
 matplotlib).
 
-What it measures (float32, see ``benchmarks.peers`` for the exact calls):
+What it measures (float32, see ``blockrnn.bench.peers`` for the exact calls):
 
 * Per shape (T, B, I, H) -- by default (100,32,256,256), (100,64,512,512), (50,1,128,128),
   (200,16,128,256) -- LSTM forward, LSTM forward+backward, GRU forward and GRU
@@ -41,16 +42,17 @@ that peer's best time (below 1: blockrnn is faster); ``sgemm share`` = flops / (
 peak sgemm GFLOP/s measured in the same run with scipy.linalg.blas.sgemm on 2048^3 float32,
 best of 3, at the start and again at the end: the better of the two).
 
-After the table, issue 3's targets are judged on this run, each with its measured ratio
-and roofline floor (``benchmarks.targets``; also saved under "targets" by --json).
+After the table, the targets are judged on this run, each with its measured ratio
+and roofline floor (``blockrnn.bench.targets``; also saved under "targets" by --json).
 
 Threads: every library uses ``--num-threads`` threads (default: OMP_NUM_THREADS, else the
 usable CPUs): TF intra-op threads, torch.set_num_threads, ORT intra_op_num_threads; with
 --num-threads given, SciPy's BLAS threads are limited to it too (threadpoolctl).
 
-``--threads`` switches to the thread-scaling mode of ``benchmarks.threads`` (1, 2, 4
-Python threads each running batch-1 ``block_lstm_v2`` inference on (50,1,128,128);
-aggregate sequences/s, the speed-up relative to 1 thread and the 2-thread target).
+``--threads`` switches to the thread-scaling mode of ``blockrnn.bench.threads`` (1, 2, 4
+Python threads each running ``block_lstm_v2`` inference on (50,1,128,128) and
+(100,32,256,256), with SciPy's BLAS as configured and limited to 1 thread; aggregate
+sequences/s, the speed-up relative to 1 thread and the 2-thread targets).
 """
 import argparse
 import contextlib
@@ -65,8 +67,8 @@ import numpy as np
 import scipy
 
 import blockrnn
-from benchmarks import measure, peers, targets, threads
-from benchmarks.peers import (CELL_SHAPE, CELL_WORKLOADS, DEFAULT_SHAPES, IMPL_TITLES, IMPLS,
+from blockrnn.bench import measure, peers, targets, threads
+from blockrnn.bench.peers import (CELL_SHAPE, CELL_WORKLOADS, DEFAULT_SHAPES, IMPL_TITLES, IMPLS,
                               SEQUENCE_WORKLOADS, WORKLOAD_TITLES, WORKLOADS)
 
 CELL_TARGET_S = 0.02         # one cell-latency sample lasts about this long
@@ -76,9 +78,9 @@ QUICK_CELL_TARGET_S = 0.005
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m blockrnn bench",
-        description="Time blockrnn against TensorFlow raw ops, PyTorch and ONNX Runtime "
+        description="Time blockrnn against TensorFlow raw ops, PyTorch, ONNX Runtime and JAX "
                     "(whichever are installed). See the module docstring of "
-                    "benchmarks.run for the method.")
+                    "blockrnn.bench.run for the method.")
     parser.add_argument("--quick", action="store_true",
                         help="2 repeats, shorter cell samples, sgemm best of 1 (CI smoke)")
     parser.add_argument("--repeats", type=int, default=None,
@@ -107,7 +109,7 @@ def parse_args(argv):
     parser.add_argument("--plot", metavar="FILE.png",
                         help="save grouped bars of GFLOP/s (needs matplotlib)")
     parser.add_argument("--threads", action="store_true",
-                        help="thread-scaling mode instead of the table (benchmarks.threads)")
+                        help="thread-scaling mode instead of the table (blockrnn.bench.threads)")
     threads.add_arguments(parser, prefix="thread-")
     threads.add_blas_argument(parser)
     return parser.parse_args(argv)
@@ -153,7 +155,7 @@ def header(found, n_threads, opts):
         print("blockrnn.show_config():")
         print(info["show_config"].rstrip("\n"))
     print("versions: " + ", ".join(f"{k} {info[k]}" for k in (
-        "python", "numpy", "scipy", "tensorflow", "torch", "onnxruntime", "onnx")))
+        "python", "numpy", "scipy", "tensorflow", "torch", "onnxruntime", "onnx", "jax")))
     print(f"CPU: {info['cpu']}; os.cpu_count() = {info['cpu_count']}, usable CPUs = "
           f"{info['usable_cpus']}")
     print("thread settings: " + ", ".join(f"{k}={v}" for k, v in info["env"].items())
@@ -437,7 +439,7 @@ def main(argv=None):
         if opts.num_threads:
             print("note: --num-threads does not apply to --threads; use --blas-threads")
         argv_threads = ["--counts", ",".join(map(str, opts.thread_counts)),
-                        "--shape", ",".join(map(str, opts.thread_shape)),
+                        "--shape", *(",".join(map(str, s)) for s in opts.thread_shape),
                         "--blas-threads", ",".join(map(str, opts.blas_threads))]
         if opts.thread_duration is not None:
             argv_threads += ["--duration", str(opts.thread_duration)]
