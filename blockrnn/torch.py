@@ -67,9 +67,9 @@ def _tensor(a):
 def _first_order_only(where):
     """Raise when the backward runs under create_graph=True (double backward).
 
-    The gradient ops are not differentiable: a gradient penalty or Hessian
-    product through them would silently get no graph (no error, a zero
-    contribution) from torch.autograd.function.once_differentiable's way.
+    The gradient ops are not differentiable: under create_graph=True their
+    result would carry no graph, and a gradient penalty or Hessian product
+    through them would silently contribute nothing.
     """
     if torch.is_grad_enabled():
         raise RuntimeError(
