@@ -228,6 +228,7 @@ def test_import_blockrnn_does_not_import_torch():
                                                     dtype=torch.float64),
                                     lambda: bt.GRU(3, 4, dtype=torch.float64)],
                          ids=["lstm", "lstm_peephole", "gru"])
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
 def test_double_backward_raises(module):
     """create_graph=True (a gradient penalty, a Hessian product) needs the gradient
     of the gradient, which blockrnn does not have: a clear error, not a gradient
