@@ -208,7 +208,7 @@ class LSTM(_Layer):
         Peephole weights; zeros and not in ``params`` without peepholes.
     params, grads : dicts
         ``w``, ``b`` (and ``wci``, ``wcf``, ``wco`` with peepholes);
-        ``grads`` is overwritten by every ``backward``.
+        ``grads`` is overwritten in place by every ``backward``.
 
     All parameters are initialised uniform in [-1/sqrt(H), 1/sqrt(H)] (as
     PyTorch's nn.LSTM and blockrnn.torch.LSTM).
@@ -348,8 +348,8 @@ class GRU(_Layer):
     w_ru : (I+H, 2H) array, columns [r | u]; rows 0:I multiply x, I:I+H multiply h.
     w_c : (I+H, H) array; rows 0:I multiply x, I:I+H multiply r * h.
     b_ru : (2H,) array; b_c : (H,) array.
-    params, grads : dicts with these four names; ``grads`` is overwritten by
-        every ``backward``.
+    params, grads : dicts with these four names; ``grads`` is overwritten in
+        place by every ``backward``.
 
     All parameters are initialised uniform in [-1/sqrt(H), 1/sqrt(H)].
     """

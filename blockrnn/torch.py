@@ -14,7 +14,8 @@ without copies (``Tensor.numpy()`` views) and the results come back as
   ``LSTM.from_torch(nn_lstm)`` converts an ``nn.LSTM``'s weights.
 * ``BlockLSTMFunction``, ``BlockGRUFunction``: the ``torch.autograd.Function``s
   underneath (forward = ``block_lstm_v2`` / ``block_gru``, backward = their
-  grad ops; first-order gradients only).
+  grad ops; first-order gradients only: a double backward,
+  ``create_graph=True``, raises a RuntimeError).
 
 Parameters are ``nn.Parameter``s in TensorFlow's layouts (see
 ``blockrnn.layers``): LSTM ``w`` (I+H, 4H) with IFCO gate columns, ``b`` (4H,),
@@ -28,7 +29,6 @@ import math
 import numpy as np
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 import blockrnn
 from blockrnn._validation import RESET_AFTER, check_float, check_sequence_length, steps_to_run
@@ -64,6 +64,20 @@ def _tensor(a):
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
+def _first_order_only(where):
+    """Raise when the backward runs under create_graph=True (double backward).
+
+    The gradient ops are not differentiable: under create_graph=True their
+    result would carry no graph, and a gradient penalty or Hessian product
+    through them would silently contribute nothing.
+    """
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{where}: double backward (torch.autograd.grad(..., create_graph=True) or "
+            f".backward(create_graph=True)) is not supported; blockrnn's gradients are "
+            f"first-order only. Use torch.nn.LSTM / nn.GRU for higher-order gradients.")
+
+
 class BlockLSTMFunction(torch.autograd.Function):
     """``(h, cs) = BlockLSTMFunction.apply(x, h0, c0, w, wci, wcf, wco, b, use_peephole,
     cell_clip, lengths)``.
@@ -94,12 +108,12 @@ class BlockLSTMFunction(torch.autograd.Function):
         return h, cs
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dh, dcs):
+        where = "blockrnn.torch.BlockLSTMFunction.backward"
+        _first_order_only(where)
         need = ctx.needs_input_grad
         if not any(need[:8]):
             return (None,) * 11
-        where = "blockrnn.torch.BlockLSTMFunction.backward"
         x, h0, c0, w, wci, wcf, wco, b, h, cs = (t.detach().numpy() for t in ctx.saved_tensors)
         i, f, o, ci, co = ctx.gates
         dh = _numpy(where, "grad of h", dh, None).astype(x.dtype, copy=False)
@@ -139,12 +153,12 @@ class BlockGRUFunction(torch.autograd.Function):
         return h
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dh):
+        where = "blockrnn.torch.BlockGRUFunction.backward"
+        _first_order_only(where)
         need = ctx.needs_input_grad
         if not any(need[:6]):
             return (None,) * 7
-        where = "blockrnn.torch.BlockGRUFunction.backward"
         x, h0, w_ru, w_c, b_ru, b_c, h = (t.detach().numpy() for t in ctx.saved_tensors)
         r, u, c = ctx.gates
         dh = _numpy(where, "grad of h", dh, None).astype(x.dtype, copy=False)

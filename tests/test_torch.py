@@ -233,3 +233,32 @@ def test_torch_adapter_does_not_import_convert():
     names += [f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
               for a in n.names]
     assert not [m for m in names if "convert" in m], names
+
+
+@pytest.mark.parametrize("module", [lambda: bt.LSTM(3, 4, dtype=torch.float64),
+                                    lambda: bt.LSTM(3, 4, use_peephole=True, cell_clip=1.0,
+                                                    dtype=torch.float64),
+                                    lambda: bt.GRU(3, 4, dtype=torch.float64)],
+                         ids=["lstm", "lstm_peephole", "gru"])
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+def test_double_backward_raises(module):
+    """create_graph=True (a gradient penalty, a Hessian product) needs the gradient
+    of the gradient, which blockrnn does not have: a clear error, not a gradient
+    silently detached from the graph. First-order gradients still work after."""
+    torch.manual_seed(0)
+    m = module()
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    y, _ = m(x)
+    with pytest.raises(RuntimeError, match="double backward .* not supported"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)
+    y, _ = m(x)
+    with pytest.raises(RuntimeError, match="double backward .* not supported"):
+        (y ** 2).sum().backward(create_graph=True)
+    y, _ = m(x)
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    assert gx.shape == x.shape and torch.isfinite(gx).all() and not gx.requires_grad
+
+
+def test_cell_clip_too_large_for_a_float():
+    with pytest.raises(ValueError, match="LSTM: cell_clip must fit a float"):
+        bt.LSTM(2, 3, cell_clip=10**400)
