@@ -95,19 +95,24 @@ def test_the_gil_is_released_during_a_call():
     def call():
         blockrnn.block_lstm_grad(*args, *fwd, fwd.cs, fwd.h, use_peephole=False)
 
+    def longest_pause_during_a_call():
+        worker = threading.Thread(target=call)
+        longest, last = 0.0, time.perf_counter()
+        worker.start()
+        while worker.is_alive():
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        worker.join()
+        return longest
+
     start = time.perf_counter()
     call()
     duration = time.perf_counter() - start
-
-    worker = threading.Thread(target=call)
-    longest_pause, last = 0.0, time.perf_counter()
-    worker.start()
-    while worker.is_alive():
-        now = time.perf_counter()
-        longest_pause, last = max(longest_pause, now - last), now
-    worker.join()
-    # A call holding the GIL would stall this loop for about the whole call.
-    assert longest_pause < duration / 2, (longest_pause, duration)
+    # A call holding the GIL would stall this loop for about the whole call, every
+    # time; on a machine busy with other processes the OS alone can stall it once,
+    # so the claim is judged on the best of three calls.
+    pauses = [longest_pause_during_a_call() for _ in range(3)]
+    assert min(pauses) < duration / 2, (pauses, duration)
 
 
 def test_threadpoolctl_limits_blockrnn_and_scipys_blas():
