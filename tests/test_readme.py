@@ -2,9 +2,9 @@
 
 Each ```python block of README.md is executed verbatim. Blocks that continue an earlier
 one (they use its variables) run in that block's namespace; the variables a block only
-assumes (``dy``, ``keras_lstm``, ...) are defined here, in the setup of its test. Two
-blocks are not run here: the ``torchrun`` one needs two processes (tests/test_ddp.py
-trains that way) and the ``threadpool_limits`` one elides its arguments (``...``).
+assumes (``dy``, ``keras_lstm``, ...) are defined here, in the setup of its test. One
+block is not run here: the ``torchrun`` one needs two processes (tests/test_ddp.py trains
+that way).
 """
 import os
 import re
@@ -46,8 +46,9 @@ def run(code, namespace):
 def test_every_block_is_run_or_named_as_not_run():
     firsts = [b.splitlines()[0] for b in python_blocks()]
     tested = ("import numpy as np", "lengths = ", "lstm = blockrnn.LSTM",
-              "import blockrnn.torch", "from blockrnn import convert")
-    not_run = ("# torchrun", "from threadpoolctl import")
+              "import blockrnn.torch", "import jax", "from blockrnn import convert",
+              "import onnxruntime")
+    not_run = ("# torchrun",)
     unknown = [f for f in firsts if not f.startswith(tested + not_run)]
     assert not unknown, f"README python blocks this test does not know: {unknown}"
     assert len(firsts) == len(tested) + len(not_run)
@@ -135,3 +136,31 @@ def test_weight_import():
     y = ns["y"]
     want, _ = ns["torch_nn_lstm"](torch.from_numpy(ns["x_time_major"]))
     np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_jax(example):
+    import blockrnn
+    ns = run(block("import jax\n"), example)
+    layer, x = ns["layer"], ns["x"]
+    grads = ns["grads"]
+    assert set(grads) == set(layer.params) == {"w", "b"}
+    # The gradient of mean(y ** 2), from the NumPy layer's backward.
+    y, _, ctx = layer.forward(x)
+    layer.backward(ctx, 2 * y / y.size)
+    for name, g in layer.grads.items():
+        np.testing.assert_allclose(np.asarray(grads[name]), g, rtol=1e-5,
+                                   atol=1e-6 * float(np.abs(g).max()), err_msg=name)
+    assert isinstance(layer, blockrnn.LSTM)
+
+
+def test_onnx_export(example, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                     # the block writes lstm.onnx
+    ns = run(block("lengths = "), example)
+    run(block("import onnxruntime"), ns)
+    lstm, x, lengths = ns["lstm"], ns["x"], ns["lengths"]
+    assert (tmp_path / "lstm.onnx").is_file()
+    y, (h, c), _ = lstm.forward(x, sequence_length=lengths)   # the comment's claim
+    for got, want in ((ns["y"][:, 0], y), (ns["h_n"][0], h), (ns["c_n"][0], c)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
+    for name, p in lstm.params.items():
+        np.testing.assert_array_equal(ns["again"].params[name], p)
