@@ -63,6 +63,7 @@ def build_config():
         "blas": f"SciPy's BLAS via scipy.linalg.cython_blas ({_blas_info()})",
         "openmp": "on" if _kernels.openmp_enabled() else "off (serial kernels)",
         "openmp_max_threads": _kernels.openmp_max_threads(),
+        "packed_kernel": _kernels.packed_kernel_name(),
         "usable_cpus": _usable_cpus(),
     }
 

@@ -28,7 +28,27 @@ import numpy as np
 cnp.import_array()
 
 from blockrnn._blas cimport gemm, gemm_small_by_weights, gemm_small_by_weights_t, transpose
-from blockrnn._openmp cimport BRNN_OPENMP_ENABLED, brnn_omp_get_max_threads
+from blockrnn._openmp cimport (BRNN_OPENMP_ENABLED, brnn_omp_barrier, brnn_omp_get_max_threads,
+                               brnn_omp_get_num_threads, brnn_omp_get_thread_num)
+
+cdef extern from "brnn_packed.h" nogil:
+    ctypedef void (*brnn_packed_fn)(Py_ssize_t rows, Py_ssize_t K, const float* A,
+                                    Py_ssize_t lda, const float* P, Py_ssize_t n0,
+                                    Py_ssize_t n1, int accumulate, float* C, Py_ssize_t ldc)
+    enum:
+        BRNN_NR
+        BRNN_PACKED_PORTABLE
+        BRNN_PACKED_AVX2
+        BRNN_PACKED_AVX512
+    Py_ssize_t brnn_packed_size(Py_ssize_t K, Py_ssize_t N)
+    void brnn_pack_f32(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
+                       Py_ssize_t sn, float* P)
+    int brnn_packed_path_supported(int path)
+    int brnn_packed_best_path()
+    brnn_packed_fn brnn_packed_kernel(int path)
+    int brnn_budget_take(int want, int total)
+    void brnn_budget_give(int n)
+    int brnn_budget_in_use()
 
 cdef extern from "brnn_lstm.h" nogil:
     void brnn_lstm_forward_row_f32(
@@ -86,6 +106,74 @@ def openmp_enabled():
 def openmp_max_threads():
     """omp_get_max_threads() (1 without OpenMP)."""
     return brnn_omp_get_max_threads()
+
+
+# ---------------------------------------------------------------------------
+# The packed recurrent kernel (include/brnn_packed.h): its variant is chosen
+# once, at import, from the CPU's features or BLOCKRNN_KERNEL.
+# ---------------------------------------------------------------------------
+
+PACKED_PATHS = {"portable": BRNN_PACKED_PORTABLE, "avx2": BRNN_PACKED_AVX2,
+                "avx512": BRNN_PACKED_AVX512}
+
+
+def packed_paths_supported():
+    """Names of the packed-kernel variants this CPU can run, fastest first."""
+    return [name for name in ("avx512", "avx2", "portable")
+            if brnn_packed_path_supported(PACKED_PATHS[name])]
+
+
+cdef int choose_packed_path() except -1:
+    """BLOCKRNN_KERNEL = auto (default) | avx512 | avx2 | portable. Forcing a
+    variant this CPU lacks is refused here (it would die of SIGILL)."""
+    import os
+    name = os.environ.get("BLOCKRNN_KERNEL", "auto").strip().lower() or "auto"
+    if name == "auto":
+        return brnn_packed_best_path()
+    if name not in PACKED_PATHS:
+        raise ValueError(f"BLOCKRNN_KERNEL must be one of auto, avx512, avx2, portable; "
+                         f"got {name!r}")
+    if not brnn_packed_path_supported(PACKED_PATHS[name]):
+        raise RuntimeError(f"BLOCKRNN_KERNEL={name}, but this CPU cannot run it (it can "
+                           f"run: {', '.join(packed_paths_supported())}); unset it or "
+                           f"choose one of those")
+    return PACKED_PATHS[name]
+
+
+# Set once at import, read-only afterwards (like an ifunc resolution).
+cdef int packed_path = choose_packed_path()
+cdef brnn_packed_fn packed_product = brnn_packed_kernel(packed_path)
+
+
+def packed_kernel_name():
+    """The packed-kernel variant this process runs (avx512, avx2 or portable)."""
+    return {v: k for k, v in PACKED_PATHS.items()}[packed_path]
+
+
+def packed_product_memview(const float[:, ::1] a, const float[:, :] w, bint accumulate,
+                           float[:, ::1] c, str path=None, Py_ssize_t n0=0,
+                           Py_ssize_t n1=-1):
+    """C[:, n0:n1] (+)= A @ W[:, n0:n1] through the packed kernel (for its tests):
+    W [K, N] (any strides) packed, then one call of the variant `path` (this
+    process's by default; one the CPU cannot run raises ValueError).
+    A [rows, K], C [rows, N]; n0 a multiple of 16."""
+    cdef Py_ssize_t rows = a.shape[0], K = a.shape[1], N = w.shape[1]
+    cdef int p = packed_path if path is None else PACKED_PATHS.get(path, -1)
+    if p < 0 or not brnn_packed_path_supported(p):
+        raise ValueError(f"packed_product_memview: path {path!r} is not one of "
+                         f"{packed_paths_supported()}")
+    if n1 < 0:
+        n1 = N
+    if (w.shape[0] != K or c.shape[0] != rows or c.shape[1] != N or rows == 0
+            or not 0 <= n0 <= n1 <= N or n0 % BRNN_NR):
+        raise ValueError("packed_product_memview: inconsistent shapes or column range")
+    cdef float[::1] packed = np.empty(brnn_packed_size(K, N) + 1, dtype=np.float32)
+    cdef brnn_packed_fn fn = brnn_packed_kernel(p)
+    cdef Py_ssize_t sk = w.strides[0] // 4, sn = w.strides[1] // 4
+    with nogil:
+        brnn_pack_f32(K, N, &w[0, 0] if K > 0 and N > 0 else NULL, sk, sn, &packed[0])
+        fn(rows, K, &a[0, 0] if K > 0 else NULL, K, &packed[0], n0, n1, accumulate,
+           &c[0, 0], N)
 
 
 def gemm_memview(bint trans_a, bint trans_b, double alpha, const floating[:, :] a,
