@@ -14,7 +14,7 @@
 # per-timestep elementwise gate math runs in OpenMP prange loops over rows.
 # Nothing is allocated inside the time loops and there is no global state.
 from cython cimport floating
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, prange
 cimport numpy as cnp
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
@@ -49,6 +49,10 @@ cdef extern from "brnn_packed.h" nogil:
     int brnn_budget_take(int want, int total)
     void brnn_budget_give(int n)
     int brnn_budget_in_use()
+    ctypedef struct brnn_barrier:
+        int count
+        int gen
+    void brnn_barrier_wait(brnn_barrier* b, int n)
 
 cdef extern from "brnn_lstm.h" nogil:
     void brnn_lstm_forward_row_f32(
@@ -252,37 +256,42 @@ cdef void lstm_forward_block(
         const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
         bint accumulate,          # IN: i, ci, f, o hold x @ Wx (g is h_prev @ Wh)
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [rows, H] each
-        floating* ci, floating* co, floating* h) noexcept nogil:
+        floating* ci, floating* co, floating* h,
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
     """SPEC §3 for a block of rows, one fused pass per row (include/brnn_lstm.h
-    has the math and its order). With `accumulate`, the pre-activation of
-    each gate is (its output's value + g) + bias, else g + bias. Rows past
-    their length (`lengths`, if given) get zeros."""
-    cdef Py_ssize_t r, k
+    has the math and its order), over the cells [u0, u0 + nu) (default: all
+    H). With `accumulate`, the pre-activation of each gate is (its output's
+    value + g) + bias, else g + bias. Rows past their length (`lengths`, if
+    given) get zeros."""
+    cdef Py_ssize_t r, k, size
     cdef const floating* gr
+    if nu < 0:
+        nu = H
+    size = nu * sizeof(floating)
     for r in range(rows):
+        k = r * H + u0
         if finished(lengths, r, t):
+            memset(i_ + k, 0, size)
+            memset(cs + k, 0, size)
+            memset(f + k, 0, size)
+            memset(o + k, 0, size)
+            memset(ci + k, 0, size)
+            memset(co + k, 0, size)
+            memset(h + k, 0, size)
             continue
-        gr = g + r * 4 * H
-        k = r * H
+        gr = g + r * 4 * H + u0
         if floating is float:
             brnn_lstm_forward_row_f32(
-                H, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i,
-                bias + off.c, bias + off.f, bias + off.o, wci, wcf, wco, forget_bias,
-                cell_clip, use_peephole, accumulate, cs_prev + k,
+                nu, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i + u0,
+                bias + off.c + u0, bias + off.f + u0, bias + off.o + u0, wci + u0, wcf + u0,
+                wco + u0, forget_bias, cell_clip, use_peephole, accumulate, cs_prev + k,
                 i_ + k, cs + k, f + k, o + k, ci + k, co + k, h + k)
         else:
             brnn_lstm_forward_row_f64(
-                H, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i,
-                bias + off.c, bias + off.f, bias + off.o, wci, wcf, wco, forget_bias,
-                cell_clip, use_peephole, accumulate, cs_prev + k,
+                nu, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i + u0,
+                bias + off.c + u0, bias + off.f + u0, bias + off.o + u0, wci + u0, wcf + u0,
+                wco + u0, forget_bias, cell_clip, use_peephole, accumulate, cs_prev + k,
                 i_ + k, cs + k, f + k, o + k, ci + k, co + k, h + k)
-    zero_rows(rows, H, lengths, t, i_)
-    zero_rows(rows, H, lengths, t, cs)
-    zero_rows(rows, H, lengths, t, f)
-    zero_rows(rows, H, lengths, t, o)
-    zero_rows(rows, H, lengths, t, ci)
-    zero_rows(rows, H, lengths, t, co)
-    zero_rows(rows, H, lengths, t, h)
 
 
 cdef void lstm_backward_block(
@@ -678,7 +687,7 @@ def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_cl
 
 def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias,
                     cell_clip, use_peephole, int layout, Py_ssize_t max_serial_work,
-                    output_type):
+                    int max_threads, output_type):
     """BlockLSTM / BlockLSTMV2 for the common call (no sequence_length), or None.
 
     Returns output_type(i, cs, f, o, ci, co, h) of (T, B, H) arrays."""
@@ -700,7 +709,8 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
             or dim(wci, 0) != H or dim(wcf, 0) != H or dim(wco, 0) != H):
         return None
     outs = new_outputs(output_type, 7, typenum, o, T, B, H)
-    cdef void* g = new_workspace(block_lstm_forward_workspace(L, B, H), typenum)
+    cdef void* g = new_workspace(
+        block_lstm_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32), typenum)
     cdef double fb = forget_bias, clip_ = cell_clip
     cdef bint peep = use_peephole
     with nogil:
@@ -709,13 +719,15 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
                 L, T, B, I, H, layout, <float*>a[0], <float*>a[1], <float*>a[2],
                 <float*>a[3], <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7],
                 <float>fb, <float>clip_, peep, NULL, <float*>g, <float*>o[0], <float*>o[1],
-                <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5], <float*>o[6], 1)
+                <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5], <float*>o[6], 1,
+                max_threads)
         else:
             block_lstm_forward_compute[double](
                 L, T, B, I, H, layout, <double*>a[0], <double*>a[1], <double*>a[2],
                 <double*>a[3], <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7],
                 fb, clip_, peep, NULL, <double*>g, <double*>o[0], <double*>o[1],
-                <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1)
+                <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1,
+                max_threads)
     PyMem_RawFree(g)
     return outs
 
@@ -782,13 +794,108 @@ cdef inline bint recurrent_weights_transposed(Py_ssize_t L, Py_ssize_t B,
 
 
 cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
-                                                    Py_ssize_t H) noexcept nogil:
+                                                    Py_ssize_t H, Py_ssize_t I,
+                                                    bint packed) noexcept nogil:
     """Elements of block_lstm_forward_compute's workspace: one step's gates
-    [B, 4H], and if recurrent_weights_transposed, the copy W_h^T [4H, H] and
-    the step's gates transposed [4H, B]."""
+    [B, 4H], then for float32 (packed) W_h's four gate blocks packed
+    [4, brnn_packed_size(H, H)]; for float64, if recurrent_weights_transposed,
+    the copy W_h^T [4H, H] and the step's gates transposed [4H, B]."""
+    if packed:
+        return B * 4 * H + 4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1
     if recurrent_weights_transposed(L, B, H):
         return 2 * B * 4 * H + 4 * H * H + 1
     return B * 4 * H + 1
+
+
+cdef enum:
+    # Multiply-adds of one step's products per thread below which a further
+    # thread costs more (its share of the step's barrier) than it saves
+    # (measured on a loaded 2-core machine, LSTM forward 50,1,128,128: 0.69 ms
+    # on 1 thread, 15.6 ms on 2 with 2^17 multiply-adds per step and thread).
+    PACKED_WORK_PER_THREAD = 1 << 18
+
+
+cdef inline int packed_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N,
+                               int limit) noexcept nogil:
+    """Threads a sequence call's per-step product [B, K] @ [K, N] can use: one
+    per PACKED_WORK_PER_THREAD multiply-adds, at most one per 16-column panel
+    of a gate block (N / gates), at most `limit`, at least 1."""
+    cdef Py_ssize_t n = min(B * K * N // PACKED_WORK_PER_THREAD, (K + BRNN_NR - 1) // BRNN_NR)
+    return <int>max(1, min(n, limit))
+
+
+cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
+    """First cell of thread tid of nt (thread nt ends at H): whole 16-column
+    panels, split evenly. (A function of the arguments only: values assigned
+    inside a Cython parallel block are what makes them thread-private.)"""
+    cdef Py_ssize_t panels = (H + BRNN_NR - 1) // BRNN_NR
+    return min(H, tid * panels // nt * BRNN_NR)
+
+
+cdef void lstm_forward_packed_step(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
+        const float* packed, const float* x, const float* cs_in, const float* h_in,
+        const float* b, const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
+        float* g, float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t of the float32 forward for the cells [u0, u1): their four gate
+    columns of x[t] @ W_x into the gate outputs and of g = h_in @ W_h, both by
+    the packed kernel, then their gates."""
+    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H), BH = B * H
+    cdef float* dst
+    if u1 <= u0:
+        return
+    for q in range(4):
+        dst = (i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f
+               else o) + t * BH
+        packed_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+                       dst, H)
+        packed_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, 4 * H)
+    lstm_forward_block[float](B, H, off, g, b, cs_in, wci, wcf, wco, forget_bias, cell_clip,
+                              use_peephole, lengths, t, True, i_ + t * BH, cs + t * BH,
+                              f + t * BH, o + t * BH, ci + t * BH, co + t * BH, h + t * BH,
+                              u0, u1 - u0)
+
+
+cdef void lstm_forward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
+        const float* packed,      # IN  W_h's then W_x's four gate blocks packed
+        const float* x, const float* cs_prev, const float* h_prev, const float* b,
+        const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
+        float* g,                 # workspace [B, 4H]
+        float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
+        int n_threads) noexcept nogil:
+    """The time loop of the float32 forward: ONE parallel region of n_threads
+    for all L steps. Each thread owns a fixed slice of cells (unit_start: every
+    gate column of those cells) and computes their input projection,
+    recurrent product and gates at every step; one barrier per step, since
+    step t+1 reads all of h[t]. No BLAS call inside. Each product element is
+    one packed-kernel sum: the bits do not depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    cdef int tid, nt
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            lstm_forward_packed_step(
+                t, B, I, H, off, packed, x, cs_prev if t == 0 else cs + (t - 1) * BH,
+                h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L):
+            lstm_forward_packed_step(
+                t, B, I, H, off, packed, x, cs_prev if t == 0 else cs + (t - 1) * BH,
+                h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
 
 
 cdef void block_lstm_forward_compute(
@@ -800,9 +907,10 @@ cdef void block_lstm_forward_compute(
         const floating* b,        # IN  [4H]
         floating forget_bias, floating cell_clip, bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_lstm_forward_workspace(L, B, H)]
+        floating* ws,             # workspace [block_lstm_forward_workspace(L, B, H, I, float)]
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [T, B, H]
-        floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
+        floating* ci, floating* co, floating* h, int n_threads,
+        int max_threads) noexcept nogil:
     """BlockLSTM / BlockLSTMV2 (SPEC §3, sequence): L steps, zeros for t >= L
     (and, with `lengths`, zeros in row b for t >= lengths[b]).
 
@@ -821,7 +929,18 @@ cdef void block_lstm_forward_compute(
     float32, 2 threads, 40-60 alternated calls each, median (best): 185.6
     (169.9) vs 197.2 (177.9) ms at 100,64,512,512; 36.0 (32.5) vs 39.4 (34.3)
     ms at 100,32,256,256; 37.0 (34.8) vs 38.2 (36.0) ms at 200,16,128,256.
-    Each g[r, j] is still one dot product over H."""
+    Each g[r, j] is still one dot product over H.
+
+    That is the float64 route (gate loops on n_threads). float32 runs every
+    product in blockrnn's packed kernel instead (lstm_forward_packed): W_x's
+    and W_h's four gate blocks are packed once per call, and each step
+    computes x[t] @ W_x into the gate outputs and h[t-1] @ W_h into g, on up to
+    max_threads threads taken from the process's thread budget
+    (brnn_budget_take) and given back after the loop. Folding the input
+    projection into the steps keeps OpenBLAS out of the forward: its workers
+    spin (sched_yield) for about 0.1 s after each GEMM, on the cores the
+    region's threads need (measured: 101 ms of CPU burnt in the 200 ms after
+    a call whose only BLAS call was the hoisted input GEMM)."""
     cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
     cdef floating* g = ws
     cdef const floating* w_h = w + I * G4   # [H, 4H]
@@ -831,22 +950,34 @@ cdef void block_lstm_forward_compute(
     cdef const floating* cs_in
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
-    gemm(False, False, L * B, H, I, 1, x, I, w + off.i, G4, 0, i_, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w + off.c, G4, 0, ci, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
-    if recurrent_weights_transposed(L, B, H):
-        w_h_t = ws + B * G4
-        g_t = w_h_t + G4 * H
-        transpose(H, G4, w_h, G4, False, w_h_t, H)
-    for t in range(L):
-        cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
-        h_in = h_prev if t == 0 else h + (t - 1) * BH
-        gemm_small_by_weights(B, G4, H, h_in, H, w_h, G4, w_h_t, False, g, G4, g_t)
-        lstm_forward_rows(B, H, off, g, b, cs_in, wci, wcf, wco,
-                          forget_bias, cell_clip, use_peephole, lengths, t, True,
-                          i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
-                          ci + t * BH, co + t * BH, h + t * BH, n_threads)
+    cdef int q, granted
+    cdef Py_ssize_t ps = brnn_packed_size(H, H)
+    if floating is float:
+        for q in range(4):
+            brnn_pack_f32(H, H, w_h + q * H, G4, 1, ws + B * G4 + q * ps)
+            brnn_pack_f32(I, H, w + q * H, G4, 1, ws + B * G4 + 4 * ps + q * brnn_packed_size(I, H))
+        granted = brnn_budget_take(packed_threads(B, I + H, G4, max_threads), max_threads)
+        lstm_forward_packed(L, B, I, H, off, ws + B * G4, x, cs_prev, h_prev, b, wci, wcf,
+                            wco, forget_bias, cell_clip, use_peephole, lengths, g,
+                            i_, cs, f, o, ci, co, h, granted)
+        brnn_budget_give(granted)
+    else:
+        gemm(False, False, L * B, H, I, 1, x, I, w + off.i, G4, 0, i_, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w + off.c, G4, 0, ci, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
+        if recurrent_weights_transposed(L, B, H):
+            w_h_t = ws + B * G4
+            g_t = w_h_t + G4 * H
+            transpose(H, G4, w_h, G4, False, w_h_t, H)
+        for t in range(L):
+            cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
+            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            gemm_small_by_weights(B, G4, H, h_in, H, w_h, G4, w_h_t, False, g, G4, g_t)
+            lstm_forward_rows(B, H, off, g, b, cs_in, wci, wcf, wco,
+                              forget_bias, cell_clip, use_peephole, lengths, t, True,
+                              i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
+                              ci + t * BH, co + t * BH, h + t * BH, n_threads)
     # TF leaves the gates past L uninitialised; blockrnn writes zeros.
     memset(i_ + tail, 0, tail_size)
     memset(cs + tail, 0, tail_size)
@@ -866,7 +997,7 @@ def block_lstm_forward(
         const floating[::1] wci, const floating[::1] wcf, const floating[::1] wco,  # IN
         const floating[::1] b,           # IN  [4H]
         double forget_bias, double cell_clip, bint use_peephole, int layout,
-        int n_threads,
+        int n_threads, int max_threads,
         floating[:, :, ::1] i_, floating[:, :, ::1] cs, floating[:, :, ::1] f,  # OUT
         floating[:, :, ::1] o, floating[:, :, ::1] ci, floating[:, :, ::1] co,  # [T, B, H]
         floating[:, :, ::1] h,
@@ -874,7 +1005,8 @@ def block_lstm_forward(
     """See block_lstm_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] g = np.empty(block_lstm_forward_workspace(L, B, H), dtype=dtype)
+    cdef floating[::1] g = np.empty(block_lstm_forward_workspace(L, B, H, I, floating is float),
+                                    dtype=dtype)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -883,7 +1015,7 @@ def block_lstm_forward(
             L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w[0, 0],
             &wci[0], &wcf[0], &wco[0], &b[0], <floating>forget_bias, <floating>cell_clip,
             use_peephole, lens, &g[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
-            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads)
+            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads, max_threads)
 
 
 cdef inline Py_ssize_t block_lstm_backward_workspace(Py_ssize_t L, Py_ssize_t B,
@@ -1595,12 +1727,13 @@ cdef int api_block_lstm(
         const floating* b, floating forget_bias, floating cell_clip, int use_peephole,
         const int64_t* lengths, floating* i_, floating* cs, floating* f, floating* o,
         floating* ci, floating* co, floating* h) noexcept nogil:
-    cdef floating* g = <floating*>malloc(block_lstm_forward_workspace(L, B, H) * sizeof(floating))
+    cdef floating* g = <floating*>malloc(
+        block_lstm_forward_workspace(L, B, H, I, floating is float) * sizeof(floating))
     if g == NULL:
         return -1
     block_lstm_forward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
                                b, forget_bias, cell_clip, use_peephole != 0, lengths, g,
-                               i_, cs, f, o, ci, co, h, 1)
+                               i_, cs, f, o, ci, co, h, 1, 1)
     free(g)
     return 0
 

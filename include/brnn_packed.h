@@ -227,6 +227,36 @@ static inline brnn_packed_fn brnn_packed_kernel(int path) {
     return brnn_packed_portable;
 }
 
+/* ---- the per-step barrier of a sequence call's parallel region ----
+ * Not OpenMP's barrier: libgomp's spins for a fixed count, and when the
+ * machine has more runnable threads than cores (a second process, OpenBLAS's
+ * workers, which spin ~0.1 s after each GEMM) the waiting thread burns the
+ * time slice its partner needs (measured: a 2-thread forward 3.4x slower
+ * than 1 thread on a loaded 2-core machine). This one spins briefly, then
+ * yields the core at every check. n threads share one zeroed struct. */
+#include <sched.h>
+typedef struct { int count; int gen; } brnn_barrier;
+
+#define BRNN_BARRIER_SPINS 2000
+
+static inline void brnn_barrier_wait(brnn_barrier *b, int n) {
+    int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
+        __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
+        return;
+    }
+    for (int spin = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; spin++) {
+        if (spin < BRNN_BARRIER_SPINS) {
+#if BRNN_PACKED_X86
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
+}
+
 /* ---- the thread budget ----
  * blockrnn's threads in use in this process, summed over concurrent calls. A
  * call asks for up to `want` threads out of `total` and gets at least one
