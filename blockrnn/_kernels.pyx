@@ -3,16 +3,22 @@
 # Two tiers (as in scikit-learn's k-means):
 # - `def` entry points take C-contiguous memoryviews (`# IN` const, `# OUT`
 #   preallocated by the caller), allocate one workspace per call and release
-#   the GIL around all the work. They trust their caller (blockrnn/_ops.py)
-#   to have validated every shape and dtype.
+#   the GIL around all the work. They trust their callers (blockrnn/lstm.py
+#   and blockrnn/gru.py, through blockrnn/_validation.py) to have validated
+#   every shape and dtype; the `*_fast` entry points check their own.
 # - `cdef ... noexcept nogil` helpers take pointers and row strides.
 #
 # Equations cite ../shared/SPEC.md (section numbers as "SPEC §3").
 # Names: B batch, I input size, H cell size, T time steps, L = seq_len_max.
 # Gate blocks of H columns in the op's layout (ICFO or IFCO), see GateOffsets.
-# Every matrix product goes through blockrnn/_blas.pxd (SciPy's BLAS); the
-# per-timestep elementwise gate math runs in OpenMP prange loops over rows.
-# Nothing is allocated inside the time loops and there is no global state.
+# Where products run: the float32 LSTM sequence forward runs all of its
+# products in blockrnn's packed kernel (include/brnn_packed.h), in one OpenMP
+# parallel region per call (lstm_forward_packed). Every other product goes
+# through blockrnn/_blas.pxd (SciPy's BLAS), and the per-timestep gate math
+# of those routes runs in OpenMP prange loops over rows.
+# Nothing is allocated inside the time loops; the only global mutable state is
+# the thread budget of include/brnn_packed.h (the packed-kernel variant is
+# chosen once at import and never changes).
 from cython cimport floating
 from cython.parallel cimport parallel, prange
 cimport numpy as cnp
@@ -178,6 +184,27 @@ def packed_product_memview(const float[:, ::1] a, const float[:, :] w, bint accu
         brnn_pack_f32(K, N, &w[0, 0] if K > 0 and N > 0 else NULL, sk, sn, &packed[0])
         fn(rows, K, &a[0, 0] if K > 0 else NULL, K, &packed[0], n0, n1, accumulate,
            &c[0, 0], N)
+
+
+def packed_threads_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H, int limit):
+    """packed_threads: the threads a sequence call's per-step products
+    [B, K] @ [K, N] over H cells ask of the budget (for the tests)."""
+    return packed_threads(B, K, N, H, limit)
+
+
+def thread_budget_take(int want, int total):
+    """brnn_budget_take (for the thread-budget tests; give the grant back)."""
+    return brnn_budget_take(want, total)
+
+
+def thread_budget_give(int n):
+    """brnn_budget_give (for the thread-budget tests)."""
+    brnn_budget_give(n)
+
+
+def thread_budget_in_use():
+    """blockrnn's threads in use by running sequence calls in this process."""
+    return brnn_budget_in_use()
 
 
 def gemm_memview(bint trans_a, bint trans_b, double alpha, const floating[:, :] a,
@@ -815,12 +842,12 @@ cdef enum:
     PACKED_WORK_PER_THREAD = 1 << 18
 
 
-cdef inline int packed_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N,
+cdef inline int packed_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
                                int limit) noexcept nogil:
-    """Threads a sequence call's per-step product [B, K] @ [K, N] can use: one
-    per PACKED_WORK_PER_THREAD multiply-adds, at most one per 16-column panel
-    of a gate block (N / gates), at most `limit`, at least 1."""
-    cdef Py_ssize_t n = min(B * K * N // PACKED_WORK_PER_THREAD, (K + BRNN_NR - 1) // BRNN_NR)
+    """Threads a sequence call's per-step products [B, K] @ [K, N] over H
+    cells can use: one per PACKED_WORK_PER_THREAD multiply-adds, at most one
+    per 16-cell panel, at most `limit`, at least 1."""
+    cdef Py_ssize_t n = min(B * K * N // PACKED_WORK_PER_THREAD, (H + BRNN_NR - 1) // BRNN_NR)
     return <int>max(1, min(n, limit))
 
 
@@ -956,7 +983,7 @@ cdef void block_lstm_forward_compute(
         for q in range(4):
             brnn_pack_f32(H, H, w_h + q * H, G4, 1, ws + B * G4 + q * ps)
             brnn_pack_f32(I, H, w + q * H, G4, 1, ws + B * G4 + 4 * ps + q * brnn_packed_size(I, H))
-        granted = brnn_budget_take(packed_threads(B, I + H, G4, max_threads), max_threads)
+        granted = brnn_budget_take(packed_threads(B, I + H, G4, H, max_threads), max_threads)
         lstm_forward_packed(L, B, I, H, off, ws + B * G4, x, cs_prev, h_prev, b, wci, wcf,
                             wco, forget_bias, cell_clip, use_peephole, lengths, g,
                             i_, cs, f, o, ci, co, h, granted)
