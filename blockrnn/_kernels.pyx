@@ -332,7 +332,8 @@ cdef void lstm_backward_block(
         bint use_peephole, bint add_carry,
         const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
         floating* dg,              # OUT [rows, 4H] gradient of the pre-activation gates
-        floating* cs_prev_grad) noexcept nogil:  # IN/OUT [rows, H], see below
+        floating* cs_prev_grad,    # IN/OUT [rows, H], see below
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
     """SPEC §4 for a block of rows (clipping ignored, as in TensorFlow).
 
     The sequence backward (SPEC §5) sets add_carry: the gradients of h and cs
@@ -340,28 +341,35 @@ cdef void lstm_backward_block(
     are added to h_grad and cs_grad. cs_prev_grad is then overwritten, element
     by element after its read, with the gradient of cs_prev. Rows past their
     length get zero gradients (their upstream gradients are not used). One
-    fused pass per row: include/brnn_lstm.h has the math and its order."""
-    cdef Py_ssize_t r, k
+    fused pass per row: include/brnn_lstm.h has the math and its order. Only
+    the cells [u0, u0 + nu) (default: all H) are computed."""
+    cdef Py_ssize_t r, k, size
     cdef floating* dgr
+    if nu < 0:
+        nu = H
+    size = nu * sizeof(floating)
     for r in range(rows):
-        dgr = dg + r * 4 * H
-        k = r * H
+        dgr = dg + r * 4 * H + u0
+        k = r * H + u0
         if finished(lengths, r, t):
-            memset(dgr, 0, 4 * H * sizeof(floating))
-            memset(cs_prev_grad + k, 0, H * sizeof(floating))
+            memset(dgr + off.i, 0, size)
+            memset(dgr + off.c, 0, size)
+            memset(dgr + off.f, 0, size)
+            memset(dgr + off.o, 0, size)
+            memset(cs_prev_grad + k, 0, size)
             continue
         if floating is float:
             brnn_lstm_backward_row_f32(
-                H, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
-                h_grad + k, dh_carry + k if add_carry else NULL, wci, wcf, wco,
-                use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f, dgr + off.o,
-                cs_prev_grad + k)
+                nu, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
+                h_grad + k, dh_carry + k if add_carry else NULL, wci + u0, wcf + u0,
+                wco + u0, use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f,
+                dgr + off.o, cs_prev_grad + k)
         else:
             brnn_lstm_backward_row_f64(
-                H, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
-                h_grad + k, dh_carry + k if add_carry else NULL, wci, wcf, wco,
-                use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f, dgr + off.o,
-                cs_prev_grad + k)
+                nu, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
+                h_grad + k, dh_carry + k if add_carry else NULL, wci + u0, wcf + u0,
+                wco + u0, use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f,
+                dgr + off.o, cs_prev_grad + k)
 
 
 cdef void lstm_forward_rows(
@@ -1046,11 +1054,64 @@ def block_lstm_forward(
 
 
 cdef inline Py_ssize_t block_lstm_backward_workspace(Py_ssize_t L, Py_ssize_t B,
-                                                     Py_ssize_t H) noexcept nogil:
+                                                     Py_ssize_t H, bint packed) noexcept nogil:
     """Elements of block_lstm_backward_compute's workspace: the gate gradients of
-    every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B]. Its
+    every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B]
+    (float64) or W_h^T packed [brnn_packed_size(4H, H)] (float32). Its
     double accumulator `acc` has 3 * 4H + 1 elements."""
+    if packed:
+        return L * B * 4 * H + brnn_packed_size(4 * H, H) + 1
     return L * B * 4 * H + B * H + 1
+
+
+cdef void lstm_backward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        const float* packed_t,    # IN  W_h^T [4H, H] packed
+        const float* cs_prev, const float* i_, const float* cs, const float* f,
+        const float* o, const float* ci, const float* co, const float* cs_grad,
+        const float* h_grad, const float* wci, const float* wcf, const float* wco,
+        bint use_peephole, const int64_t* lengths,
+        float* dg,                # OUT [L*B, 4H]
+        float* cs_prev_grad, float* h_prev_grad,  # IN/OUT [B, H] the carries
+        int n_threads) noexcept nogil:
+    """The reverse time loop of the float32 backward: ONE parallel region of
+    n_threads for all L steps, each thread owning a fixed slice of cells
+    [u0, u1). At step t a thread computes dG[t] for its cells (all four gate
+    columns), then, after the step's one barrier (dh needs every column of
+    dG[t]), dh[:, u0:u1] = dG[t] @ W_h^T[:, u0:u1] in the packed kernel. Its
+    next step reads only its own cells' carries, and dG has one buffer per
+    step, so one barrier per step is enough. The bits do not depend on
+    n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H, G4 = 4 * H
+    cdef int tid = 0, nt = 1
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L - 1, -1, -1):
+            lstm_backward_block[float](
+                B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
+                f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
+                h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
+                dg + t * B * G4, cs_prev_grad)
+            packed_product(B, G4, dg + t * B * G4, G4, packed_t, 0, H, False, h_prev_grad, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L - 1, -1, -1):
+            if u1 > u0:
+                lstm_backward_block[float](
+                    B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
+                    f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
+                    h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths,
+                    t, dg + t * B * G4, cs_prev_grad, u0, u1 - u0)
+            brnn_barrier_wait(&bar, nt)
+            if u1 > u0:
+                packed_product(B, G4, dg + t * B * G4, G4, packed_t, u0, u1, False,
+                               h_prev_grad, H)
 
 
 cdef void block_lstm_backward_compute(
@@ -1064,14 +1125,14 @@ cdef void block_lstm_backward_compute(
         const floating* cs_grad, const floating* h_grad,  # IN [T, B, H]
         bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_lstm_backward_workspace(L, B, H)]
+        floating* ws,             # workspace [block_lstm_backward_workspace(L, B, H, float)]
         double* acc,              # workspace [3, 4H]
         floating* x_grad,         # OUT [T, B, I]
         floating* cs_prev_grad, floating* h_prev_grad,  # OUT [B, H]
         floating* w_grad,         # OUT [I+H, 4H]
         floating* wci_grad, floating* wcf_grad, floating* wco_grad,  # OUT [H] (if peephole)
         floating* b_grad,         # OUT [4H]
-        int n_threads) noexcept nogil:
+        int n_threads, int max_threads) noexcept nogil:
     """BlockLSTMGrad / BlockLSTMGradV2 (SPEC §5); with `lengths`, row b's
     gradients at t >= lengths[b] are zero (its upstream gradients there unused).
 
@@ -1081,23 +1142,35 @@ cdef void block_lstm_backward_compute(
     holds d h[t-1] while the loop runs. After the loop, x_grad, w_grad, b_grad
     and the peephole gradients are single GEMMs / reductions over all steps:
       x_grad[:L] = dG @ w[:I]^T,  w_grad[:I] = x[:L]^T @ dG,
-      w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG."""
+      w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG.
+    float32 runs the reverse loop in the packed kernel, on up to max_threads
+    threads from the thread budget (lstm_backward_packed); float64 keeps the
+    per-step dgemm, with gate loops on n_threads."""
     cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef floating* dg = ws
-    cdef floating* dh_t = ws + L * B * G4
+    cdef floating* dh_t = ws + L * B * G4   # float32: W_h^T packed instead
     memset(cs_prev_grad, 0, BH * sizeof(floating))
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, 3 * G4 * sizeof(double))
-    for t in range(L - 1, -1, -1):
-        cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
-        lstm_backward_rows(B, H, off, cs_in, i_ + t * BH, f + t * BH, o + t * BH,
-                           ci + t * BH, co + t * BH, cs_grad + t * BH, h_grad + t * BH,
-                           h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
-                           dg + t * B * G4, cs_prev_grad, n_threads)
-        gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w + I * G4, G4,
-                                False, h_prev_grad, H, dh_t)
+    cdef int granted
+    if floating is float:
+        brnn_pack_f32(G4, H, w + I * G4, 1, G4, dh_t)   # W_h^T packed
+        granted = brnn_budget_take(packed_threads(B, G4, H, H, max_threads), max_threads)
+        lstm_backward_packed(L, B, H, off, dh_t, cs_prev, i_, cs, f, o, ci, co, cs_grad,
+                             h_grad, wci, wcf, wco, use_peephole, lengths, dg,
+                             cs_prev_grad, h_prev_grad, granted)
+        brnn_budget_give(granted)
+    else:
+        for t in range(L - 1, -1, -1):
+            cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
+            lstm_backward_rows(B, H, off, cs_in, i_ + t * BH, f + t * BH, o + t * BH,
+                               ci + t * BH, co + t * BH, cs_grad + t * BH, h_grad + t * BH,
+                               h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
+                               dg + t * B * G4, cs_prev_grad, n_threads)
+            gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w + I * G4, G4,
+                                    False, h_prev_grad, H, dh_t)
 
     gemm(False, True, L * B, I, G4, 1, dg, G4, w, G4, 0, x_grad, I)
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
@@ -1132,7 +1205,7 @@ def block_lstm_backward(
         const floating[:, :, ::1] ci, const floating[:, :, ::1] co,
         const floating[:, :, ::1] h,
         const floating[:, :, ::1] cs_grad, const floating[:, :, ::1] h_grad,  # IN [T, B, H]
-        bint use_peephole, int layout, int n_threads,
+        bint use_peephole, int layout, int n_threads, int max_threads,
         floating[:, :, ::1] x_grad,      # OUT [T, B, I]
         floating[:, ::1] cs_prev_grad,   # OUT [B, H]
         floating[:, ::1] h_prev_grad,    # OUT [B, H]
@@ -1143,7 +1216,8 @@ def block_lstm_backward(
     """See block_lstm_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(block_lstm_backward_workspace(L, B, H), dtype=dtype)
+    cdef floating[::1] ws = np.empty(block_lstm_backward_workspace(L, B, H, floating is float),
+                                     dtype=dtype)
     cdef double[::1] acc = np.empty(3 * 4 * H + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
@@ -1156,7 +1230,7 @@ def block_lstm_backward(
             &h_grad[0, 0, 0], use_peephole, lens, &ws[0], &acc[0],
             &x_grad[0, 0, 0],
             &cs_prev_grad[0, 0], &h_prev_grad[0, 0], &w_grad[0, 0], &wci_grad[0],
-            &wcf_grad[0], &wco_grad[0], &b_grad[0], n_threads)
+            &wcf_grad[0], &wco_grad[0], &b_grad[0], n_threads, max_threads)
 
 
 # ---------------------------------------------------------------------------
@@ -1776,7 +1850,7 @@ cdef int api_block_lstm_grad(
         floating* h_prev_grad, floating* w_grad, floating* wci_grad, floating* wcf_grad,
         floating* wco_grad, floating* b_grad) noexcept nogil:
     cdef floating* ws = <floating*>malloc(
-        block_lstm_backward_workspace(L, B, H) * sizeof(floating))
+        block_lstm_backward_workspace(L, B, H, floating is float) * sizeof(floating))
     cdef double* acc = <double*>malloc((3 * 4 * H + 1) * sizeof(double))
     if ws == NULL or acc == NULL:
         free(ws)
@@ -1785,7 +1859,7 @@ cdef int api_block_lstm_grad(
     block_lstm_backward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
                                 i_, cs, f, o, ci, co, h, cs_grad, h_grad, use_peephole != 0,
                                 lengths, ws, acc, x_grad, cs_prev_grad, h_prev_grad, w_grad,
-                                wci_grad, wcf_grad, wco_grad, b_grad, 1)
+                                wci_grad, wcf_grad, wco_grad, b_grad, 1, 1)
     free(ws)
     free(acc)
     return 0

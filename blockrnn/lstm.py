@@ -319,7 +319,7 @@ def _block_lstm_grad(op, layout, seq_len_max, values, use_peephole, sequence_len
         steps_to_run(L, lengths),
         *args.kernel("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco",
                      *_GATES, "h", "cs_grad", "h_grad"),
-        use_peephole, layout, kernel_threads(B, H), *grads, lengths)
+        use_peephole, layout, kernel_threads(B, H), _config.thread_limit(), *grads, lengths)
     if not use_peephole:  # zeros of the shape of the given (unused) peephole weights
         grads[4:7] = [args.zeros(args[name].shape) for name in ("wci", "wcf", "wco")]
     grads = list(map(args.result, grads))
