@@ -722,8 +722,9 @@ def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_cl
 
 def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias,
                     cell_clip, use_peephole, int layout, Py_ssize_t max_serial_work,
-                    int max_threads, output_type):
+                    output_type, int max_threads=1):
     """BlockLSTM / BlockLSTMV2 for the common call (no sequence_length), or None.
+    float32 runs on up to max_threads threads (see block_lstm_forward_compute).
 
     Returns output_type(i, cs, f, o, ci, co, h) of (T, B, H) arrays."""
     cdef void* a[8]   # x, cs_prev, h_prev, w, wci, wcf, wco, b

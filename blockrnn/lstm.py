@@ -222,7 +222,7 @@ def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_pee
     if sequence_length is None:
         out = _kernels.block_lstm_fast(
             seq_len_max, *values.values(), forget_bias, cell_clip, use_peephole, layout,
-            _config.MIN_PARALLEL_WORK, _config.thread_limit(), BlockLSTMOutput)
+            _config.MIN_PARALLEL_WORK, BlockLSTMOutput, _config.thread_limit())
         if out is not None:  # the common call, checked and computed in compiled code
             return out
     forget_bias = check_float(op, "forget_bias", forget_bias)
