@@ -1562,13 +1562,104 @@ def gru_cell_backward(
 
 
 cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
-                                                   Py_ssize_t H) noexcept nogil:
+                                                   Py_ssize_t H, Py_ssize_t I,
+                                                   bint packed) noexcept nogil:
     """Elements of block_gru_forward_compute's workspace: one step's recurrent
-    product ru [B, 2H], then r * h[t-1] [B, H]; if recurrent_weights_transposed,
-    then also w_ru[I:]^T [2H, H], w_c[I:]^T [H, H] and a product transposed [2H, B]."""
+    product ru [B, 2H], then r * h[t-1] [B, H]; float32 (packed): then w_ru's
+    two gate blocks and w_c packed, each as its x rows [I, H] then its h rows
+    [H, H] (see gru_forward_packed); float64, if recurrent_weights_transposed:
+    w_ru[I:]^T [2H, H], w_c[I:]^T [H, H] and a product transposed [2H, B]."""
+    if packed:
+        return B * 3 * H + 3 * (brnn_packed_size(I, H) + brnn_packed_size(H, H)) + 1
     if recurrent_weights_transposed(L, B, H):
         return B * 3 * H + 3 * H * H + 2 * H * B + 1
     return B * 3 * H + 1
+
+
+cdef void gru_forward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed,      # IN  w_ru's r and u blocks and w_c, each [I + H, H] as
+                                  #     its rows [:I] then [I:] packed
+        const float* x, const float* h_prev, const float* b_ru, const float* b_c,
+        const int64_t* lengths,
+        float* ru, float* rh,     # workspace [B, 2H], [B, H]
+        float* r, float* u, float* c, float* h,  # OUT [T, B, H]
+        int n_threads) noexcept nogil:
+    """The time loop of the float32 GRU forward: ONE parallel region of
+    n_threads for all L steps, each thread owning a fixed slice of cells
+    [u0, u1). Per step a thread computes, for its cells, x[t] @ W_x (r, u, c
+    blocks) into the outputs and h[t-1] @ w_ru[I:] into ru, applies the r, u
+    gates (writing its part of rh = r * h[t-1]); barrier (every cell's rh is
+    needed next); c += rh @ w_c[I:] and the output; barrier (step t+1 reads
+    all of h[t]). Every product is the packed kernel's: the bits do not
+    depend on n_threads."""
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H
+    cdef int tid = 0, nt = 1
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            gru_forward_packed_half(0, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, 0, H)
+            gru_forward_packed_half(1, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L):
+            gru_forward_packed_half(0, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            gru_forward_packed_half(1, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+
+
+cdef void gru_forward_packed_half(
+        int half, Py_ssize_t t, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed, Py_ssize_t ps, Py_ssize_t psx, const float* x,
+        const float* h_in, const float* b_ru, const float* b_c, const int64_t* lengths,
+        float* ru, float* rh, float* r, float* u, float* c, float* h,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Half 0 or 1 of step t of gru_forward_packed for the cells [u0, u1).
+    Packed block q (r, u, c) starts at packed + q * ps: its x rows, then at
+    + psx its h rows."""
+    cdef Py_ssize_t BH = B * H, row, k, nu = u1 - u0
+    cdef const float* xt = x + t * B * I
+    if nu <= 0:
+        return
+    if half == 0:
+        packed_product(B, I, xt, I, packed, u0, u1, False, r + t * BH, H)
+        packed_product(B, I, xt, I, packed + ps, u0, u1, False, u + t * BH, H)
+        packed_product(B, I, xt, I, packed + 2 * ps, u0, u1, False, c + t * BH, H)
+        packed_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
+        packed_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+        for row in range(B):
+            k = row * H + u0
+            brnn_gru_gates_row_f32(nu, ru + row * 2 * H + u0, ru + row * 2 * H + H + u0,
+                                   b_ru + u0, b_ru + H + u0, h_in + k, True,
+                                   r + t * BH + k, u + t * BH + k, rh + k)
+        return
+    packed_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, c + t * BH, H)
+    for row in range(B):
+        k = row * H + u0
+        if finished(lengths, row, t):
+            memset(r + t * BH + k, 0, nu * sizeof(float))
+            memset(u + t * BH + k, 0, nu * sizeof(float))
+            memset(c + t * BH + k, 0, nu * sizeof(float))
+            memset(h + t * BH + k, 0, nu * sizeof(float))
+        else:
+            brnn_gru_output_row_f32(nu, b_c + u0, h_in + k, u + t * BH + k, c + t * BH + k,
+                                    h + t * BH + k)
 
 
 cdef void block_gru_forward_compute(
@@ -1580,9 +1671,9 @@ cdef void block_gru_forward_compute(
         const floating* b_ru,     # IN  [2H]
         const floating* b_c,      # IN  [H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_gru_forward_workspace(L, B, H)]
+        floating* ws,             # workspace [block_gru_forward_workspace(L, B, H, I, float)]
         floating* r, floating* u, floating* c, floating* h,  # OUT [T, B, H]
-        int n_threads) noexcept nogil:
+        int n_threads, int max_threads) noexcept nogil:
     """GRUBlockCell (SPEC §6) over L steps, zeros for t >= L (and in row b for
     t >= lengths[b]). The input projections of all L steps are hoisted out of
     the loop as GEMMs into the outputs: r[:L], u[:L] and c[:L] hold x[:L] @
@@ -1591,7 +1682,11 @@ cdef void block_gru_forward_compute(
     adds (r * h[t-1]) @ w_c[I:] onto c[t]; memory beyond the outputs is
     O(B x H), plus transposed copies of w_ru[I:] and w_c[I:] when
     recurrent_weights_transposed: the recurrent products then go through
-    gemm_small_by_weights_t, as in block_lstm_forward_compute."""
+    gemm_small_by_weights_t, as in block_lstm_forward_compute. That is the
+    float64 route; float32 runs every product of the loop in the packed
+    kernel on up to max_threads threads from the thread budget
+    (gru_forward_packed), the input projection folded into the steps as in
+    block_lstm_forward_compute."""
     cdef Py_ssize_t t, BH = B * H
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
@@ -1600,26 +1695,41 @@ cdef void block_gru_forward_compute(
     cdef floating* w_ru_t = NULL  # if recurrent_weights_transposed: w_ru[I:]^T [2H, H],
     cdef floating* w_c_t = NULL   # w_c[I:]^T [H, H]
     cdef floating* tmp = NULL     # and a product transposed [2H, B]
-    if recurrent_weights_transposed(L, B, H):
-        w_ru_t = rh + B * H
-        w_c_t = w_ru_t + 2 * H * H
-        tmp = w_c_t + H * H
-        transpose(H, 2 * H, w_ru + I * 2 * H, 2 * H, False, w_ru_t, H)
-        transpose(H, H, w_c + I * H, H, False, w_c_t, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
-    for t in range(L):
-        h_in = h_prev if t == 0 else h + (t - 1) * BH
-        gemm_small_by_weights(B, 2 * H, H, h_in, H, w_ru + I * 2 * H, 2 * H, w_ru_t, False,
-                              ru, 2 * H, tmp)
-        gru_gates_rows(B, H, ru, b_ru, h_in, True, r + t * BH, u + t * BH, rh, n_threads)
-        gemm_small_by_weights(B, H, H, rh, H, w_c + I * H, H, w_c_t, True, c + t * BH, H, tmp)
-        gru_output_rows(B, H, b_c, h_in, u + t * BH, c + t * BH, h + t * BH, n_threads)
-        zero_rows(B, H, lengths, t, r + t * BH)
-        zero_rows(B, H, lengths, t, u + t * BH)
-        zero_rows(B, H, lengths, t, c + t * BH)
-        zero_rows(B, H, lengths, t, h + t * BH)
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef floating* packed = rh + B * H
+    cdef int q, granted
+    if floating is float:
+        for q in range(2):
+            brnn_pack_f32(I, H, w_ru + q * H, 2 * H, 1, packed + q * ps)
+            brnn_pack_f32(H, H, w_ru + I * 2 * H + q * H, 2 * H, 1, packed + q * ps + psx)
+        brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * ps)
+        brnn_pack_f32(H, H, w_c + I * H, H, 1, packed + 2 * ps + psx)
+        granted = brnn_budget_take(packed_threads(B, I + H, 3 * H, H, max_threads),
+                                   max_threads)
+        gru_forward_packed(L, B, I, H, packed, x, h_prev, b_ru, b_c, lengths, ru, rh,
+                           r, u, c, h, granted)
+        brnn_budget_give(granted)
+    else:
+        if recurrent_weights_transposed(L, B, H):
+            w_ru_t = rh + B * H
+            w_c_t = w_ru_t + 2 * H * H
+            tmp = w_c_t + H * H
+            transpose(H, 2 * H, w_ru + I * 2 * H, 2 * H, False, w_ru_t, H)
+            transpose(H, H, w_c + I * H, H, False, w_c_t, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
+        for t in range(L):
+            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            gemm_small_by_weights(B, 2 * H, H, h_in, H, w_ru + I * 2 * H, 2 * H, w_ru_t, False,
+                                  ru, 2 * H, tmp)
+            gru_gates_rows(B, H, ru, b_ru, h_in, True, r + t * BH, u + t * BH, rh, n_threads)
+            gemm_small_by_weights(B, H, H, rh, H, w_c + I * H, H, w_c_t, True, c + t * BH, H, tmp)
+            gru_output_rows(B, H, b_c, h_in, u + t * BH, c + t * BH, h + t * BH, n_threads)
+            zero_rows(B, H, lengths, t, r + t * BH)
+            zero_rows(B, H, lengths, t, u + t * BH)
+            zero_rows(B, H, lengths, t, c + t * BH)
+            zero_rows(B, H, lengths, t, h + t * BH)
     memset(r + tail, 0, tail_size)
     memset(u + tail, 0, tail_size)
     memset(c + tail, 0, tail_size)
@@ -1634,14 +1744,15 @@ def block_gru_forward(
         const floating[:, ::1] w_c,      # IN  [I+H, H]
         const floating[::1] b_ru,        # IN  [2H]
         const floating[::1] b_c,         # IN  [H]
-        int n_threads,
+        int n_threads, int max_threads,
         floating[:, :, ::1] r, floating[:, :, ::1] u,   # OUT [T, B, H]
         floating[:, :, ::1] c, floating[:, :, ::1] h,
         const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
     """See block_gru_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(block_gru_forward_workspace(L, B, H), dtype=dtype)
+    cdef floating[::1] ws = np.empty(
+        block_gru_forward_workspace(L, B, H, I, floating is float), dtype=dtype)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -1649,11 +1760,11 @@ def block_gru_forward(
         block_gru_forward_compute(L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0],
                                   &w_c[0, 0], &b_ru[0], &b_c[0], lens, &ws[0],
                                   &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0], &h[0, 0, 0],
-                                  n_threads)
+                                  n_threads, max_threads)
 
 
 def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work,
-                   output_type):
+                   output_type, int max_threads=1):
     """block_gru for the common call (no sequence_length), or None (see
     block_lstm_fast).
 
@@ -1671,18 +1782,19 @@ def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_
         return None
     cdef Py_ssize_t L = int(seq_len_max)
     outs = new_outputs(output_type, 4, typenum, o, T, B, H)
-    cdef void* ws = new_workspace(block_gru_forward_workspace(L, B, H), typenum)
+    cdef void* ws = new_workspace(
+        block_gru_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32), typenum)
     with nogil:
         if typenum == cnp.NPY_FLOAT32:
             block_gru_forward_compute[float](
                 L, T, B, I, H, <float*>a[0], <float*>a[1], <float*>a[2], <float*>a[3],
                 <float*>a[4], <float*>a[5], NULL, <float*>ws, <float*>o[0], <float*>o[1],
-                <float*>o[2], <float*>o[3], 1)
+                <float*>o[2], <float*>o[3], 1, max_threads)
         else:
             block_gru_forward_compute[double](
                 L, T, B, I, H, <double*>a[0], <double*>a[1], <double*>a[2], <double*>a[3],
                 <double*>a[4], <double*>a[5], NULL, <double*>ws, <double*>o[0],
-                <double*>o[1], <double*>o[2], <double*>o[3], 1)
+                <double*>o[1], <double*>o[2], <double*>o[3], 1, max_threads)
     PyMem_RawFree(ws)
     return outs
 
@@ -1885,11 +1997,12 @@ cdef int api_block_gru(
         const floating* w_c, const floating* b_ru, const floating* b_c,
         const int64_t* lengths, floating* r, floating* u, floating* c,
         floating* h) noexcept nogil:
-    cdef floating* ws = <floating*>malloc(block_gru_forward_workspace(L, B, H) * sizeof(floating))
+    cdef floating* ws = <floating*>malloc(
+        block_gru_forward_workspace(L, B, H, I, floating is float) * sizeof(floating))
     if ws == NULL:
         return -1
     block_gru_forward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, lengths, ws,
-                              r, u, c, h, 1)
+                              r, u, c, h, 1, 1)
     free(ws)
     return 0
 

@@ -194,14 +194,15 @@ def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=N
     """
     if sequence_length is None:
         out = _kernels.block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c,
-                                      _config.MIN_PARALLEL_WORK, BlockGRUOutput)
+                                      _config.MIN_PARALLEL_WORK, BlockGRUOutput,
+                                      _config.thread_limit())
         if out is not None:  # the common call, checked and computed in compiled code
             return out
     args = Arrays("block_gru", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
     L, lengths, T, B, I, H = _check_sequence(args, seq_len_max, sequence_length)
     outs = args.output_buffers(4, T, B, H)
     _kernels.block_gru_forward(steps_to_run(L, lengths), *args.kernel(*_INPUTS),
-                               kernel_threads(B, H), *outs, lengths)
+                               kernel_threads(B, H), _config.thread_limit(), *outs, lengths)
     return BlockGRUOutput(*args.results(outs))
 
 

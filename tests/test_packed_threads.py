@@ -1,4 +1,4 @@
-"""Sequence ops on the packed kernel: the same bits for 1, 2, 3 and 4 threads
+"""Sequence ops on the packed kernel (LSTM v1/v2 forward and backward, GRU forward): the same bits for 1, 2, 3 and 4 threads
 and for concurrent callers, every kernel variant of this CPU forced in turn
 (BLOCKRNN_KERNEL, in a subprocess) against the float64 results, odd shapes,
 and the process-wide thread budget."""
@@ -27,13 +27,15 @@ def _problem(T, B, I, H, seed, dtype=np.float32):
     lstm = (T, r(T, B, I), r(B, H), r(B, H), r(I + H, 4 * H) / 4, r(H), r(H), r(H), r(4 * H))
     lengths = rng.integers(0, T + 1, B)
     lengths[0] = 0   # a row of length 0
-    return lstm, lengths, (r(T, B, H), r(T, B, H))
+    gru = (T, lstm[1], lstm[3], r(I + H, 2 * H) / 4, r(I + H, H) / 4, r(2 * H), r(H))
+    return lstm, lengths, (r(T, B, H), r(T, B, H)), gru
 
 
 def _run(problem, with_lengths=True):
-    lstm, lengths, grads = problem
+    lstm, lengths, grads, gru = problem
     lens = lengths if with_lengths else None
-    out = []
+    g_fwd = blockrnn.block_gru(*gru, sequence_length=lens)
+    out = [*g_fwd, *blockrnn.block_gru_grad(*gru, *g_fwd, grads[1], sequence_length=lens)]
     for op, grad_op in ((blockrnn.block_lstm, blockrnn.block_lstm_grad),
                         (blockrnn.block_lstm_v2, blockrnn.block_lstm_grad_v2)):
         fwd = op(*lstm, use_peephole=True, sequence_length=lens)
@@ -63,6 +65,7 @@ def test_large_enough_calls_do_run_on_several_threads():
     assert _kernels.packed_threads_for(1, 64 + 600, 4 * 600, 600, 4) == 4
     assert _kernels.packed_threads_for(7, 5 + 100, 4 * 100, 100, 4) == 1
     assert _kernels.packed_threads_for(1, 128 + 128, 4 * 128, 128, 4) == 1
+    assert _kernels.packed_threads_for(13, 20 + 200, 3 * 200, 200, 4) == 4   # GRU
 
 
 def test_concurrent_callers_give_the_serial_bits():
@@ -104,16 +107,21 @@ CHECK = textwrap.dedent("""
         lengths = rng.integers(0, T + 1, B)
         f32 = tuple(a.astype(np.float32) if isinstance(a, np.ndarray) else a for a in args)
         grads = (r(T, B, H), r(T, B, H))
+        gru = (T, args[1], args[3], r(I + H, 2 * H) / 4, r(I + H, H) / 4, r(2 * H), r(H))
+        gru32 = tuple(a.astype(np.float32) if isinstance(a, np.ndarray) else a for a in gru)
 
-        def both(a, g):
+        def both(a, g, gr):
             fwd = blockrnn.block_lstm_v2(*a, use_peephole=True, sequence_length=lengths)
+            g_fwd = blockrnn.block_gru(*gr, sequence_length=lengths)
             return [*fwd, *blockrnn.block_lstm_grad_v2(*a, *fwd, *g, use_peephole=True,
-                                                       sequence_length=lengths)]
-        ref = both(args, grads)
+                                                       sequence_length=lengths),
+                    *g_fwd, *blockrnn.block_gru_grad(*gr, *g_fwd, g[1],
+                                                     sequence_length=lengths)]
+        ref = both(args, grads, gru)
         runs = []
         for n in (1, 2, 4):
             with threadpool_limits(n, user_api="openmp"):
-                runs.append(both(f32, [g.astype(np.float32) for g in grads]))
+                runs.append(both(f32, [g.astype(np.float32) for g in grads], gru32))
         for run in runs[1:]:
             for a, b in zip(runs[0], run):
                 np.testing.assert_array_equal(a, b)
