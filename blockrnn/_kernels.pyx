@@ -162,11 +162,12 @@ def packed_kernel_name():
 
 def packed_product_memview(const float[:, ::1] a, const float[:, :] w, bint accumulate,
                            float[:, ::1] c, str path=None, Py_ssize_t n0=0,
-                           Py_ssize_t n1=-1):
+                           Py_ssize_t n1=-1, int repeat=1):
     """C[:, n0:n1] (+)= A @ W[:, n0:n1] through the packed kernel (for its tests):
     W [K, N] (any strides) packed, then one call of the variant `path` (this
     process's by default; one the CPU cannot run raises ValueError).
-    A [rows, K], C [rows, N]; n0 a multiple of 16."""
+    A [rows, K], C [rows, N]; n0 a multiple of 16. `repeat` runs the
+    product that many times on the one packing (to time the kernel alone)."""
     cdef Py_ssize_t rows = a.shape[0], K = a.shape[1], N = w.shape[1]
     cdef int p = packed_path if path is None else PACKED_PATHS.get(path, -1)
     if p < 0 or not brnn_packed_path_supported(p):
@@ -182,8 +183,9 @@ def packed_product_memview(const float[:, ::1] a, const float[:, :] w, bint accu
     cdef Py_ssize_t sk = w.strides[0] // 4, sn = w.strides[1] // 4
     with nogil:
         brnn_pack_f32(K, N, &w[0, 0] if K > 0 and N > 0 else NULL, sk, sn, &packed[0])
-        fn(rows, K, &a[0, 0] if K > 0 else NULL, K, &packed[0], n0, n1, accumulate,
-           &c[0, 0], N)
+        for _ in range(repeat):
+            fn(rows, K, &a[0, 0] if K > 0 else NULL, K, &packed[0], n0, n1, accumulate,
+               &c[0, 0], N)
 
 
 def packed_threads_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H, int limit):

@@ -113,11 +113,13 @@ static inline __attribute__((always_inline)) void brnn_tile_portable(
     float acc[4][BRNN_NR] = {{0}};
     for (ptrdiff_t k = 0; k < K; k++) {
         const float *pk = p + k * BRNN_NR;
+#pragma GCC unroll 4
         for (int r = 0; r < mr; r++) {
             float ar = a[r * lda + k];
             for (int j = 0; j < BRNN_NR; j++) acc[r][j] += ar * pk[j];
         }
     }
+#pragma GCC unroll 4
     for (int r = 0; r < mr; r++) brnn_store_row(acc[r], cols, accumulate, c + r * ldc);
 }
 
@@ -136,15 +138,18 @@ static inline __attribute__((always_inline)) BRNN_AVX2 void brnn_tile_avx2(
         int mr, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p,
         ptrdiff_t cols, int accumulate, float *c, ptrdiff_t ldc) {
     __m256 c0[6], c1[6];
+#pragma GCC unroll 6
     for (int r = 0; r < mr; r++) c0[r] = c1[r] = _mm256_setzero_ps();
     for (ptrdiff_t k = 0; k < K; k++) {
         __m256 b0 = _mm256_loadu_ps(p + k * BRNN_NR), b1 = _mm256_loadu_ps(p + k * BRNN_NR + 8);
+#pragma GCC unroll 6
         for (int r = 0; r < mr; r++) {
             __m256 ar = _mm256_broadcast_ss(a + r * lda + k);
             c0[r] = _mm256_fmadd_ps(ar, b0, c0[r]);
             c1[r] = _mm256_fmadd_ps(ar, b1, c1[r]);
         }
     }
+#pragma GCC unroll 6   /* every loop over r unrolled: the accumulators stay in registers */
     for (int r = 0; r < mr; r++) {
         float *cr = c + r * ldc;
         if (cols == BRNN_NR) {
@@ -179,10 +184,12 @@ static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tile_avx512(
     for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
     for (ptrdiff_t k = 0; k < K; k++) {
         __m512 b = _mm512_loadu_ps(p + k * BRNN_NR);
+#pragma GCC unroll 12
         for (int r = 0; r < mr; r++)
             acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k]), b, acc[r]);
     }
     __mmask16 mask = (__mmask16)((1u << cols) - 1u);
+#pragma GCC unroll 12
     for (int r = 0; r < mr; r++) {
         float *cr = c + r * ldc;
         if (accumulate)
