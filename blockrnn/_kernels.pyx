@@ -848,9 +848,15 @@ cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
 cdef enum:
     # Multiply-adds of one step's products per thread below which a further
     # thread costs more (its share of the step's barrier) than it saves
-    # (measured on a loaded 2-core machine, LSTM forward 50,1,128,128: 0.69 ms
-    # on 1 thread, 15.6 ms on 2 with 2^17 multiply-adds per step and thread).
-    PACKED_WORK_PER_THREAD = 1 << 18
+    # (measured on a loaded 2-core machine: LSTM forward 50,1,128,128 0.69 ms
+    # on 1 thread, 15.6 ms on 2 with 2^17 multiply-adds per step and thread;
+    # 50,4,128,128 1.06 ms on 1, 12.3 ms on 2 with 2^18).
+    PACKED_WORK_PER_THREAD = 1 << 20
+    # Sequence calls of fewer rows keep the BLAS route (at one row, a GEMV per
+    # step: 0.60 vs 0.82 ms for the LSTM forward at 50,1,128,128, GRU 0.32 vs
+    # 0.41, LSTM backward 0.54 vs 0.70; at two rows the packed kernel won,
+    # LSTM forward 1.0 vs 11 ms, GRU 0.7 vs 10.8, on a loaded machine).
+    PACKED_MIN_ROWS = 2
 
 
 cdef inline int packed_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
@@ -969,7 +975,8 @@ cdef void block_lstm_forward_compute(
     ms at 100,32,256,256; 37.0 (34.8) vs 38.2 (36.0) ms at 200,16,128,256.
     Each g[r, j] is still one dot product over H.
 
-    That is the float64 route (gate loops on n_threads). float32 runs every
+    That is the float64 route (gate loops on n_threads), and float32's for
+    B < PACKED_MIN_ROWS. float32 from PACKED_MIN_ROWS rows on runs every
     product in blockrnn's packed kernel instead (lstm_forward_packed): W_x's
     and W_h's four gate blocks are packed once per call, and each step
     computes x[t] @ W_x into the gate outputs and h[t-1] @ W_h into g, on up to
@@ -990,7 +997,7 @@ cdef void block_lstm_forward_compute(
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
     cdef int q, granted
     cdef Py_ssize_t ps = brnn_packed_size(H, H)
-    if floating is float:
+    if floating is float and B >= PACKED_MIN_ROWS:
         for q in range(4):
             brnn_pack_f32(H, H, w_h + q * H, G4, 1, ws + B * G4 + q * ps)
             brnn_pack_f32(I, H, w + q * H, G4, 1, ws + B * G4 + 4 * ps + q * brnn_packed_size(I, H))
@@ -1146,7 +1153,8 @@ cdef void block_lstm_backward_compute(
     and the peephole gradients are single GEMMs / reductions over all steps:
       x_grad[:L] = dG @ w[:I]^T,  w_grad[:I] = x[:L]^T @ dG,
       w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG.
-    float32 runs the reverse loop in the packed kernel, on up to max_threads
+    float32 (B >= PACKED_MIN_ROWS) runs the reverse loop in the packed
+    kernel, on up to max_threads
     threads from the thread budget (lstm_backward_packed); float64 keeps the
     per-step dgemm, with gate loops on n_threads."""
     cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
@@ -1158,7 +1166,7 @@ cdef void block_lstm_backward_compute(
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, 3 * G4 * sizeof(double))
     cdef int granted
-    if floating is float:
+    if floating is float and B >= PACKED_MIN_ROWS:
         brnn_pack_f32(G4, H, w + I * G4, 1, G4, dh_t)   # W_h^T packed
         granted = brnn_budget_take(packed_threads(B, G4, H, H, max_threads), max_threads)
         lstm_backward_packed(L, B, H, off, dh_t, cs_prev, i_, cs, f, o, ci, co, cs_grad,
@@ -1685,7 +1693,8 @@ cdef void block_gru_forward_compute(
     O(B x H), plus transposed copies of w_ru[I:] and w_c[I:] when
     recurrent_weights_transposed: the recurrent products then go through
     gemm_small_by_weights_t, as in block_lstm_forward_compute. That is the
-    float64 route; float32 runs every product of the loop in the packed
+    float64 route (and float32's for B < PACKED_MIN_ROWS); float32 from
+    PACKED_MIN_ROWS rows on runs every product of the loop in the packed
     kernel on up to max_threads threads from the thread budget
     (gru_forward_packed), the input projection folded into the steps as in
     block_lstm_forward_compute."""
@@ -1700,7 +1709,7 @@ cdef void block_gru_forward_compute(
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     cdef floating* packed = rh + B * H
     cdef int q, granted
-    if floating is float:
+    if floating is float and B >= PACKED_MIN_ROWS:
         for q in range(2):
             brnn_pack_f32(I, H, w_ru + q * H, 2 * H, 1, packed + q * ps)
             brnn_pack_f32(H, H, w_ru + I * 2 * H + q * H, 2 * H, 1, packed + q * ps + psx)

@@ -16,9 +16,10 @@ import blockrnn
 from blockrnn import _kernels
 
 # T, B, I, H: H not a multiple of 16, B not a multiple of the row tile, H = 1,
-# B = 1, I = 0, T = 1, and shapes large enough to run on several threads.
+# B = 1 (the BLAS route), I = 0, T = 1, and shapes large enough to run on
+# several threads.
 SHAPES = [(5, 3, 4, 37), (7, 9, 0, 1), (6, 1, 8, 64), (1, 2, 3, 16), (4, 7, 5, 100),
-          (3, 13, 20, 200), (2, 1, 64, 600)]
+          (3, 13, 20, 200), (2, 2, 64, 600), (2, 24, 60, 200)]
 
 
 def _problem(T, B, I, H, seed, dtype=np.float32):
@@ -61,11 +62,12 @@ def test_large_enough_calls_do_run_on_several_threads():
     """The shapes above reach the threaded route (else the test above checks nothing)."""
     if _kernels.openmp_max_threads() < 2 and blockrnn.build_config()["usable_cpus"] < 2:
         pytest.fail("this machine runs one thread: the thread-count test proves nothing")
-    assert _kernels.packed_threads_for(13, 20 + 200, 4 * 200, 200, 4) == 4
-    assert _kernels.packed_threads_for(1, 64 + 600, 4 * 600, 600, 4) == 4
+    assert _kernels.packed_threads_for(13, 20 + 200, 4 * 200, 200, 4) == 2
+    assert _kernels.packed_threads_for(2, 64 + 600, 4 * 600, 600, 4) == 3
     assert _kernels.packed_threads_for(7, 5 + 100, 4 * 100, 100, 4) == 1
-    assert _kernels.packed_threads_for(1, 128 + 128, 4 * 128, 128, 4) == 1
-    assert _kernels.packed_threads_for(13, 20 + 200, 3 * 200, 200, 4) == 4   # GRU
+    assert _kernels.packed_threads_for(4, 128 + 128, 4 * 128, 128, 4) == 1
+    assert _kernels.packed_threads_for(13, 20 + 200, 3 * 200, 200, 4) == 1   # GRU
+    assert _kernels.packed_threads_for(24, 60 + 200, 3 * 200, 200, 4) == 3   # GRU
 
 
 def test_concurrent_callers_give_the_serial_bits():
