@@ -1330,20 +1330,21 @@ cdef void gru_backward_output_block(
                                    #   d_h_total * u out (first part of d h_prev)
         floating* d_c_bar,         # OUT [rows, H]
         floating* d_ru,            # OUT [rows, 2H]: the u half (columns H:2H)
-        const int64_t* lengths, Py_ssize_t t) noexcept nogil:
+        const int64_t* lengths, Py_ssize_t t,
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
     """SPEC §7: d_c_bar = dh (1-u)(1-c^2), d_u_bar = dh (h_prev-c) u (1-u),
     with dh = d_h (+ carry). Rows past their length get zeros (written, as
-    0 * NaN would not be 0)."""
-    cdef Py_ssize_t row, j, k
+    0 * NaN would not be 0). Cells [u0, u0 + nu) only (default: all H)."""
+    cdef Py_ssize_t row, j, k, u1 = H if nu < 0 else u0 + nu
     cdef floating dh
     for row in range(rows):
         if finished(lengths, row, t):
-            for j in range(H):
+            for j in range(u0, u1):
                 d_c_bar[row * H + j] = 0
                 d_ru[row * 2 * H + H + j] = 0
                 carry[row * H + j] = 0
             continue
-        for j in range(H):
+        for j in range(u0, u1):
             k = row * H + j
             dh = d_h[k] + carry[k] if add_carry else d_h[k]
             d_c_bar[k] = dh * (1 - u[k]) * (1 - c[k] * c[k])
@@ -1357,15 +1358,17 @@ cdef void gru_backward_reset_block(
         const floating* d_hr,      # IN [rows, H] d(r * h_prev) = d_c_bar @ w_c[I:]^T
         floating* d_ru,            # OUT [rows, 2H]: the r half (columns 0:H)
         floating* carry,           # IN/OUT [rows, H]: += d_hr * r
-        const int64_t* lengths, Py_ssize_t t) noexcept nogil:
-    """SPEC §7: d_r_bar = d_hr h_prev r (1-r); d h_prev gets d_hr r."""
-    cdef Py_ssize_t row, j, k
+        const int64_t* lengths, Py_ssize_t t,
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
+    """SPEC §7: d_r_bar = d_hr h_prev r (1-r); d h_prev gets d_hr r. Cells
+    [u0, u0 + nu) only (default: all H)."""
+    cdef Py_ssize_t row, j, k, u1 = H if nu < 0 else u0 + nu
     for row in range(rows):
         if finished(lengths, row, t):
-            for j in range(H):
+            for j in range(u0, u1):
                 d_ru[row * 2 * H + j] = 0
             continue
-        for j in range(H):
+        for j in range(u0, u1):
             k = row * H + j
             d_ru[row * 2 * H + j] = d_hr[k] * h_prev[k] * r[k] * (1 - r[k])
             carry[k] = carry[k] + d_hr[k] * r[k]
@@ -1811,10 +1814,84 @@ def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_
 
 
 cdef inline Py_ssize_t block_gru_backward_workspace(Py_ssize_t L, Py_ssize_t B,
-                                                    Py_ssize_t H) noexcept nogil:
+                                                    Py_ssize_t H, bint packed) noexcept nogil:
     """Elements of block_gru_backward_compute's workspace: [L*B, 4H] (see there),
-    then d(r * h[t-1]) [B, H]. Its double accumulator `acc` has 2H + 1 elements."""
+    then d(r * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and
+    w_ru[I:]^T packed. Its double accumulator `acc` has 2H + 1 elements."""
+    if packed:
+        return (L * B * 4 * H + B * H + brnn_packed_size(H, H) + brnn_packed_size(2 * H, H)
+                + 1)
     return L * B * 4 * H + B * H + 1
+
+
+cdef void gru_backward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H,
+        const float* w_c_t, const float* w_ru_t,  # IN w_c[I:]^T [H, H], w_ru[I:]^T [2H, H]
+                                                  #    packed
+        const float* h_prev, const float* r, const float* u, const float* c,
+        const float* h, const float* h_grad, const int64_t* lengths,
+        float* d_ru, float* d_c,  # OUT [L*B, 2H], [L*B, H]
+        float* d_hr,              # workspace [B, H]
+        float* h_prev_grad,       # IN/OUT [B, H] the carry
+        int n_threads) noexcept nogil:
+    """The reverse loop of the float32 GRU backward: ONE parallel region of
+    n_threads for all L steps, each thread owning the cells [u0, u1). Per step:
+    the output part of SPEC §7 for its cells; barrier (d_hr needs all of
+    dC[t]); d_hr = dC[t] @ w_c[I:]^T and the reset part for its cells; barrier
+    (the carry needs all of dRU[t]); carry += dRU[t] @ w_ru[I:]^T for its
+    cells. The bits do not depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H
+    cdef int tid = 0, nt = 1
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L - 1, -1, -1):
+            gru_backward_packed_part(0, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
+            gru_backward_packed_part(1, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
+            gru_backward_packed_part(2, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L - 1, -1, -1):
+            gru_backward_packed_part(0, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            gru_backward_packed_part(1, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            gru_backward_packed_part(2, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
+
+
+cdef void gru_backward_packed_part(
+        int part, Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, const float* w_c_t,
+        const float* w_ru_t, const float* h_prev, const float* r, const float* u,
+        const float* c, const float* h, const float* h_grad, const int64_t* lengths,
+        float* d_ru, float* d_c, float* d_hr, float* h_prev_grad,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Part 0, 1 or 2 of step t of gru_backward_packed for the cells [u0, u1)."""
+    cdef Py_ssize_t BH = B * H
+    cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
+    if u1 <= u0:
+        return
+    if part == 0:
+        gru_backward_output_block[float](B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
+                                         True, h_prev_grad, d_c + t * BH, d_ru + t * 2 * BH,
+                                         lengths, t, u0, u1 - u0)
+    elif part == 1:
+        packed_product(B, H, d_c + t * BH, H, w_c_t, u0, u1, False, d_hr, H)
+        gru_backward_reset_block[float](B, H, h_in, r + t * BH, d_hr, d_ru + t * 2 * BH,
+                                        h_prev_grad, lengths, t, u0, u1 - u0)
+    else:
+        packed_product(B, 2 * H, d_ru + t * 2 * BH, 2 * H, w_ru_t, u0, u1, True,
+                       h_prev_grad, H)
 
 
 cdef void block_gru_backward_compute(
@@ -1827,7 +1904,7 @@ cdef void block_gru_backward_compute(
         const floating* c, const floating* h,
         const floating* h_grad,   # IN  [T, B, H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_gru_backward_workspace(L, B, H)]
+        floating* ws,             # workspace [block_gru_backward_workspace(L, B, H, float)]
         double* acc,              # workspace [2H]
         floating* x_grad,         # OUT [T, B, I]
         floating* h_prev_grad,    # OUT [B, H]
@@ -1835,7 +1912,7 @@ cdef void block_gru_backward_compute(
         floating* w_c_grad,       # OUT [I+H, H]
         floating* b_ru_grad,      # OUT [2H]
         floating* b_c_grad,       # OUT [H]
-        int n_threads) noexcept nogil:
+        int n_threads, int max_threads) noexcept nogil:
     """Backward of block_gru_forward_compute: SPEC §7 at every step, in reverse.
 
     The loop keeps the gate gradients of every step in the workspace: dRU
@@ -1845,25 +1922,39 @@ cdef void block_gru_backward_compute(
     the loop runs. After it, x_grad and the weight gradients are single GEMMs
     over all steps:
       x_grad[:L] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
-      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC."""
+      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC.
+    float32 from PACKED_MIN_ROWS rows on runs the loop's two products in the
+    packed kernel, on up to max_threads threads from the thread budget
+    (gru_backward_packed); float64 keeps a per-step dgemm."""
     cdef Py_ssize_t t, k, BH = B * H, H2 = 2 * H
     cdef floating* d_ru = ws                    # [L*B, 2H]
     cdef floating* d_c = ws + L * B * H2        # [L*B, H]
     cdef floating* rh = d_c + L * BH            # [L*B, H]
     cdef floating* d_hr = rh + L * BH           # [B, H]
     cdef const floating* h_in
+    cdef floating* w_c_t = d_hr + BH            # float32: w_c[I:]^T packed,
+    cdef floating* w_ru_t = w_c_t + brnn_packed_size(H, H)   # w_ru[I:]^T packed
+    cdef int granted
     memset(h_prev_grad, 0, BH * sizeof(floating))
-    for t in range(L - 1, -1, -1):
-        h_in = h_prev if t == 0 else h + (t - 1) * BH
-        gru_backward_output_rows(B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
-                                 True, h_prev_grad, d_c + t * BH, d_ru + t * B * H2,
-                                 lengths, t, n_threads)
-        gemm_small_by_weights_t(B, H, H, d_c + t * BH, H, w_c + I * H, H, False, d_hr, H,
-                                rh)
-        gru_backward_reset_rows(B, H, h_in, r + t * BH, d_hr, d_ru + t * B * H2,
-                                h_prev_grad, lengths, t, n_threads)
-        gemm_small_by_weights_t(B, H, H2, d_ru + t * B * H2, H2, w_ru + I * H2, H2,
-                                True, h_prev_grad, H, rh)
+    if floating is float and B >= PACKED_MIN_ROWS:
+        brnn_pack_f32(H, H, w_c + I * H, 1, H, w_c_t)
+        brnn_pack_f32(H2, H, w_ru + I * H2, 1, H2, w_ru_t)
+        granted = brnn_budget_take(packed_threads(B, 3 * H, H, H, max_threads), max_threads)
+        gru_backward_packed(L, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad, lengths,
+                            d_ru, d_c, d_hr, h_prev_grad, granted)
+        brnn_budget_give(granted)
+    else:
+        for t in range(L - 1, -1, -1):
+            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            gru_backward_output_rows(B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
+                                     True, h_prev_grad, d_c + t * BH, d_ru + t * B * H2,
+                                     lengths, t, n_threads)
+            gemm_small_by_weights_t(B, H, H, d_c + t * BH, H, w_c + I * H, H, False, d_hr,
+                                    H, rh)
+            gru_backward_reset_rows(B, H, h_in, r + t * BH, d_hr, d_ru + t * B * H2,
+                                    h_prev_grad, lengths, t, n_threads)
+            gemm_small_by_weights_t(B, H, H2, d_ru + t * B * H2, H2, w_ru + I * H2, H2,
+                                    True, h_prev_grad, H, rh)
 
     gemm(False, True, L * B, I, H2, 1, d_ru, H2, w_ru, H2, 0, x_grad, I)
     gemm(False, True, L * B, I, H, 1, d_c, H, w_c, H, 1, x_grad, I)
@@ -1898,7 +1989,7 @@ def block_gru_backward(
         const floating[:, :, ::1] r, const floating[:, :, ::1] u,  # IN [T, B, H] forward
         const floating[:, :, ::1] c, const floating[:, :, ::1] h,
         const floating[:, :, ::1] h_grad,  # IN [T, B, H]
-        int n_threads,
+        int n_threads, int max_threads,
         floating[:, :, ::1] x_grad,      # OUT [T, B, I]
         floating[:, ::1] h_prev_grad,    # OUT [B, H]
         floating[:, ::1] w_ru_grad,      # OUT [I+H, 2H]
@@ -1909,7 +2000,8 @@ def block_gru_backward(
     """See block_gru_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(block_gru_backward_workspace(L, B, H), dtype=dtype)
+    cdef floating[::1] ws = np.empty(block_gru_backward_workspace(L, B, H, floating is float),
+                                     dtype=dtype)
     cdef double[::1] acc = np.empty(2 * H + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
@@ -1919,7 +2011,8 @@ def block_gru_backward(
             L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0], &w_c[0, 0],
             &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0], &h[0, 0, 0], &h_grad[0, 0, 0], lens,
             &ws[0], &acc[0], &x_grad[0, 0, 0], &h_prev_grad[0, 0],
-            &w_ru_grad[0, 0], &w_c_grad[0, 0], &b_ru_grad[0], &b_c_grad[0], n_threads)
+            &w_ru_grad[0, 0], &w_c_grad[0, 0], &b_ru_grad[0], &b_c_grad[0], n_threads,
+            max_threads)
 
 
 # ---------------------------------------------------------------------------
@@ -2026,7 +2119,7 @@ cdef int api_block_gru_grad(
         floating* x_grad, floating* h_prev_grad, floating* w_ru_grad, floating* w_c_grad,
         floating* b_ru_grad, floating* b_c_grad) noexcept nogil:
     cdef floating* ws = <floating*>malloc(
-        block_gru_backward_workspace(L, B, H) * sizeof(floating))
+        block_gru_backward_workspace(L, B, H, floating is float) * sizeof(floating))
     cdef double* acc = <double*>malloc((2 * H + 1) * sizeof(double))
     if ws == NULL or acc == NULL:
         free(ws)
@@ -2034,7 +2127,7 @@ cdef int api_block_gru_grad(
         return -1
     block_gru_backward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, r, u, c, h, h_grad,
                                lengths, ws, acc, x_grad, h_prev_grad,
-                               w_ru_grad, w_c_grad, b_ru_grad, b_c_grad, 1)
+                               w_ru_grad, w_c_grad, b_ru_grad, b_c_grad, 1, 1)
     free(ws)
     free(acc)
     return 0

@@ -236,5 +236,5 @@ def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_g
     _kernels.block_gru_backward(
         steps_to_run(L, lengths),
         *args.kernel("x", "h_prev", "w_ru", "w_c", "r", "u", "c", "h", "h_grad"),
-        kernel_threads(B, H), *grads, lengths)
+        kernel_threads(B, H), _config.thread_limit(), *grads, lengths)
     return BlockGRUGradOutput(*map(args.result, grads))

@@ -1,4 +1,4 @@
-"""Sequence ops on the packed kernel (LSTM v1/v2 forward and backward, GRU forward): the same bits for 1, 2, 3 and 4 threads
+"""Sequence ops on the packed kernel (LSTM v1/v2 and GRU, forward and backward): the same bits for 1, 2, 3 and 4 threads
 and for concurrent callers, every kernel variant of this CPU forced in turn
 (BLOCKRNN_KERNEL, in a subprocess) against the float64 results, odd shapes,
 and the process-wide thread budget."""
@@ -68,6 +68,7 @@ def test_large_enough_calls_do_run_on_several_threads():
     assert _kernels.packed_threads_for(4, 128 + 128, 4 * 128, 128, 4) == 1
     assert _kernels.packed_threads_for(13, 20 + 200, 3 * 200, 200, 4) == 1   # GRU
     assert _kernels.packed_threads_for(24, 60 + 200, 3 * 200, 200, 4) == 3   # GRU
+    assert _kernels.packed_threads_for(24, 3 * 200, 200, 200, 4) == 2   # GRU backward
 
 
 def test_concurrent_callers_give_the_serial_bits():
