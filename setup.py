@@ -103,6 +103,7 @@ def extensions():
             "include/brnn_gru.h",
             "include/brnn_lstm.h",
             "include/brnn_openmp.h",
+            "include/brnn_packed.h",
             "blockrnn/_blas.pxd",
             "blockrnn/_openmp.pxd",
         ],

@@ -38,6 +38,17 @@ def kernel_threads(rows, cells):
     return max(1, min(_kernels.openmp_max_threads(), _usable_cpus(), rows))
 
 
+def thread_limit():
+    """Threads one sequence call may run its time loop on: OpenMP's limit for
+    the calling thread (OMP_NUM_THREADS, or threadpoolctl's
+    ``threadpool_limits``), capped at the CPUs this process may use; 1 in a
+    forked child. The call takes what its size can use, up to this, from the
+    process-wide thread budget (README, Threads)."""
+    if os.getpid() != _IMPORT_PID:
+        return 1
+    return max(1, min(_kernels.openmp_max_threads(), _usable_cpus()))
+
+
 def _usable_cpus():
     try:
         return len(os.sched_getaffinity(0))
@@ -63,6 +74,7 @@ def build_config():
         "blas": f"SciPy's BLAS via scipy.linalg.cython_blas ({_blas_info()})",
         "openmp": "on" if _kernels.openmp_enabled() else "off (serial kernels)",
         "openmp_max_threads": _kernels.openmp_max_threads(),
+        "packed_kernel": _kernels.packed_kernel_name(),
         "usable_cpus": _usable_cpus(),
     }
 

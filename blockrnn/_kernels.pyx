@@ -3,18 +3,24 @@
 # Two tiers (as in scikit-learn's k-means):
 # - `def` entry points take C-contiguous memoryviews (`# IN` const, `# OUT`
 #   preallocated by the caller), allocate one workspace per call and release
-#   the GIL around all the work. They trust their caller (blockrnn/_ops.py)
-#   to have validated every shape and dtype.
+#   the GIL around all the work. They trust their callers (blockrnn/lstm.py
+#   and blockrnn/gru.py, through blockrnn/_validation.py) to have validated
+#   every shape and dtype; the `*_fast` entry points check their own.
 # - `cdef ... noexcept nogil` helpers take pointers and row strides.
 #
 # Equations cite ../shared/SPEC.md (section numbers as "SPEC §3").
 # Names: B batch, I input size, H cell size, T time steps, L = seq_len_max.
 # Gate blocks of H columns in the op's layout (ICFO or IFCO), see GateOffsets.
-# Every matrix product goes through blockrnn/_blas.pxd (SciPy's BLAS); the
-# per-timestep elementwise gate math runs in OpenMP prange loops over rows.
-# Nothing is allocated inside the time loops and there is no global state.
+# Where products run: the float32 LSTM sequence forward runs all of its
+# products in blockrnn's packed kernel (include/brnn_packed.h), in one OpenMP
+# parallel region per call (lstm_forward_packed). Every other product goes
+# through blockrnn/_blas.pxd (SciPy's BLAS), and the per-timestep gate math
+# of those routes runs in OpenMP prange loops over rows.
+# Nothing is allocated inside the time loops; the only global mutable state is
+# the thread budget of include/brnn_packed.h (the packed-kernel variant is
+# chosen once at import and never changes).
 from cython cimport floating
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, prange
 cimport numpy as cnp
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
@@ -28,7 +34,31 @@ import numpy as np
 cnp.import_array()
 
 from blockrnn._blas cimport gemm, gemm_small_by_weights, gemm_small_by_weights_t, transpose
-from blockrnn._openmp cimport BRNN_OPENMP_ENABLED, brnn_omp_get_max_threads
+from blockrnn._openmp cimport (BRNN_OPENMP_ENABLED, brnn_omp_barrier, brnn_omp_get_max_threads,
+                               brnn_omp_get_num_threads, brnn_omp_get_thread_num)
+
+cdef extern from "brnn_packed.h" nogil:
+    ctypedef void (*brnn_packed_fn)(Py_ssize_t rows, Py_ssize_t K, const float* A,
+                                    Py_ssize_t lda, const float* P, Py_ssize_t n0,
+                                    Py_ssize_t n1, int accumulate, float* C, Py_ssize_t ldc)
+    enum:
+        BRNN_NR
+        BRNN_PACKED_PORTABLE
+        BRNN_PACKED_AVX2
+        BRNN_PACKED_AVX512
+    Py_ssize_t brnn_packed_size(Py_ssize_t K, Py_ssize_t N)
+    void brnn_pack_f32(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
+                       Py_ssize_t sn, float* P)
+    int brnn_packed_path_supported(int path)
+    int brnn_packed_best_path()
+    brnn_packed_fn brnn_packed_kernel(int path)
+    int brnn_budget_take(int want, int total)
+    void brnn_budget_give(int n)
+    int brnn_budget_in_use()
+    ctypedef struct brnn_barrier:
+        int count
+        int gen
+    void brnn_barrier_wait(brnn_barrier* b, int n)
 
 cdef extern from "brnn_lstm.h" nogil:
     void brnn_lstm_forward_row_f32(
@@ -86,6 +116,97 @@ def openmp_enabled():
 def openmp_max_threads():
     """omp_get_max_threads() (1 without OpenMP)."""
     return brnn_omp_get_max_threads()
+
+
+# ---------------------------------------------------------------------------
+# The packed recurrent kernel (include/brnn_packed.h): its variant is chosen
+# once, at import, from the CPU's features or BLOCKRNN_KERNEL.
+# ---------------------------------------------------------------------------
+
+PACKED_PATHS = {"portable": BRNN_PACKED_PORTABLE, "avx2": BRNN_PACKED_AVX2,
+                "avx512": BRNN_PACKED_AVX512}
+
+
+def packed_paths_supported():
+    """Names of the packed-kernel variants this CPU can run, fastest first."""
+    return [name for name in ("avx512", "avx2", "portable")
+            if brnn_packed_path_supported(PACKED_PATHS[name])]
+
+
+cdef int choose_packed_path() except -1:
+    """BLOCKRNN_KERNEL = auto (default) | avx512 | avx2 | portable. Forcing a
+    variant this CPU lacks is refused here (it would die of SIGILL)."""
+    import os
+    name = os.environ.get("BLOCKRNN_KERNEL", "auto").strip().lower() or "auto"
+    if name == "auto":
+        return brnn_packed_best_path()
+    if name not in PACKED_PATHS:
+        raise ValueError(f"BLOCKRNN_KERNEL must be one of auto, avx512, avx2, portable; "
+                         f"got {name!r}")
+    if not brnn_packed_path_supported(PACKED_PATHS[name]):
+        raise RuntimeError(f"BLOCKRNN_KERNEL={name}, but this CPU cannot run it (it can "
+                           f"run: {', '.join(packed_paths_supported())}); unset it or "
+                           f"choose one of those")
+    return PACKED_PATHS[name]
+
+
+# Set once at import, read-only afterwards (like an ifunc resolution).
+cdef int packed_path = choose_packed_path()
+cdef brnn_packed_fn packed_product = brnn_packed_kernel(packed_path)
+
+
+def packed_kernel_name():
+    """The packed-kernel variant this process runs (avx512, avx2 or portable)."""
+    return {v: k for k, v in PACKED_PATHS.items()}[packed_path]
+
+
+def packed_product_memview(const float[:, ::1] a, const float[:, :] w, bint accumulate,
+                           float[:, ::1] c, str path=None, Py_ssize_t n0=0,
+                           Py_ssize_t n1=-1, int repeat=1):
+    """C[:, n0:n1] (+)= A @ W[:, n0:n1] through the packed kernel (for its tests):
+    W [K, N] (any strides) packed, then one call of the variant `path` (this
+    process's by default; one the CPU cannot run raises ValueError).
+    A [rows, K], C [rows, N]; n0 a multiple of 16. `repeat` runs the
+    product that many times on the one packing (to time the kernel alone)."""
+    cdef Py_ssize_t rows = a.shape[0], K = a.shape[1], N = w.shape[1]
+    cdef int p = packed_path if path is None else PACKED_PATHS.get(path, -1)
+    if p < 0 or not brnn_packed_path_supported(p):
+        raise ValueError(f"packed_product_memview: path {path!r} is not one of "
+                         f"{packed_paths_supported()}")
+    if n1 < 0:
+        n1 = N
+    if (w.shape[0] != K or c.shape[0] != rows or c.shape[1] != N or rows == 0
+            or not 0 <= n0 <= n1 <= N or n0 % BRNN_NR):
+        raise ValueError("packed_product_memview: inconsistent shapes or column range")
+    cdef float[::1] packed = np.empty(brnn_packed_size(K, N) + 1, dtype=np.float32)
+    cdef brnn_packed_fn fn = brnn_packed_kernel(p)
+    cdef Py_ssize_t sk = w.strides[0] // 4, sn = w.strides[1] // 4
+    with nogil:
+        brnn_pack_f32(K, N, &w[0, 0] if K > 0 and N > 0 else NULL, sk, sn, &packed[0])
+        for _ in range(repeat):
+            fn(rows, K, &a[0, 0] if K > 0 else NULL, K, &packed[0], n0, n1, accumulate,
+               &c[0, 0], N)
+
+
+def packed_threads_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H, int limit):
+    """packed_threads: the threads a sequence call's per-step products
+    [B, K] @ [K, N] over H cells ask of the budget (for the tests)."""
+    return packed_threads(B, K, N, H, limit)
+
+
+def thread_budget_take(int want, int total):
+    """brnn_budget_take (for the thread-budget tests; give the grant back)."""
+    return brnn_budget_take(want, total)
+
+
+def thread_budget_give(int n):
+    """brnn_budget_give (for the thread-budget tests)."""
+    brnn_budget_give(n)
+
+
+def thread_budget_in_use():
+    """blockrnn's threads in use by running sequence calls in this process."""
+    return brnn_budget_in_use()
 
 
 def gemm_memview(bint trans_a, bint trans_b, double alpha, const floating[:, :] a,
@@ -164,37 +285,42 @@ cdef void lstm_forward_block(
         const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
         bint accumulate,          # IN: i, ci, f, o hold x @ Wx (g is h_prev @ Wh)
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [rows, H] each
-        floating* ci, floating* co, floating* h) noexcept nogil:
+        floating* ci, floating* co, floating* h,
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
     """SPEC §3 for a block of rows, one fused pass per row (include/brnn_lstm.h
-    has the math and its order). With `accumulate`, the pre-activation of
-    each gate is (its output's value + g) + bias, else g + bias. Rows past
-    their length (`lengths`, if given) get zeros."""
-    cdef Py_ssize_t r, k
+    has the math and its order), over the cells [u0, u0 + nu) (default: all
+    H). With `accumulate`, the pre-activation of each gate is (its output's
+    value + g) + bias, else g + bias. Rows past their length (`lengths`, if
+    given) get zeros."""
+    cdef Py_ssize_t r, k, size
     cdef const floating* gr
+    if nu < 0:
+        nu = H
+    size = nu * sizeof(floating)
     for r in range(rows):
+        k = r * H + u0
         if finished(lengths, r, t):
+            memset(i_ + k, 0, size)
+            memset(cs + k, 0, size)
+            memset(f + k, 0, size)
+            memset(o + k, 0, size)
+            memset(ci + k, 0, size)
+            memset(co + k, 0, size)
+            memset(h + k, 0, size)
             continue
-        gr = g + r * 4 * H
-        k = r * H
+        gr = g + r * 4 * H + u0
         if floating is float:
             brnn_lstm_forward_row_f32(
-                H, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i,
-                bias + off.c, bias + off.f, bias + off.o, wci, wcf, wco, forget_bias,
-                cell_clip, use_peephole, accumulate, cs_prev + k,
+                nu, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i + u0,
+                bias + off.c + u0, bias + off.f + u0, bias + off.o + u0, wci + u0, wcf + u0,
+                wco + u0, forget_bias, cell_clip, use_peephole, accumulate, cs_prev + k,
                 i_ + k, cs + k, f + k, o + k, ci + k, co + k, h + k)
         else:
             brnn_lstm_forward_row_f64(
-                H, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i,
-                bias + off.c, bias + off.f, bias + off.o, wci, wcf, wco, forget_bias,
-                cell_clip, use_peephole, accumulate, cs_prev + k,
+                nu, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i + u0,
+                bias + off.c + u0, bias + off.f + u0, bias + off.o + u0, wci + u0, wcf + u0,
+                wco + u0, forget_bias, cell_clip, use_peephole, accumulate, cs_prev + k,
                 i_ + k, cs + k, f + k, o + k, ci + k, co + k, h + k)
-    zero_rows(rows, H, lengths, t, i_)
-    zero_rows(rows, H, lengths, t, cs)
-    zero_rows(rows, H, lengths, t, f)
-    zero_rows(rows, H, lengths, t, o)
-    zero_rows(rows, H, lengths, t, ci)
-    zero_rows(rows, H, lengths, t, co)
-    zero_rows(rows, H, lengths, t, h)
 
 
 cdef void lstm_backward_block(
@@ -208,7 +334,8 @@ cdef void lstm_backward_block(
         bint use_peephole, bint add_carry,
         const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
         floating* dg,              # OUT [rows, 4H] gradient of the pre-activation gates
-        floating* cs_prev_grad) noexcept nogil:  # IN/OUT [rows, H], see below
+        floating* cs_prev_grad,    # IN/OUT [rows, H], see below
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
     """SPEC §4 for a block of rows (clipping ignored, as in TensorFlow).
 
     The sequence backward (SPEC §5) sets add_carry: the gradients of h and cs
@@ -216,28 +343,35 @@ cdef void lstm_backward_block(
     are added to h_grad and cs_grad. cs_prev_grad is then overwritten, element
     by element after its read, with the gradient of cs_prev. Rows past their
     length get zero gradients (their upstream gradients are not used). One
-    fused pass per row: include/brnn_lstm.h has the math and its order."""
-    cdef Py_ssize_t r, k
+    fused pass per row: include/brnn_lstm.h has the math and its order. Only
+    the cells [u0, u0 + nu) (default: all H) are computed."""
+    cdef Py_ssize_t r, k, size
     cdef floating* dgr
+    if nu < 0:
+        nu = H
+    size = nu * sizeof(floating)
     for r in range(rows):
-        dgr = dg + r * 4 * H
-        k = r * H
+        dgr = dg + r * 4 * H + u0
+        k = r * H + u0
         if finished(lengths, r, t):
-            memset(dgr, 0, 4 * H * sizeof(floating))
-            memset(cs_prev_grad + k, 0, H * sizeof(floating))
+            memset(dgr + off.i, 0, size)
+            memset(dgr + off.c, 0, size)
+            memset(dgr + off.f, 0, size)
+            memset(dgr + off.o, 0, size)
+            memset(cs_prev_grad + k, 0, size)
             continue
         if floating is float:
             brnn_lstm_backward_row_f32(
-                H, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
-                h_grad + k, dh_carry + k if add_carry else NULL, wci, wcf, wco,
-                use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f, dgr + off.o,
-                cs_prev_grad + k)
+                nu, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
+                h_grad + k, dh_carry + k if add_carry else NULL, wci + u0, wcf + u0,
+                wco + u0, use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f,
+                dgr + off.o, cs_prev_grad + k)
         else:
             brnn_lstm_backward_row_f64(
-                H, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
-                h_grad + k, dh_carry + k if add_carry else NULL, wci, wcf, wco,
-                use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f, dgr + off.o,
-                cs_prev_grad + k)
+                nu, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
+                h_grad + k, dh_carry + k if add_carry else NULL, wci + u0, wcf + u0,
+                wco + u0, use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f,
+                dgr + off.o, cs_prev_grad + k)
 
 
 cdef void lstm_forward_rows(
@@ -596,8 +730,9 @@ def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_cl
 
 def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias,
                     cell_clip, use_peephole, int layout, Py_ssize_t max_serial_work,
-                    output_type):
+                    output_type, int max_threads=1):
     """BlockLSTM / BlockLSTMV2 for the common call (no sequence_length), or None.
+    float32 runs on up to max_threads threads (see block_lstm_forward_compute).
 
     Returns output_type(i, cs, f, o, ci, co, h) of (T, B, H) arrays."""
     cdef void* a[8]   # x, cs_prev, h_prev, w, wci, wcf, wco, b
@@ -618,7 +753,8 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
             or dim(wci, 0) != H or dim(wcf, 0) != H or dim(wco, 0) != H):
         return None
     outs = new_outputs(output_type, 7, typenum, o, T, B, H)
-    cdef void* g = new_workspace(block_lstm_forward_workspace(L, B, H), typenum)
+    cdef void* g = new_workspace(
+        block_lstm_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32), typenum)
     cdef double fb = forget_bias, clip_ = cell_clip
     cdef bint peep = use_peephole
     with nogil:
@@ -627,13 +763,15 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
                 L, T, B, I, H, layout, <float*>a[0], <float*>a[1], <float*>a[2],
                 <float*>a[3], <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7],
                 <float>fb, <float>clip_, peep, NULL, <float*>g, <float*>o[0], <float*>o[1],
-                <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5], <float*>o[6], 1)
+                <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5], <float*>o[6], 1,
+                max_threads)
         else:
             block_lstm_forward_compute[double](
                 L, T, B, I, H, layout, <double*>a[0], <double*>a[1], <double*>a[2],
                 <double*>a[3], <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7],
                 fb, clip_, peep, NULL, <double*>g, <double*>o[0], <double*>o[1],
-                <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1)
+                <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1,
+                max_threads)
     PyMem_RawFree(g)
     return outs
 
@@ -700,13 +838,114 @@ cdef inline bint recurrent_weights_transposed(Py_ssize_t L, Py_ssize_t B,
 
 
 cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
-                                                    Py_ssize_t H) noexcept nogil:
+                                                    Py_ssize_t H, Py_ssize_t I,
+                                                    bint packed) noexcept nogil:
     """Elements of block_lstm_forward_compute's workspace: one step's gates
-    [B, 4H], and if recurrent_weights_transposed, the copy W_h^T [4H, H] and
-    the step's gates transposed [4H, B]."""
+    [B, 4H], then for float32 (packed) W_h's four gate blocks packed
+    [4, brnn_packed_size(H, H)]; for float64, if recurrent_weights_transposed,
+    the copy W_h^T [4H, H] and the step's gates transposed [4H, B]."""
+    if packed:
+        return B * 4 * H + 4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1
     if recurrent_weights_transposed(L, B, H):
         return 2 * B * 4 * H + 4 * H * H + 1
     return B * 4 * H + 1
+
+
+cdef enum:
+    # Multiply-adds of one step's products per thread below which a further
+    # thread costs more (its share of the step's barrier) than it saves
+    # (measured on a loaded 2-core machine: LSTM forward 50,1,128,128 0.69 ms
+    # on 1 thread, 15.6 ms on 2 with 2^17 multiply-adds per step and thread;
+    # 50,4,128,128 1.06 ms on 1, 12.3 ms on 2 with 2^18).
+    PACKED_WORK_PER_THREAD = 1 << 20
+    # Sequence calls of fewer rows keep the BLAS route (at one row, a GEMV per
+    # step: 0.60 vs 0.82 ms for the LSTM forward at 50,1,128,128, GRU 0.32 vs
+    # 0.41, LSTM backward 0.54 vs 0.70; at two rows the packed kernel won,
+    # LSTM forward 1.0 vs 11 ms, GRU 0.7 vs 10.8, on a loaded machine).
+    PACKED_MIN_ROWS = 2
+
+
+cdef inline int packed_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
+                               int limit) noexcept nogil:
+    """Threads a sequence call's per-step products [B, K] @ [K, N] over H
+    cells can use: one per PACKED_WORK_PER_THREAD multiply-adds, at most one
+    per 16-cell panel, at most `limit`, at least 1."""
+    cdef Py_ssize_t n = min(B * K * N // PACKED_WORK_PER_THREAD, (H + BRNN_NR - 1) // BRNN_NR)
+    return <int>max(1, min(n, limit))
+
+
+cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
+    """First cell of thread tid of nt (thread nt ends at H): whole 16-column
+    panels, split evenly. (A function of the arguments only: values assigned
+    inside a Cython parallel block are what makes them thread-private.)"""
+    cdef Py_ssize_t panels = (H + BRNN_NR - 1) // BRNN_NR
+    return min(H, tid * panels // nt * BRNN_NR)
+
+
+cdef void lstm_forward_packed_step(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
+        const float* packed, const float* x, const float* cs_in, const float* h_in,
+        const float* b, const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
+        float* g, float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t of the float32 forward for the cells [u0, u1): their four gate
+    columns of x[t] @ W_x into the gate outputs and of g = h_in @ W_h, both by
+    the packed kernel, then their gates."""
+    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H), BH = B * H
+    cdef float* dst
+    if u1 <= u0:
+        return
+    for q in range(4):
+        dst = (i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f
+               else o) + t * BH
+        packed_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+                       dst, H)
+        packed_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, 4 * H)
+    lstm_forward_block[float](B, H, off, g, b, cs_in, wci, wcf, wco, forget_bias, cell_clip,
+                              use_peephole, lengths, t, True, i_ + t * BH, cs + t * BH,
+                              f + t * BH, o + t * BH, ci + t * BH, co + t * BH, h + t * BH,
+                              u0, u1 - u0)
+
+
+cdef void lstm_forward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
+        const float* packed,      # IN  W_h's then W_x's four gate blocks packed
+        const float* x, const float* cs_prev, const float* h_prev, const float* b,
+        const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
+        float* g,                 # workspace [B, 4H]
+        float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
+        int n_threads) noexcept nogil:
+    """The time loop of the float32 forward: ONE parallel region of n_threads
+    for all L steps. Each thread owns a fixed slice of cells (unit_start: every
+    gate column of those cells) and computes their input projection,
+    recurrent product and gates at every step; one barrier per step, since
+    step t+1 reads all of h[t]. No BLAS call inside. Each product element is
+    one packed-kernel sum: the bits do not depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    cdef int tid, nt
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            lstm_forward_packed_step(
+                t, B, I, H, off, packed, x, cs_prev if t == 0 else cs + (t - 1) * BH,
+                h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L):
+            lstm_forward_packed_step(
+                t, B, I, H, off, packed, x, cs_prev if t == 0 else cs + (t - 1) * BH,
+                h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
 
 
 cdef void block_lstm_forward_compute(
@@ -718,9 +957,10 @@ cdef void block_lstm_forward_compute(
         const floating* b,        # IN  [4H]
         floating forget_bias, floating cell_clip, bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_lstm_forward_workspace(L, B, H)]
+        floating* ws,             # workspace [block_lstm_forward_workspace(L, B, H, I, float)]
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [T, B, H]
-        floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
+        floating* ci, floating* co, floating* h, int n_threads,
+        int max_threads) noexcept nogil:
     """BlockLSTM / BlockLSTMV2 (SPEC §3, sequence): L steps, zeros for t >= L
     (and, with `lengths`, zeros in row b for t >= lengths[b]).
 
@@ -739,7 +979,19 @@ cdef void block_lstm_forward_compute(
     float32, 2 threads, 40-60 alternated calls each, median (best): 185.6
     (169.9) vs 197.2 (177.9) ms at 100,64,512,512; 36.0 (32.5) vs 39.4 (34.3)
     ms at 100,32,256,256; 37.0 (34.8) vs 38.2 (36.0) ms at 200,16,128,256.
-    Each g[r, j] is still one dot product over H."""
+    Each g[r, j] is still one dot product over H.
+
+    That is the float64 route (gate loops on n_threads), and float32's for
+    B < PACKED_MIN_ROWS. float32 from PACKED_MIN_ROWS rows on runs every
+    product in blockrnn's packed kernel instead (lstm_forward_packed): W_x's
+    and W_h's four gate blocks are packed once per call, and each step
+    computes x[t] @ W_x into the gate outputs and h[t-1] @ W_h into g, on up to
+    max_threads threads taken from the process's thread budget
+    (brnn_budget_take) and given back after the loop. Folding the input
+    projection into the steps keeps OpenBLAS out of the forward: its workers
+    spin (sched_yield) for about 0.1 s after each GEMM, on the cores the
+    region's threads need (measured: 101 ms of CPU burnt in the 200 ms after
+    a call whose only BLAS call was the hoisted input GEMM)."""
     cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
     cdef floating* g = ws
     cdef const floating* w_h = w + I * G4   # [H, 4H]
@@ -749,22 +1001,34 @@ cdef void block_lstm_forward_compute(
     cdef const floating* cs_in
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
-    gemm(False, False, L * B, H, I, 1, x, I, w + off.i, G4, 0, i_, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w + off.c, G4, 0, ci, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
-    if recurrent_weights_transposed(L, B, H):
-        w_h_t = ws + B * G4
-        g_t = w_h_t + G4 * H
-        transpose(H, G4, w_h, G4, False, w_h_t, H)
-    for t in range(L):
-        cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
-        h_in = h_prev if t == 0 else h + (t - 1) * BH
-        gemm_small_by_weights(B, G4, H, h_in, H, w_h, G4, w_h_t, False, g, G4, g_t)
-        lstm_forward_rows(B, H, off, g, b, cs_in, wci, wcf, wco,
-                          forget_bias, cell_clip, use_peephole, lengths, t, True,
-                          i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
-                          ci + t * BH, co + t * BH, h + t * BH, n_threads)
+    cdef int q, granted
+    cdef Py_ssize_t ps = brnn_packed_size(H, H)
+    if floating is float and B >= PACKED_MIN_ROWS:
+        for q in range(4):
+            brnn_pack_f32(H, H, w_h + q * H, G4, 1, ws + B * G4 + q * ps)
+            brnn_pack_f32(I, H, w + q * H, G4, 1, ws + B * G4 + 4 * ps + q * brnn_packed_size(I, H))
+        granted = brnn_budget_take(packed_threads(B, I + H, G4, H, max_threads), max_threads)
+        lstm_forward_packed(L, B, I, H, off, ws + B * G4, x, cs_prev, h_prev, b, wci, wcf,
+                            wco, forget_bias, cell_clip, use_peephole, lengths, g,
+                            i_, cs, f, o, ci, co, h, granted)
+        brnn_budget_give(granted)
+    else:
+        gemm(False, False, L * B, H, I, 1, x, I, w + off.i, G4, 0, i_, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w + off.c, G4, 0, ci, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
+        if recurrent_weights_transposed(L, B, H):
+            w_h_t = ws + B * G4
+            g_t = w_h_t + G4 * H
+            transpose(H, G4, w_h, G4, False, w_h_t, H)
+        for t in range(L):
+            cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
+            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            gemm_small_by_weights(B, G4, H, h_in, H, w_h, G4, w_h_t, False, g, G4, g_t)
+            lstm_forward_rows(B, H, off, g, b, cs_in, wci, wcf, wco,
+                              forget_bias, cell_clip, use_peephole, lengths, t, True,
+                              i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
+                              ci + t * BH, co + t * BH, h + t * BH, n_threads)
     # TF leaves the gates past L uninitialised; blockrnn writes zeros.
     memset(i_ + tail, 0, tail_size)
     memset(cs + tail, 0, tail_size)
@@ -784,7 +1048,7 @@ def block_lstm_forward(
         const floating[::1] wci, const floating[::1] wcf, const floating[::1] wco,  # IN
         const floating[::1] b,           # IN  [4H]
         double forget_bias, double cell_clip, bint use_peephole, int layout,
-        int n_threads,
+        int n_threads, int max_threads,
         floating[:, :, ::1] i_, floating[:, :, ::1] cs, floating[:, :, ::1] f,  # OUT
         floating[:, :, ::1] o, floating[:, :, ::1] ci, floating[:, :, ::1] co,  # [T, B, H]
         floating[:, :, ::1] h,
@@ -792,7 +1056,8 @@ def block_lstm_forward(
     """See block_lstm_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] g = np.empty(block_lstm_forward_workspace(L, B, H), dtype=dtype)
+    cdef floating[::1] g = np.empty(block_lstm_forward_workspace(L, B, H, I, floating is float),
+                                    dtype=dtype)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -801,15 +1066,68 @@ def block_lstm_forward(
             L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w[0, 0],
             &wci[0], &wcf[0], &wco[0], &b[0], <floating>forget_bias, <floating>cell_clip,
             use_peephole, lens, &g[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
-            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads)
+            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads, max_threads)
 
 
 cdef inline Py_ssize_t block_lstm_backward_workspace(Py_ssize_t L, Py_ssize_t B,
-                                                     Py_ssize_t H) noexcept nogil:
+                                                     Py_ssize_t H, bint packed) noexcept nogil:
     """Elements of block_lstm_backward_compute's workspace: the gate gradients of
-    every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B]. Its
+    every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B]
+    (float64) or W_h^T packed [brnn_packed_size(4H, H)] (float32). Its
     double accumulator `acc` has 3 * 4H + 1 elements."""
+    if packed:
+        return L * B * 4 * H + brnn_packed_size(4 * H, H) + 1
     return L * B * 4 * H + B * H + 1
+
+
+cdef void lstm_backward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        const float* packed_t,    # IN  W_h^T [4H, H] packed
+        const float* cs_prev, const float* i_, const float* cs, const float* f,
+        const float* o, const float* ci, const float* co, const float* cs_grad,
+        const float* h_grad, const float* wci, const float* wcf, const float* wco,
+        bint use_peephole, const int64_t* lengths,
+        float* dg,                # OUT [L*B, 4H]
+        float* cs_prev_grad, float* h_prev_grad,  # IN/OUT [B, H] the carries
+        int n_threads) noexcept nogil:
+    """The reverse time loop of the float32 backward: ONE parallel region of
+    n_threads for all L steps, each thread owning a fixed slice of cells
+    [u0, u1). At step t a thread computes dG[t] for its cells (all four gate
+    columns), then, after the step's one barrier (dh needs every column of
+    dG[t]), dh[:, u0:u1] = dG[t] @ W_h^T[:, u0:u1] in the packed kernel. Its
+    next step reads only its own cells' carries, and dG has one buffer per
+    step, so one barrier per step is enough. The bits do not depend on
+    n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H, G4 = 4 * H
+    cdef int tid = 0, nt = 1
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L - 1, -1, -1):
+            lstm_backward_block[float](
+                B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
+                f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
+                h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
+                dg + t * B * G4, cs_prev_grad)
+            packed_product(B, G4, dg + t * B * G4, G4, packed_t, 0, H, False, h_prev_grad, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L - 1, -1, -1):
+            if u1 > u0:
+                lstm_backward_block[float](
+                    B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
+                    f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
+                    h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths,
+                    t, dg + t * B * G4, cs_prev_grad, u0, u1 - u0)
+            brnn_barrier_wait(&bar, nt)
+            if u1 > u0:
+                packed_product(B, G4, dg + t * B * G4, G4, packed_t, u0, u1, False,
+                               h_prev_grad, H)
 
 
 cdef void block_lstm_backward_compute(
@@ -823,14 +1141,14 @@ cdef void block_lstm_backward_compute(
         const floating* cs_grad, const floating* h_grad,  # IN [T, B, H]
         bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_lstm_backward_workspace(L, B, H)]
+        floating* ws,             # workspace [block_lstm_backward_workspace(L, B, H, float)]
         double* acc,              # workspace [3, 4H]
         floating* x_grad,         # OUT [T, B, I]
         floating* cs_prev_grad, floating* h_prev_grad,  # OUT [B, H]
         floating* w_grad,         # OUT [I+H, 4H]
         floating* wci_grad, floating* wcf_grad, floating* wco_grad,  # OUT [H] (if peephole)
         floating* b_grad,         # OUT [4H]
-        int n_threads) noexcept nogil:
+        int n_threads, int max_threads) noexcept nogil:
     """BlockLSTMGrad / BlockLSTMGradV2 (SPEC §5); with `lengths`, row b's
     gradients at t >= lengths[b] are zero (its upstream gradients there unused).
 
@@ -840,23 +1158,36 @@ cdef void block_lstm_backward_compute(
     holds d h[t-1] while the loop runs. After the loop, x_grad, w_grad, b_grad
     and the peephole gradients are single GEMMs / reductions over all steps:
       x_grad[:L] = dG @ w[:I]^T,  w_grad[:I] = x[:L]^T @ dG,
-      w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG."""
+      w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG.
+    float32 (B >= PACKED_MIN_ROWS) runs the reverse loop in the packed
+    kernel, on up to max_threads
+    threads from the thread budget (lstm_backward_packed); float64 keeps the
+    per-step dgemm, with gate loops on n_threads."""
     cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef floating* dg = ws
-    cdef floating* dh_t = ws + L * B * G4
+    cdef floating* dh_t = ws + L * B * G4   # float32: W_h^T packed instead
     memset(cs_prev_grad, 0, BH * sizeof(floating))
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, 3 * G4 * sizeof(double))
-    for t in range(L - 1, -1, -1):
-        cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
-        lstm_backward_rows(B, H, off, cs_in, i_ + t * BH, f + t * BH, o + t * BH,
-                           ci + t * BH, co + t * BH, cs_grad + t * BH, h_grad + t * BH,
-                           h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
-                           dg + t * B * G4, cs_prev_grad, n_threads)
-        gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w + I * G4, G4,
-                                False, h_prev_grad, H, dh_t)
+    cdef int granted
+    if floating is float and B >= PACKED_MIN_ROWS:
+        brnn_pack_f32(G4, H, w + I * G4, 1, G4, dh_t)   # W_h^T packed
+        granted = brnn_budget_take(packed_threads(B, G4, H, H, max_threads), max_threads)
+        lstm_backward_packed(L, B, H, off, dh_t, cs_prev, i_, cs, f, o, ci, co, cs_grad,
+                             h_grad, wci, wcf, wco, use_peephole, lengths, dg,
+                             cs_prev_grad, h_prev_grad, granted)
+        brnn_budget_give(granted)
+    else:
+        for t in range(L - 1, -1, -1):
+            cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
+            lstm_backward_rows(B, H, off, cs_in, i_ + t * BH, f + t * BH, o + t * BH,
+                               ci + t * BH, co + t * BH, cs_grad + t * BH, h_grad + t * BH,
+                               h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
+                               dg + t * B * G4, cs_prev_grad, n_threads)
+            gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w + I * G4, G4,
+                                    False, h_prev_grad, H, dh_t)
 
     gemm(False, True, L * B, I, G4, 1, dg, G4, w, G4, 0, x_grad, I)
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
@@ -891,7 +1222,7 @@ def block_lstm_backward(
         const floating[:, :, ::1] ci, const floating[:, :, ::1] co,
         const floating[:, :, ::1] h,
         const floating[:, :, ::1] cs_grad, const floating[:, :, ::1] h_grad,  # IN [T, B, H]
-        bint use_peephole, int layout, int n_threads,
+        bint use_peephole, int layout, int n_threads, int max_threads,
         floating[:, :, ::1] x_grad,      # OUT [T, B, I]
         floating[:, ::1] cs_prev_grad,   # OUT [B, H]
         floating[:, ::1] h_prev_grad,    # OUT [B, H]
@@ -902,7 +1233,8 @@ def block_lstm_backward(
     """See block_lstm_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(block_lstm_backward_workspace(L, B, H), dtype=dtype)
+    cdef floating[::1] ws = np.empty(block_lstm_backward_workspace(L, B, H, floating is float),
+                                     dtype=dtype)
     cdef double[::1] acc = np.empty(3 * 4 * H + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
@@ -915,7 +1247,7 @@ def block_lstm_backward(
             &h_grad[0, 0, 0], use_peephole, lens, &ws[0], &acc[0],
             &x_grad[0, 0, 0],
             &cs_prev_grad[0, 0], &h_prev_grad[0, 0], &w_grad[0, 0], &wci_grad[0],
-            &wcf_grad[0], &wco_grad[0], &b_grad[0], n_threads)
+            &wcf_grad[0], &wco_grad[0], &b_grad[0], n_threads, max_threads)
 
 
 # ---------------------------------------------------------------------------
@@ -1004,20 +1336,21 @@ cdef void gru_backward_output_block(
                                    #   d_h_total * u out (first part of d h_prev)
         floating* d_c_bar,         # OUT [rows, H]
         floating* d_ru,            # OUT [rows, 2H]: the u half (columns H:2H)
-        const int64_t* lengths, Py_ssize_t t) noexcept nogil:
+        const int64_t* lengths, Py_ssize_t t,
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
     """SPEC §7: d_c_bar = dh (1-u)(1-c^2), d_u_bar = dh (h_prev-c) u (1-u),
     with dh = d_h (+ carry). Rows past their length get zeros (written, as
-    0 * NaN would not be 0)."""
-    cdef Py_ssize_t row, j, k
+    0 * NaN would not be 0). Cells [u0, u0 + nu) only (default: all H)."""
+    cdef Py_ssize_t row, j, k, u1 = H if nu < 0 else u0 + nu
     cdef floating dh
     for row in range(rows):
         if finished(lengths, row, t):
-            for j in range(H):
+            for j in range(u0, u1):
                 d_c_bar[row * H + j] = 0
                 d_ru[row * 2 * H + H + j] = 0
                 carry[row * H + j] = 0
             continue
-        for j in range(H):
+        for j in range(u0, u1):
             k = row * H + j
             dh = d_h[k] + carry[k] if add_carry else d_h[k]
             d_c_bar[k] = dh * (1 - u[k]) * (1 - c[k] * c[k])
@@ -1031,15 +1364,17 @@ cdef void gru_backward_reset_block(
         const floating* d_hr,      # IN [rows, H] d(r * h_prev) = d_c_bar @ w_c[I:]^T
         floating* d_ru,            # OUT [rows, 2H]: the r half (columns 0:H)
         floating* carry,           # IN/OUT [rows, H]: += d_hr * r
-        const int64_t* lengths, Py_ssize_t t) noexcept nogil:
-    """SPEC §7: d_r_bar = d_hr h_prev r (1-r); d h_prev gets d_hr r."""
-    cdef Py_ssize_t row, j, k
+        const int64_t* lengths, Py_ssize_t t,
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
+    """SPEC §7: d_r_bar = d_hr h_prev r (1-r); d h_prev gets d_hr r. Cells
+    [u0, u0 + nu) only (default: all H)."""
+    cdef Py_ssize_t row, j, k, u1 = H if nu < 0 else u0 + nu
     for row in range(rows):
         if finished(lengths, row, t):
-            for j in range(H):
+            for j in range(u0, u1):
                 d_ru[row * 2 * H + j] = 0
             continue
-        for j in range(H):
+        for j in range(u0, u1):
             k = row * H + j
             d_ru[row * 2 * H + j] = d_hr[k] * h_prev[k] * r[k] * (1 - r[k])
             carry[k] = carry[k] + d_hr[k] * r[k]
@@ -1248,13 +1583,104 @@ def gru_cell_backward(
 
 
 cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
-                                                   Py_ssize_t H) noexcept nogil:
+                                                   Py_ssize_t H, Py_ssize_t I,
+                                                   bint packed) noexcept nogil:
     """Elements of block_gru_forward_compute's workspace: one step's recurrent
-    product ru [B, 2H], then r * h[t-1] [B, H]; if recurrent_weights_transposed,
-    then also w_ru[I:]^T [2H, H], w_c[I:]^T [H, H] and a product transposed [2H, B]."""
+    product ru [B, 2H], then r * h[t-1] [B, H]; float32 (packed): then w_ru's
+    two gate blocks and w_c packed, each as its x rows [I, H] then its h rows
+    [H, H] (see gru_forward_packed); float64, if recurrent_weights_transposed:
+    w_ru[I:]^T [2H, H], w_c[I:]^T [H, H] and a product transposed [2H, B]."""
+    if packed:
+        return B * 3 * H + 3 * (brnn_packed_size(I, H) + brnn_packed_size(H, H)) + 1
     if recurrent_weights_transposed(L, B, H):
         return B * 3 * H + 3 * H * H + 2 * H * B + 1
     return B * 3 * H + 1
+
+
+cdef void gru_forward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed,      # IN  w_ru's r and u blocks and w_c, each [I + H, H] as
+                                  #     its rows [:I] then [I:] packed
+        const float* x, const float* h_prev, const float* b_ru, const float* b_c,
+        const int64_t* lengths,
+        float* ru, float* rh,     # workspace [B, 2H], [B, H]
+        float* r, float* u, float* c, float* h,  # OUT [T, B, H]
+        int n_threads) noexcept nogil:
+    """The time loop of the float32 GRU forward: ONE parallel region of
+    n_threads for all L steps, each thread owning a fixed slice of cells
+    [u0, u1). Per step a thread computes, for its cells, x[t] @ W_x (r, u, c
+    blocks) into the outputs and h[t-1] @ w_ru[I:] into ru, applies the r, u
+    gates (writing its part of rh = r * h[t-1]); barrier (every cell's rh is
+    needed next); c += rh @ w_c[I:] and the output; barrier (step t+1 reads
+    all of h[t]). Every product is the packed kernel's: the bits do not
+    depend on n_threads."""
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H
+    cdef int tid = 0, nt = 1
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            gru_forward_packed_half(0, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, 0, H)
+            gru_forward_packed_half(1, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L):
+            gru_forward_packed_half(0, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            gru_forward_packed_half(1, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+
+
+cdef void gru_forward_packed_half(
+        int half, Py_ssize_t t, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed, Py_ssize_t ps, Py_ssize_t psx, const float* x,
+        const float* h_in, const float* b_ru, const float* b_c, const int64_t* lengths,
+        float* ru, float* rh, float* r, float* u, float* c, float* h,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Half 0 or 1 of step t of gru_forward_packed for the cells [u0, u1).
+    Packed block q (r, u, c) starts at packed + q * ps: its x rows, then at
+    + psx its h rows."""
+    cdef Py_ssize_t BH = B * H, row, k, nu = u1 - u0
+    cdef const float* xt = x + t * B * I
+    if nu <= 0:
+        return
+    if half == 0:
+        packed_product(B, I, xt, I, packed, u0, u1, False, r + t * BH, H)
+        packed_product(B, I, xt, I, packed + ps, u0, u1, False, u + t * BH, H)
+        packed_product(B, I, xt, I, packed + 2 * ps, u0, u1, False, c + t * BH, H)
+        packed_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
+        packed_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+        for row in range(B):
+            k = row * H + u0
+            brnn_gru_gates_row_f32(nu, ru + row * 2 * H + u0, ru + row * 2 * H + H + u0,
+                                   b_ru + u0, b_ru + H + u0, h_in + k, True,
+                                   r + t * BH + k, u + t * BH + k, rh + k)
+        return
+    packed_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, c + t * BH, H)
+    for row in range(B):
+        k = row * H + u0
+        if finished(lengths, row, t):
+            memset(r + t * BH + k, 0, nu * sizeof(float))
+            memset(u + t * BH + k, 0, nu * sizeof(float))
+            memset(c + t * BH + k, 0, nu * sizeof(float))
+            memset(h + t * BH + k, 0, nu * sizeof(float))
+        else:
+            brnn_gru_output_row_f32(nu, b_c + u0, h_in + k, u + t * BH + k, c + t * BH + k,
+                                    h + t * BH + k)
 
 
 cdef void block_gru_forward_compute(
@@ -1266,9 +1692,9 @@ cdef void block_gru_forward_compute(
         const floating* b_ru,     # IN  [2H]
         const floating* b_c,      # IN  [H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_gru_forward_workspace(L, B, H)]
+        floating* ws,             # workspace [block_gru_forward_workspace(L, B, H, I, float)]
         floating* r, floating* u, floating* c, floating* h,  # OUT [T, B, H]
-        int n_threads) noexcept nogil:
+        int n_threads, int max_threads) noexcept nogil:
     """GRUBlockCell (SPEC §6) over L steps, zeros for t >= L (and in row b for
     t >= lengths[b]). The input projections of all L steps are hoisted out of
     the loop as GEMMs into the outputs: r[:L], u[:L] and c[:L] hold x[:L] @
@@ -1277,7 +1703,12 @@ cdef void block_gru_forward_compute(
     adds (r * h[t-1]) @ w_c[I:] onto c[t]; memory beyond the outputs is
     O(B x H), plus transposed copies of w_ru[I:] and w_c[I:] when
     recurrent_weights_transposed: the recurrent products then go through
-    gemm_small_by_weights_t, as in block_lstm_forward_compute."""
+    gemm_small_by_weights_t, as in block_lstm_forward_compute. That is the
+    float64 route (and float32's for B < PACKED_MIN_ROWS); float32 from
+    PACKED_MIN_ROWS rows on runs every product of the loop in the packed
+    kernel on up to max_threads threads from the thread budget
+    (gru_forward_packed), the input projection folded into the steps as in
+    block_lstm_forward_compute."""
     cdef Py_ssize_t t, BH = B * H
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
@@ -1286,26 +1717,41 @@ cdef void block_gru_forward_compute(
     cdef floating* w_ru_t = NULL  # if recurrent_weights_transposed: w_ru[I:]^T [2H, H],
     cdef floating* w_c_t = NULL   # w_c[I:]^T [H, H]
     cdef floating* tmp = NULL     # and a product transposed [2H, B]
-    if recurrent_weights_transposed(L, B, H):
-        w_ru_t = rh + B * H
-        w_c_t = w_ru_t + 2 * H * H
-        tmp = w_c_t + H * H
-        transpose(H, 2 * H, w_ru + I * 2 * H, 2 * H, False, w_ru_t, H)
-        transpose(H, H, w_c + I * H, H, False, w_c_t, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
-    gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
-    for t in range(L):
-        h_in = h_prev if t == 0 else h + (t - 1) * BH
-        gemm_small_by_weights(B, 2 * H, H, h_in, H, w_ru + I * 2 * H, 2 * H, w_ru_t, False,
-                              ru, 2 * H, tmp)
-        gru_gates_rows(B, H, ru, b_ru, h_in, True, r + t * BH, u + t * BH, rh, n_threads)
-        gemm_small_by_weights(B, H, H, rh, H, w_c + I * H, H, w_c_t, True, c + t * BH, H, tmp)
-        gru_output_rows(B, H, b_c, h_in, u + t * BH, c + t * BH, h + t * BH, n_threads)
-        zero_rows(B, H, lengths, t, r + t * BH)
-        zero_rows(B, H, lengths, t, u + t * BH)
-        zero_rows(B, H, lengths, t, c + t * BH)
-        zero_rows(B, H, lengths, t, h + t * BH)
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef floating* packed = rh + B * H
+    cdef int q, granted
+    if floating is float and B >= PACKED_MIN_ROWS:
+        for q in range(2):
+            brnn_pack_f32(I, H, w_ru + q * H, 2 * H, 1, packed + q * ps)
+            brnn_pack_f32(H, H, w_ru + I * 2 * H + q * H, 2 * H, 1, packed + q * ps + psx)
+        brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * ps)
+        brnn_pack_f32(H, H, w_c + I * H, H, 1, packed + 2 * ps + psx)
+        granted = brnn_budget_take(packed_threads(B, I + H, 3 * H, H, max_threads),
+                                   max_threads)
+        gru_forward_packed(L, B, I, H, packed, x, h_prev, b_ru, b_c, lengths, ru, rh,
+                           r, u, c, h, granted)
+        brnn_budget_give(granted)
+    else:
+        if recurrent_weights_transposed(L, B, H):
+            w_ru_t = rh + B * H
+            w_c_t = w_ru_t + 2 * H * H
+            tmp = w_c_t + H * H
+            transpose(H, 2 * H, w_ru + I * 2 * H, 2 * H, False, w_ru_t, H)
+            transpose(H, H, w_c + I * H, H, False, w_c_t, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
+        for t in range(L):
+            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            gemm_small_by_weights(B, 2 * H, H, h_in, H, w_ru + I * 2 * H, 2 * H, w_ru_t, False,
+                                  ru, 2 * H, tmp)
+            gru_gates_rows(B, H, ru, b_ru, h_in, True, r + t * BH, u + t * BH, rh, n_threads)
+            gemm_small_by_weights(B, H, H, rh, H, w_c + I * H, H, w_c_t, True, c + t * BH, H, tmp)
+            gru_output_rows(B, H, b_c, h_in, u + t * BH, c + t * BH, h + t * BH, n_threads)
+            zero_rows(B, H, lengths, t, r + t * BH)
+            zero_rows(B, H, lengths, t, u + t * BH)
+            zero_rows(B, H, lengths, t, c + t * BH)
+            zero_rows(B, H, lengths, t, h + t * BH)
     memset(r + tail, 0, tail_size)
     memset(u + tail, 0, tail_size)
     memset(c + tail, 0, tail_size)
@@ -1320,14 +1766,15 @@ def block_gru_forward(
         const floating[:, ::1] w_c,      # IN  [I+H, H]
         const floating[::1] b_ru,        # IN  [2H]
         const floating[::1] b_c,         # IN  [H]
-        int n_threads,
+        int n_threads, int max_threads,
         floating[:, :, ::1] r, floating[:, :, ::1] u,   # OUT [T, B, H]
         floating[:, :, ::1] c, floating[:, :, ::1] h,
         const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
     """See block_gru_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(block_gru_forward_workspace(L, B, H), dtype=dtype)
+    cdef floating[::1] ws = np.empty(
+        block_gru_forward_workspace(L, B, H, I, floating is float), dtype=dtype)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -1335,11 +1782,11 @@ def block_gru_forward(
         block_gru_forward_compute(L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0],
                                   &w_c[0, 0], &b_ru[0], &b_c[0], lens, &ws[0],
                                   &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0], &h[0, 0, 0],
-                                  n_threads)
+                                  n_threads, max_threads)
 
 
 def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work,
-                   output_type):
+                   output_type, int max_threads=1):
     """block_gru for the common call (no sequence_length), or None (see
     block_lstm_fast).
 
@@ -1357,27 +1804,102 @@ def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_
         return None
     cdef Py_ssize_t L = int(seq_len_max)
     outs = new_outputs(output_type, 4, typenum, o, T, B, H)
-    cdef void* ws = new_workspace(block_gru_forward_workspace(L, B, H), typenum)
+    cdef void* ws = new_workspace(
+        block_gru_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32), typenum)
     with nogil:
         if typenum == cnp.NPY_FLOAT32:
             block_gru_forward_compute[float](
                 L, T, B, I, H, <float*>a[0], <float*>a[1], <float*>a[2], <float*>a[3],
                 <float*>a[4], <float*>a[5], NULL, <float*>ws, <float*>o[0], <float*>o[1],
-                <float*>o[2], <float*>o[3], 1)
+                <float*>o[2], <float*>o[3], 1, max_threads)
         else:
             block_gru_forward_compute[double](
                 L, T, B, I, H, <double*>a[0], <double*>a[1], <double*>a[2], <double*>a[3],
                 <double*>a[4], <double*>a[5], NULL, <double*>ws, <double*>o[0],
-                <double*>o[1], <double*>o[2], <double*>o[3], 1)
+                <double*>o[1], <double*>o[2], <double*>o[3], 1, max_threads)
     PyMem_RawFree(ws)
     return outs
 
 
 cdef inline Py_ssize_t block_gru_backward_workspace(Py_ssize_t L, Py_ssize_t B,
-                                                    Py_ssize_t H) noexcept nogil:
+                                                    Py_ssize_t H, bint packed) noexcept nogil:
     """Elements of block_gru_backward_compute's workspace: [L*B, 4H] (see there),
-    then d(r * h[t-1]) [B, H]. Its double accumulator `acc` has 2H + 1 elements."""
+    then d(r * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and
+    w_ru[I:]^T packed. Its double accumulator `acc` has 2H + 1 elements."""
+    if packed:
+        return (L * B * 4 * H + B * H + brnn_packed_size(H, H) + brnn_packed_size(2 * H, H)
+                + 1)
     return L * B * 4 * H + B * H + 1
+
+
+cdef void gru_backward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H,
+        const float* w_c_t, const float* w_ru_t,  # IN w_c[I:]^T [H, H], w_ru[I:]^T [2H, H]
+                                                  #    packed
+        const float* h_prev, const float* r, const float* u, const float* c,
+        const float* h, const float* h_grad, const int64_t* lengths,
+        float* d_ru, float* d_c,  # OUT [L*B, 2H], [L*B, H]
+        float* d_hr,              # workspace [B, H]
+        float* h_prev_grad,       # IN/OUT [B, H] the carry
+        int n_threads) noexcept nogil:
+    """The reverse loop of the float32 GRU backward: ONE parallel region of
+    n_threads for all L steps, each thread owning the cells [u0, u1). Per step:
+    the output part of SPEC §7 for its cells; barrier (d_hr needs all of
+    dC[t]); d_hr = dC[t] @ w_c[I:]^T and the reset part for its cells; barrier
+    (the carry needs all of dRU[t]); carry += dRU[t] @ w_ru[I:]^T for its
+    cells. The bits do not depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H
+    cdef int tid = 0, nt = 1
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L - 1, -1, -1):
+            gru_backward_packed_part(0, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
+            gru_backward_packed_part(1, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
+            gru_backward_packed_part(2, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L - 1, -1, -1):
+            gru_backward_packed_part(0, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            gru_backward_packed_part(1, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            gru_backward_packed_part(2, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
+
+
+cdef void gru_backward_packed_part(
+        int part, Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, const float* w_c_t,
+        const float* w_ru_t, const float* h_prev, const float* r, const float* u,
+        const float* c, const float* h, const float* h_grad, const int64_t* lengths,
+        float* d_ru, float* d_c, float* d_hr, float* h_prev_grad,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Part 0, 1 or 2 of step t of gru_backward_packed for the cells [u0, u1)."""
+    cdef Py_ssize_t BH = B * H
+    cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
+    if u1 <= u0:
+        return
+    if part == 0:
+        gru_backward_output_block[float](B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
+                                         True, h_prev_grad, d_c + t * BH, d_ru + t * 2 * BH,
+                                         lengths, t, u0, u1 - u0)
+    elif part == 1:
+        packed_product(B, H, d_c + t * BH, H, w_c_t, u0, u1, False, d_hr, H)
+        gru_backward_reset_block[float](B, H, h_in, r + t * BH, d_hr, d_ru + t * 2 * BH,
+                                        h_prev_grad, lengths, t, u0, u1 - u0)
+    else:
+        packed_product(B, 2 * H, d_ru + t * 2 * BH, 2 * H, w_ru_t, u0, u1, True,
+                       h_prev_grad, H)
 
 
 cdef void block_gru_backward_compute(
@@ -1390,7 +1912,7 @@ cdef void block_gru_backward_compute(
         const floating* c, const floating* h,
         const floating* h_grad,   # IN  [T, B, H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_gru_backward_workspace(L, B, H)]
+        floating* ws,             # workspace [block_gru_backward_workspace(L, B, H, float)]
         double* acc,              # workspace [2H]
         floating* x_grad,         # OUT [T, B, I]
         floating* h_prev_grad,    # OUT [B, H]
@@ -1398,7 +1920,7 @@ cdef void block_gru_backward_compute(
         floating* w_c_grad,       # OUT [I+H, H]
         floating* b_ru_grad,      # OUT [2H]
         floating* b_c_grad,       # OUT [H]
-        int n_threads) noexcept nogil:
+        int n_threads, int max_threads) noexcept nogil:
     """Backward of block_gru_forward_compute: SPEC §7 at every step, in reverse.
 
     The loop keeps the gate gradients of every step in the workspace: dRU
@@ -1408,25 +1930,39 @@ cdef void block_gru_backward_compute(
     the loop runs. After it, x_grad and the weight gradients are single GEMMs
     over all steps:
       x_grad[:L] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
-      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC."""
+      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC.
+    float32 from PACKED_MIN_ROWS rows on runs the loop's two products in the
+    packed kernel, on up to max_threads threads from the thread budget
+    (gru_backward_packed); float64 keeps a per-step dgemm."""
     cdef Py_ssize_t t, k, BH = B * H, H2 = 2 * H
     cdef floating* d_ru = ws                    # [L*B, 2H]
     cdef floating* d_c = ws + L * B * H2        # [L*B, H]
     cdef floating* rh = d_c + L * BH            # [L*B, H]
     cdef floating* d_hr = rh + L * BH           # [B, H]
     cdef const floating* h_in
+    cdef floating* w_c_t = d_hr + BH            # float32: w_c[I:]^T packed,
+    cdef floating* w_ru_t = w_c_t + brnn_packed_size(H, H)   # w_ru[I:]^T packed
+    cdef int granted
     memset(h_prev_grad, 0, BH * sizeof(floating))
-    for t in range(L - 1, -1, -1):
-        h_in = h_prev if t == 0 else h + (t - 1) * BH
-        gru_backward_output_rows(B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
-                                 True, h_prev_grad, d_c + t * BH, d_ru + t * B * H2,
-                                 lengths, t, n_threads)
-        gemm_small_by_weights_t(B, H, H, d_c + t * BH, H, w_c + I * H, H, False, d_hr, H,
-                                rh)
-        gru_backward_reset_rows(B, H, h_in, r + t * BH, d_hr, d_ru + t * B * H2,
-                                h_prev_grad, lengths, t, n_threads)
-        gemm_small_by_weights_t(B, H, H2, d_ru + t * B * H2, H2, w_ru + I * H2, H2,
-                                True, h_prev_grad, H, rh)
+    if floating is float and B >= PACKED_MIN_ROWS:
+        brnn_pack_f32(H, H, w_c + I * H, 1, H, w_c_t)
+        brnn_pack_f32(H2, H, w_ru + I * H2, 1, H2, w_ru_t)
+        granted = brnn_budget_take(packed_threads(B, 3 * H, H, H, max_threads), max_threads)
+        gru_backward_packed(L, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad, lengths,
+                            d_ru, d_c, d_hr, h_prev_grad, granted)
+        brnn_budget_give(granted)
+    else:
+        for t in range(L - 1, -1, -1):
+            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            gru_backward_output_rows(B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
+                                     True, h_prev_grad, d_c + t * BH, d_ru + t * B * H2,
+                                     lengths, t, n_threads)
+            gemm_small_by_weights_t(B, H, H, d_c + t * BH, H, w_c + I * H, H, False, d_hr,
+                                    H, rh)
+            gru_backward_reset_rows(B, H, h_in, r + t * BH, d_hr, d_ru + t * B * H2,
+                                    h_prev_grad, lengths, t, n_threads)
+            gemm_small_by_weights_t(B, H, H2, d_ru + t * B * H2, H2, w_ru + I * H2, H2,
+                                    True, h_prev_grad, H, rh)
 
     gemm(False, True, L * B, I, H2, 1, d_ru, H2, w_ru, H2, 0, x_grad, I)
     gemm(False, True, L * B, I, H, 1, d_c, H, w_c, H, 1, x_grad, I)
@@ -1461,7 +1997,7 @@ def block_gru_backward(
         const floating[:, :, ::1] r, const floating[:, :, ::1] u,  # IN [T, B, H] forward
         const floating[:, :, ::1] c, const floating[:, :, ::1] h,
         const floating[:, :, ::1] h_grad,  # IN [T, B, H]
-        int n_threads,
+        int n_threads, int max_threads,
         floating[:, :, ::1] x_grad,      # OUT [T, B, I]
         floating[:, ::1] h_prev_grad,    # OUT [B, H]
         floating[:, ::1] w_ru_grad,      # OUT [I+H, 2H]
@@ -1472,7 +2008,8 @@ def block_gru_backward(
     """See block_gru_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(block_gru_backward_workspace(L, B, H), dtype=dtype)
+    cdef floating[::1] ws = np.empty(block_gru_backward_workspace(L, B, H, floating is float),
+                                     dtype=dtype)
     cdef double[::1] acc = np.empty(2 * H + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
@@ -1482,7 +2019,8 @@ def block_gru_backward(
             L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0], &w_c[0, 0],
             &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0], &h[0, 0, 0], &h_grad[0, 0, 0], lens,
             &ws[0], &acc[0], &x_grad[0, 0, 0], &h_prev_grad[0, 0],
-            &w_ru_grad[0, 0], &w_c_grad[0, 0], &b_ru_grad[0], &b_c_grad[0], n_threads)
+            &w_ru_grad[0, 0], &w_c_grad[0, 0], &b_ru_grad[0], &b_c_grad[0], n_threads,
+            max_threads)
 
 
 # ---------------------------------------------------------------------------
@@ -1515,12 +2053,13 @@ cdef int api_block_lstm(
         const floating* b, floating forget_bias, floating cell_clip, int use_peephole,
         const int64_t* lengths, floating* i_, floating* cs, floating* f, floating* o,
         floating* ci, floating* co, floating* h) noexcept nogil:
-    cdef floating* g = <floating*>malloc(block_lstm_forward_workspace(L, B, H) * sizeof(floating))
+    cdef floating* g = <floating*>malloc(
+        block_lstm_forward_workspace(L, B, H, I, floating is float) * sizeof(floating))
     if g == NULL:
         return -1
     block_lstm_forward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
                                b, forget_bias, cell_clip, use_peephole != 0, lengths, g,
-                               i_, cs, f, o, ci, co, h, 1)
+                               i_, cs, f, o, ci, co, h, 1, 1)
     free(g)
     return 0
 
@@ -1536,7 +2075,7 @@ cdef int api_block_lstm_grad(
         floating* h_prev_grad, floating* w_grad, floating* wci_grad, floating* wcf_grad,
         floating* wco_grad, floating* b_grad) noexcept nogil:
     cdef floating* ws = <floating*>malloc(
-        block_lstm_backward_workspace(L, B, H) * sizeof(floating))
+        block_lstm_backward_workspace(L, B, H, floating is float) * sizeof(floating))
     cdef double* acc = <double*>malloc((3 * 4 * H + 1) * sizeof(double))
     if ws == NULL or acc == NULL:
         free(ws)
@@ -1545,7 +2084,7 @@ cdef int api_block_lstm_grad(
     block_lstm_backward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, wci, wcf, wco,
                                 i_, cs, f, o, ci, co, h, cs_grad, h_grad, use_peephole != 0,
                                 lengths, ws, acc, x_grad, cs_prev_grad, h_prev_grad, w_grad,
-                                wci_grad, wcf_grad, wco_grad, b_grad, 1)
+                                wci_grad, wcf_grad, wco_grad, b_grad, 1, 1)
     free(ws)
     free(acc)
     return 0
@@ -1570,11 +2109,12 @@ cdef int api_block_gru(
         const floating* w_c, const floating* b_ru, const floating* b_c,
         const int64_t* lengths, floating* r, floating* u, floating* c,
         floating* h) noexcept nogil:
-    cdef floating* ws = <floating*>malloc(block_gru_forward_workspace(L, B, H) * sizeof(floating))
+    cdef floating* ws = <floating*>malloc(
+        block_gru_forward_workspace(L, B, H, I, floating is float) * sizeof(floating))
     if ws == NULL:
         return -1
     block_gru_forward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, lengths, ws,
-                              r, u, c, h, 1)
+                              r, u, c, h, 1, 1)
     free(ws)
     return 0
 
@@ -1587,7 +2127,7 @@ cdef int api_block_gru_grad(
         floating* x_grad, floating* h_prev_grad, floating* w_ru_grad, floating* w_c_grad,
         floating* b_ru_grad, floating* b_c_grad) noexcept nogil:
     cdef floating* ws = <floating*>malloc(
-        block_gru_backward_workspace(L, B, H) * sizeof(floating))
+        block_gru_backward_workspace(L, B, H, floating is float) * sizeof(floating))
     cdef double* acc = <double*>malloc((2 * H + 1) * sizeof(double))
     if ws == NULL or acc == NULL:
         free(ws)
@@ -1595,7 +2135,7 @@ cdef int api_block_gru_grad(
         return -1
     block_gru_backward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, r, u, c, h, h_grad,
                                lengths, ws, acc, x_grad, h_prev_grad,
-                               w_ru_grad, w_c_grad, b_ru_grad, b_c_grad, 1)
+                               w_ru_grad, w_c_grad, b_ru_grad, b_c_grad, 1, 1)
     free(ws)
     free(acc)
     return 0

@@ -3,3 +3,6 @@
 cdef extern from "brnn_openmp.h" nogil:
     bint BRNN_OPENMP_ENABLED
     int brnn_omp_get_max_threads()
+    int brnn_omp_get_thread_num()
+    int brnn_omp_get_num_threads()
+    void brnn_omp_barrier()

@@ -195,7 +195,8 @@ def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=N
     """
     if sequence_length is None:
         out = _kernels.block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c,
-                                      _config.MIN_PARALLEL_WORK, BlockGRUOutput)
+                                      _config.MIN_PARALLEL_WORK, BlockGRUOutput,
+                                      _config.thread_limit())
         if out is not None:  # the common call, checked and computed in compiled code
             return out
     args = Arrays("block_gru", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
@@ -204,7 +205,7 @@ def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=N
     if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
         return BlockGRUOutput(*args.results(outs))
     _kernels.block_gru_forward(steps_to_run(L, lengths), *args.kernel(*_INPUTS),
-                               kernel_threads(B, H), *outs, lengths)
+                               kernel_threads(B, H), _config.thread_limit(), *outs, lengths)
     return BlockGRUOutput(*args.results(outs))
 
 
@@ -245,5 +246,5 @@ def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_g
         steps,
         *args.kernel("x", "h_prev", "w_ru", "w_c", "r", "u", "c", "h", "h_grad",
                      padded=("r", "h"), steps=steps, lengths=lengths),
-        kernel_threads(B, H), *grads, lengths)
+        kernel_threads(B, H), _config.thread_limit(), *grads, lengths)
     return BlockGRUGradOutput(*map(args.result, grads))

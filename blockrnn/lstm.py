@@ -223,7 +223,7 @@ def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_pee
     if sequence_length is None:
         out = _kernels.block_lstm_fast(
             seq_len_max, *values.values(), forget_bias, cell_clip, use_peephole, layout,
-            _config.MIN_PARALLEL_WORK, BlockLSTMOutput)
+            _config.MIN_PARALLEL_WORK, BlockLSTMOutput, _config.thread_limit())
         if out is not None:  # the common call, checked and computed in compiled code
             return out
     forget_bias = check_float(op, "forget_bias", forget_bias)
@@ -238,7 +238,8 @@ def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_pee
         return BlockLSTMOutput(*args.results(outs))
     _kernels.block_lstm_forward(
         steps_to_run(L, lengths), *args.kernel("x", "cs_prev", "h_prev", *_PARAMS),
-        forget_bias, cell_clip, use_peephole, layout, kernel_threads(B, H), *outs, lengths)
+        forget_bias, cell_clip, use_peephole, layout, kernel_threads(B, H),
+        _config.thread_limit(), *outs, lengths)
     return BlockLSTMOutput(*args.results(outs))
 
 
@@ -328,7 +329,7 @@ def _block_lstm_grad(op, layout, seq_len_max, values, use_peephole, sequence_len
         *args.kernel("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco",
                      *_GATES, "h", "cs_grad", "h_grad",
                      padded=("cs", "h"), steps=steps, lengths=lengths),
-        use_peephole, layout, kernel_threads(B, H), *grads, lengths)
+        use_peephole, layout, kernel_threads(B, H), _config.thread_limit(), *grads, lengths)
     if not use_peephole:  # zeros of the shape of the given (unused) peephole weights
         grads[4:7] = [args.zeros(args[name].shape) for name in ("wci", "wcf", "wco")]
     grads = list(map(args.result, grads))

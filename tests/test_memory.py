@@ -1,8 +1,8 @@
 """Memory of the sequence ops: beyond the outputs, one call allocates at most one
 T x B x 4H workspace plus O(B x H). The forward ops allocate only O(B x H), plus
 transposed copies of the recurrent weights (4H x H for the LSTM, 3H x H for the
-GRU) when those are no larger than T x B x 4H (NumPy reports its allocations to
-tracemalloc)."""
+GRU) when those are no larger than T x B x 4H, or for the float32 forwards a
+packed copy of the weights (NumPy reports its allocations to tracemalloc)."""
 import tracemalloc
 
 import numpy as np
@@ -37,9 +37,14 @@ def test_sequence_ops_stay_within_one_workspace(dtype):
     fwd, peak = _peak(blockrnn.block_lstm_v2, *lstm, use_peephole=True)
     outputs = sum(a.nbytes for a in fwd)
     # The LSTM forward needs no T x B x 4H buffer: its input projection goes
-    # into the gate outputs, and a step's recurrent product into B x 4H, from
-    # a 4H x H copy of W_h (H <= T * B here) through a 4H x B transpose.
-    scratch = (2 * B * 4 * H + 4 * H * H) * item
+    # into the gate outputs, and a step's recurrent product into B x 4H.
+    # float64: from a 4H x H copy of W_h (H <= T * B here) through a 4H x B
+    # transpose; float32: from w [I+H, 4H] packed (each gate block's columns
+    # padded to a multiple of 16).
+    if dtype == np.float64:
+        scratch = (2 * B * 4 * H + 4 * H * H) * item
+    else:
+        scratch = (B * 4 * H + (I + H) * 4 * (-(-H // 16) * 16)) * item
     assert 4 * H * H <= T * B * 4 * H
     assert outputs <= peak <= outputs + scratch + SLACK, (peak, outputs)
     assert workspace > scratch + 2 * SLACK   # so the line above fails with a T x B x 4H buffer
@@ -53,7 +58,11 @@ def test_sequence_ops_stay_within_one_workspace(dtype):
     g_fwd, peak = _peak(blockrnn.block_gru, *gru)
     outputs = sum(a.nbytes for a in g_fwd)
     # O(B x H), plus copies of the recurrent weights [3H, H] and a [2H, B] transpose
-    scratch = (B * 3 * H + 3 * H * H + 2 * H * B) * item
+    # (float64), or w_ru and w_c packed ([I+H, 3H], columns padded to 16; float32)
+    if dtype == np.float64:
+        scratch = (B * 3 * H + 3 * H * H + 2 * H * B) * item
+    else:
+        scratch = (B * 3 * H + (I + H) * 3 * (-(-H // 16) * 16)) * item
     assert outputs <= peak <= outputs + scratch + SLACK, (peak, outputs)
     g_grads, peak = _peak(blockrnn.block_gru_grad, *gru, *g_fwd, g_fwd.h)
     outputs = sum(a.nbytes for a in g_grads)

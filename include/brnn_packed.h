@@ -1,0 +1,293 @@
+/* The packed-weight product of the per-step recurrent products (float32):
+ * C[rows, n0:n1] (+)= A[rows, K] . W[K, n0:n1], with W packed once per
+ * sequence call and multiplied T times (ONNX Runtime's MLAS and oneDNN do the
+ * same; the micro-kernel is the Goto/BLIS register-blocked tile).
+ *
+ * Packed layout: W [K, N] becomes ceil(N / 16) panels of 16 columns; panel p
+ * holds columns [16p, 16p + 16), contiguous in k:
+ *   P[p * 16 * K + k * 16 + j] = W(k, 16p + j), 0 past column N.
+ * Every variant below reads that one layout.
+ *
+ * Determinism: each C element is ONE sum over k = 0..K-1, in order, started
+ * from 0 (then added to C once if accumulating), whatever the tile or the
+ * column range a call covers. Splitting rows or panels between threads
+ * therefore never changes a bit; only the variant does (the AVX2 and AVX-512
+ * variants use FMA, the portable one a multiply then an add).
+ *
+ * Variants, chosen once per process (brnn_packed_path_supported,
+ * brnn_packed_kernel):
+ *   BRNN_PACKED_AVX512: 12 x 16 tiles in zmm registers (AVX-512F);
+ *   BRNN_PACKED_AVX2:   6 x 16 tiles in 12 ymm accumulators (AVX2 + FMA);
+ *   BRNN_PACKED_PORTABLE: 4 x 16 tiles in plain C (any CPU; aarch64 builds it).
+ * The x86 variants are compiled with target attributes, so the extension
+ * itself stays baseline x86-64; they only run where __builtin_cpu_supports
+ * says the CPU has the ISA.
+ *
+ * Also here: the process-wide thread budget (brnn_budget_take/give), the one
+ * piece of global mutable state of blockrnn.
+ */
+#ifndef BRNN_PACKED_H
+#define BRNN_PACKED_H
+
+#include <stddef.h>
+#include <string.h>
+
+#define BRNN_NR 16
+
+enum { BRNN_PACKED_PORTABLE = 0, BRNN_PACKED_AVX2 = 1, BRNN_PACKED_AVX512 = 2 };
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define BRNN_PACKED_X86 1
+#include <immintrin.h>
+#else
+#define BRNN_PACKED_X86 0
+#endif
+
+/* Floats of the packed copy of a [K, N] block. */
+static inline ptrdiff_t brnn_packed_size(ptrdiff_t K, ptrdiff_t N) {
+    return (N + BRNN_NR - 1) / BRNN_NR * BRNN_NR * K;
+}
+
+/* P = W packed (layout above); W(k, n) = w[k * sk + n * sn], so a row-major
+ * block has (sk, sn) = (row stride, 1) and its transpose (1, row stride). */
+static void brnn_pack_f32(ptrdiff_t K, ptrdiff_t N, const float *w, ptrdiff_t sk,
+                          ptrdiff_t sn, float *P) {
+    for (ptrdiff_t n0 = 0; n0 < N; n0 += BRNN_NR) {
+        ptrdiff_t cols = N - n0 < BRNN_NR ? N - n0 : BRNN_NR;
+        float *panel = P + n0 * K;
+        for (ptrdiff_t k = 0; k < K; k++) {
+            const float *src = w + k * sk + n0 * sn;
+            ptrdiff_t j = 0;
+            for (; j < cols; j++) panel[k * BRNN_NR + j] = src[j * sn];
+            for (; j < BRNN_NR; j++) panel[k * BRNN_NR + j] = 0.0f;
+        }
+    }
+}
+
+/* Store a tile's row (16 accumulated sums in acc) into c[0:cols]. */
+static inline __attribute__((always_inline)) void brnn_store_row(
+        const float *acc, ptrdiff_t cols, int accumulate, float *c) {
+    if (accumulate) {
+        for (ptrdiff_t j = 0; j < cols; j++) c[j] = c[j] + acc[j];
+    } else {
+        for (ptrdiff_t j = 0; j < cols; j++) c[j] = acc[j];
+    }
+}
+
+/* The tile loop every variant shares: panels outer (a panel, K x 16 floats,
+ * stays in L1 while the row tiles stream A), TILE(mr, ...) computes mr <= MR
+ * rows by one panel; n0 must be a multiple of 16. */
+#define BRNN_PACKED_LOOP(MR, TILE)                                                  \
+    for (ptrdiff_t n = n0; n < n1; n += BRNN_NR) {                                  \
+        const float *panel = P + n * K;                                             \
+        ptrdiff_t cols = n1 - n < BRNN_NR ? n1 - n : BRNN_NR;                       \
+        ptrdiff_t r = 0;                                                            \
+        for (; r + MR <= rows; r += MR)                                             \
+            TILE(MR, K, A + r * lda, lda, panel, cols, accumulate, C + r * ldc + n, ldc); \
+        switch (rows - r) { /* constant mr: the tile is unrolled for each */        \
+        BRNN_PACKED_EDGE_##MR(TILE)                                                 \
+        default: break;                                                             \
+        }                                                                           \
+    }
+#define BRNN_PACKED_CASE(TILE, m)                                                   \
+    case m: TILE(m, K, A + r * lda, lda, panel, cols, accumulate, C + r * ldc + n, ldc); break;
+#define BRNN_PACKED_EDGE_4(TILE) \
+    BRNN_PACKED_CASE(TILE, 1) BRNN_PACKED_CASE(TILE, 2) BRNN_PACKED_CASE(TILE, 3)
+#define BRNN_PACKED_EDGE_6(TILE) BRNN_PACKED_EDGE_4(TILE) \
+    BRNN_PACKED_CASE(TILE, 4) BRNN_PACKED_CASE(TILE, 5)
+#define BRNN_PACKED_EDGE_12(TILE) BRNN_PACKED_EDGE_6(TILE) \
+    BRNN_PACKED_CASE(TILE, 6) BRNN_PACKED_CASE(TILE, 7) BRNN_PACKED_CASE(TILE, 8) \
+    BRNN_PACKED_CASE(TILE, 9) BRNN_PACKED_CASE(TILE, 10) BRNN_PACKED_CASE(TILE, 11)
+
+/* The signature of every variant: C[rows, n0:n1] = A[rows, K] . W[:, n0:n1]
+ * (accumulate: C + that), A row stride lda, C row stride ldc, C pointing at
+ * column 0; P the packing of W [K, N] with n1 <= N; n0 a multiple of 16. */
+typedef void (*brnn_packed_fn)(ptrdiff_t rows, ptrdiff_t K, const float *A, ptrdiff_t lda,
+                               const float *P, ptrdiff_t n0, ptrdiff_t n1, int accumulate,
+                               float *C, ptrdiff_t ldc);
+
+/* ---- portable C ---- */
+static inline __attribute__((always_inline)) void brnn_tile_portable(
+        int mr, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p,
+        ptrdiff_t cols, int accumulate, float *c, ptrdiff_t ldc) {
+    float acc[4][BRNN_NR] = {{0}};
+    for (ptrdiff_t k = 0; k < K; k++) {
+        const float *pk = p + k * BRNN_NR;
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) {
+            float ar = a[r * lda + k];
+            for (int j = 0; j < BRNN_NR; j++) acc[r][j] += ar * pk[j];
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) brnn_store_row(acc[r], cols, accumulate, c + r * ldc);
+}
+
+/* Baseline x86-64 has no FMA, so this is a multiply then an add there; a
+ * compiler may contract them into FMA where the target has it (aarch64). */
+static void brnn_packed_portable(ptrdiff_t rows, ptrdiff_t K, const float *A, ptrdiff_t lda,
+                                 const float *P, ptrdiff_t n0, ptrdiff_t n1, int accumulate,
+                                 float *C, ptrdiff_t ldc) {
+    BRNN_PACKED_LOOP(4, brnn_tile_portable)
+}
+
+#if BRNN_PACKED_X86
+/* ---- AVX2 + FMA: 6 rows x 16 columns in 12 ymm accumulators ---- */
+#define BRNN_AVX2 __attribute__((target("avx2,fma")))
+static inline __attribute__((always_inline)) BRNN_AVX2 void brnn_tile_avx2(
+        int mr, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p,
+        ptrdiff_t cols, int accumulate, float *c, ptrdiff_t ldc) {
+    __m256 c0[6], c1[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++) c0[r] = c1[r] = _mm256_setzero_ps();
+    for (ptrdiff_t k = 0; k < K; k++) {
+        __m256 b0 = _mm256_loadu_ps(p + k * BRNN_NR), b1 = _mm256_loadu_ps(p + k * BRNN_NR + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < mr; r++) {
+            __m256 ar = _mm256_broadcast_ss(a + r * lda + k);
+            c0[r] = _mm256_fmadd_ps(ar, b0, c0[r]);
+            c1[r] = _mm256_fmadd_ps(ar, b1, c1[r]);
+        }
+    }
+#pragma GCC unroll 6   /* every loop over r unrolled: the accumulators stay in registers */
+    for (int r = 0; r < mr; r++) {
+        float *cr = c + r * ldc;
+        if (cols == BRNN_NR) {
+            if (accumulate) {
+                c0[r] = _mm256_add_ps(_mm256_loadu_ps(cr), c0[r]);
+                c1[r] = _mm256_add_ps(_mm256_loadu_ps(cr + 8), c1[r]);
+            }
+            _mm256_storeu_ps(cr, c0[r]);
+            _mm256_storeu_ps(cr + 8, c1[r]);
+        } else {
+            float tmp[BRNN_NR];
+            _mm256_storeu_ps(tmp, c0[r]);
+            _mm256_storeu_ps(tmp + 8, c1[r]);
+            brnn_store_row(tmp, cols, accumulate, cr);
+        }
+    }
+}
+
+BRNN_AVX2
+static void brnn_packed_avx2(ptrdiff_t rows, ptrdiff_t K, const float *A, ptrdiff_t lda,
+                             const float *P, ptrdiff_t n0, ptrdiff_t n1, int accumulate,
+                             float *C, ptrdiff_t ldc) {
+    BRNN_PACKED_LOOP(6, brnn_tile_avx2)
+}
+
+/* ---- AVX-512F: 12 rows x 16 columns in 12 zmm accumulators ---- */
+#define BRNN_AVX512 __attribute__((target("avx512f")))
+static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tile_avx512(
+        int mr, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p,
+        ptrdiff_t cols, int accumulate, float *c, ptrdiff_t ldc) {
+    __m512 acc[12];
+    for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
+    for (ptrdiff_t k = 0; k < K; k++) {
+        __m512 b = _mm512_loadu_ps(p + k * BRNN_NR);
+#pragma GCC unroll 12
+        for (int r = 0; r < mr; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k]), b, acc[r]);
+    }
+    __mmask16 mask = (__mmask16)((1u << cols) - 1u);
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+        float *cr = c + r * ldc;
+        if (accumulate)
+            acc[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, cr), acc[r]);
+        _mm512_mask_storeu_ps(cr, mask, acc[r]);
+    }
+}
+
+BRNN_AVX512
+static void brnn_packed_avx512(ptrdiff_t rows, ptrdiff_t K, const float *A, ptrdiff_t lda,
+                               const float *P, ptrdiff_t n0, ptrdiff_t n1, int accumulate,
+                               float *C, ptrdiff_t ldc) {
+    BRNN_PACKED_LOOP(12, brnn_tile_avx512)
+}
+#endif /* BRNN_PACKED_X86 */
+
+/* Whether this CPU (and this build) can run a variant. */
+static inline int brnn_packed_path_supported(int path) {
+    if (path == BRNN_PACKED_PORTABLE) return 1;
+#if BRNN_PACKED_X86
+    __builtin_cpu_init();
+    if (path == BRNN_PACKED_AVX2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (path == BRNN_PACKED_AVX512) return __builtin_cpu_supports("avx512f");
+#endif
+    return 0;
+}
+
+/* The fastest variant this CPU supports. */
+static inline int brnn_packed_best_path(void) {
+    if (brnn_packed_path_supported(BRNN_PACKED_AVX512)) return BRNN_PACKED_AVX512;
+    if (brnn_packed_path_supported(BRNN_PACKED_AVX2)) return BRNN_PACKED_AVX2;
+    return BRNN_PACKED_PORTABLE;
+}
+
+/* The variant's function; the caller checked brnn_packed_path_supported. */
+static inline brnn_packed_fn brnn_packed_kernel(int path) {
+#if BRNN_PACKED_X86
+    if (path == BRNN_PACKED_AVX512) return brnn_packed_avx512;
+    if (path == BRNN_PACKED_AVX2) return brnn_packed_avx2;
+#endif
+    return brnn_packed_portable;
+}
+
+/* ---- the per-step barrier of a sequence call's parallel region ----
+ * Not OpenMP's barrier: libgomp's spins for a fixed count, and when the
+ * machine has more runnable threads than cores (a second process, OpenBLAS's
+ * workers, which spin ~0.1 s after each GEMM) the waiting thread burns the
+ * time slice its partner needs (measured: a 2-thread forward 3.4x slower
+ * than 1 thread on a loaded 2-core machine). This one spins briefly, then
+ * yields the core at every check. n threads share one zeroed struct. */
+#include <sched.h>
+typedef struct { int count; int gen; } brnn_barrier;
+
+#define BRNN_BARRIER_SPINS 2000
+
+static inline void brnn_barrier_wait(brnn_barrier *b, int n) {
+    int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
+        __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
+        return;
+    }
+    for (int spin = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; spin++) {
+        if (spin < BRNN_BARRIER_SPINS) {
+#if BRNN_PACKED_X86
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+/* ---- the thread budget ----
+ * blockrnn's threads in use in this process, summed over concurrent calls. A
+ * call asks for up to `want` threads out of `total` and gets at least one
+ * (its own: the calling thread always runs); it returns them with give. */
+static int brnn_threads_in_use = 0;
+
+static inline int brnn_budget_take(int want, int total) {
+    int used = __atomic_load_n(&brnn_threads_in_use, __ATOMIC_RELAXED);
+    int grant;
+    do {
+        int free_ = total - used;
+        grant = want < free_ ? want : free_;
+        if (grant < 1) grant = 1;
+    } while (!__atomic_compare_exchange_n(&brnn_threads_in_use, &used, used + grant, 0,
+                                          __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+    return grant;
+}
+
+static inline void brnn_budget_give(int n) {
+    __atomic_fetch_sub(&brnn_threads_in_use, n, __ATOMIC_ACQ_REL);
+}
+
+static inline int brnn_budget_in_use(void) {
+    return __atomic_load_n(&brnn_threads_in_use, __ATOMIC_RELAXED);
+}
+
+#endif /* BRNN_PACKED_H */

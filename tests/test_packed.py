@@ -1,0 +1,94 @@
+"""The packed recurrent kernel (include/brnn_packed.h) against float64 products,
+for every variant this CPU can run (the portable one always), and the
+BLOCKRNN_KERNEL switch that forces a variant."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import blockrnn
+from blockrnn import _kernels
+
+PATHS = _kernels.packed_paths_supported()
+
+
+def test_portable_and_auto_paths_exist():
+    assert "portable" in PATHS
+    assert _kernels.packed_kernel_name() == (os.environ.get("BLOCKRNN_KERNEL", "auto")
+                                             .replace("auto", PATHS[0]))
+    assert blockrnn.build_config()["packed_kernel"] == _kernels.packed_kernel_name()
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rows", range(1, 8))
+@pytest.mark.parametrize("K", [0, 1, 7, 64])
+@pytest.mark.parametrize("N", [1, 15, 16, 17, 50])
+def test_packed_product_matches_float64(path, rows, K, N):
+    rng = np.random.default_rng(rows * 1000 + K * 10 + N)
+    a = rng.standard_normal((rows, K)).astype(np.float32)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    expected = a.astype(np.float64) @ w.astype(np.float64)
+    c = np.full((rows, N), np.nan, np.float32)
+    _kernels.packed_product_memview(a, w, False, c, path)
+    np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-5 * (1 + K))
+    start = rng.standard_normal((rows, N)).astype(np.float32)
+    c = start.copy()
+    _kernels.packed_product_memview(a, w, True, c, path)
+    np.testing.assert_allclose(c, start + expected, rtol=1e-5, atol=1e-5 * (1 + K))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_transposed_weights_and_column_ranges_give_the_same_bits(path):
+    """Any split of the columns in panels, and W given transposed, keep the bits."""
+    rng = np.random.default_rng(5)
+    rows, K, N = 13, 37, 83
+    a = rng.standard_normal((rows, K)).astype(np.float32)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    whole = np.zeros((rows, N), np.float32)
+    _kernels.packed_product_memview(a, w, False, whole, path)
+    split = np.zeros((rows, N), np.float32)
+    for n0, n1 in [(0, 16), (16, 48), (48, 83)]:
+        _kernels.packed_product_memview(a, w, False, split, path, n0, n1)
+    np.testing.assert_array_equal(split, whole)
+    w_t = np.ascontiguousarray(w.T)
+    via_t = np.zeros((rows, N), np.float32)
+    _kernels.packed_product_memview(a, w_t.T, False, via_t, path)
+    np.testing.assert_array_equal(via_t, whole)
+    for r in range(rows):  # one row at a time: other row tiles, same bits
+        one = np.zeros((1, N), np.float32)
+        _kernels.packed_product_memview(a[r:r + 1], w, False, one, path)
+        np.testing.assert_array_equal(one[0], whole[r])
+
+
+def test_a_path_the_cpu_lacks_is_refused():
+    for name in ("avx512", "avx2"):
+        if name not in PATHS:
+            with pytest.raises(ValueError, match="not one of"):
+                _kernels.packed_product_memview(np.ones((1, 1), np.float32),
+                                                np.ones((1, 1), np.float32), False,
+                                                np.ones((1, 1), np.float32), name)
+    with pytest.raises(ValueError, match="not one of"):
+        _kernels.packed_product_memview(np.ones((1, 1), np.float32),
+                                        np.ones((1, 1), np.float32), False,
+                                        np.ones((1, 1), np.float32), "sse9")
+
+
+def _import_with(kernel):
+    env = dict(os.environ, BLOCKRNN_KERNEL=kernel)
+    return subprocess.run(
+        [sys.executable, "-c", "from blockrnn import _kernels; print(_kernels.packed_kernel_name())"],
+        env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("kernel", ["avx512", "avx2", "portable", "auto", "bogus"])
+def test_blockrnn_kernel_variable(kernel):
+    out = _import_with(kernel)
+    if kernel == "auto":
+        assert out.returncode == 0 and out.stdout.strip() == PATHS[0]
+    elif kernel in PATHS:
+        assert out.returncode == 0 and out.stdout.strip() == kernel, out.stderr
+    else:  # a clear Python error, never SIGILL
+        assert out.returncode == 1, (out.returncode, out.stderr)
+        assert "BLOCKRNN_KERNEL" in out.stderr

@@ -1,0 +1,144 @@
+"""Sequence ops on the packed kernel (LSTM v1/v2 and GRU, forward and backward): the same bits for 1, 2, 3 and 4 threads
+and for concurrent callers, every kernel variant of this CPU forced in turn
+(BLOCKRNN_KERNEL, in a subprocess) against the float64 results, odd shapes,
+and the process-wide thread budget."""
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import blockrnn
+from blockrnn import _kernels
+
+# T, B, I, H: H not a multiple of 16, B not a multiple of the row tile, H = 1,
+# B = 1 (the BLAS route), I = 0, T = 1, and shapes large enough to run on
+# several threads.
+SHAPES = [(5, 3, 4, 37), (7, 9, 0, 1), (6, 1, 8, 64), (1, 2, 3, 16), (4, 7, 5, 100),
+          (3, 13, 20, 200), (2, 2, 64, 600), (2, 24, 60, 200)]
+
+
+def _problem(T, B, I, H, seed, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    r = lambda *s: rng.uniform(-1, 1, s).astype(dtype)  # noqa: E731
+    lstm = (T, r(T, B, I), r(B, H), r(B, H), r(I + H, 4 * H) / 4, r(H), r(H), r(H), r(4 * H))
+    lengths = rng.integers(0, T + 1, B)
+    lengths[0] = 0   # a row of length 0
+    gru = (T, lstm[1], lstm[3], r(I + H, 2 * H) / 4, r(I + H, H) / 4, r(2 * H), r(H))
+    return lstm, lengths, (r(T, B, H), r(T, B, H)), gru
+
+
+def _run(problem, with_lengths=True):
+    lstm, lengths, grads, gru = problem
+    lens = lengths if with_lengths else None
+    g_fwd = blockrnn.block_gru(*gru, sequence_length=lens)
+    out = [*g_fwd, *blockrnn.block_gru_grad(*gru, *g_fwd, grads[1], sequence_length=lens)]
+    for op, grad_op in ((blockrnn.block_lstm, blockrnn.block_lstm_grad),
+                        (blockrnn.block_lstm_v2, blockrnn.block_lstm_grad_v2)):
+        fwd = op(*lstm, use_peephole=True, sequence_length=lens)
+        bwd = grad_op(*lstm, *fwd, *grads, use_peephole=True, sequence_length=lens)
+        out += [*fwd, *bwd]
+    return out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_bits_do_not_depend_on_the_thread_count(shape, with_lengths):
+    problem = _problem(*shape, seed=sum(shape))
+    with threadpool_limits(1, user_api="openmp"):
+        serial = _run(problem, with_lengths)
+    for n in (2, 3, 4):
+        with threadpool_limits(n, user_api="openmp"):
+            got = _run(problem, with_lengths)
+        for e, g in zip(serial, got):
+            np.testing.assert_array_equal(g, e)
+
+
+def test_large_enough_calls_do_run_on_several_threads():
+    """The shapes above reach the threaded route (else the test above checks nothing)."""
+    if _kernels.openmp_max_threads() < 2 and blockrnn.build_config()["usable_cpus"] < 2:
+        pytest.fail("this machine runs one thread: the thread-count test proves nothing")
+    assert _kernels.packed_threads_for(13, 20 + 200, 4 * 200, 200, 4) == 2
+    assert _kernels.packed_threads_for(2, 64 + 600, 4 * 600, 600, 4) == 3
+    assert _kernels.packed_threads_for(7, 5 + 100, 4 * 100, 100, 4) == 1
+    assert _kernels.packed_threads_for(4, 128 + 128, 4 * 128, 128, 4) == 1
+    assert _kernels.packed_threads_for(13, 20 + 200, 3 * 200, 200, 4) == 1   # GRU
+    assert _kernels.packed_threads_for(24, 60 + 200, 3 * 200, 200, 4) == 3   # GRU
+    assert _kernels.packed_threads_for(24, 3 * 200, 200, 200, 4) == 2   # GRU backward
+
+
+def test_concurrent_callers_give_the_serial_bits():
+    problems = [_problem(*shape, seed=i) for i, shape in enumerate(SHAPES * 3)]
+    serial = [_run(p) for p in problems]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        threaded = list(pool.map(_run, problems))
+    for expected, got in zip(serial, threaded):
+        for e, g in zip(expected, got):
+            np.testing.assert_array_equal(g, e)
+    assert _kernels.thread_budget_in_use() == 0
+
+
+def test_thread_budget_grants_what_is_free_and_at_least_one():
+    assert _kernels.thread_budget_in_use() == 0
+    first = _kernels.thread_budget_take(3, 4)
+    second = _kernels.thread_budget_take(3, 4)
+    third = _kernels.thread_budget_take(3, 4)
+    try:
+        assert (first, second, third) == (3, 1, 1)
+        assert _kernels.thread_budget_in_use() == 5
+    finally:
+        for n in (first, second, third):
+            _kernels.thread_budget_give(n)
+    assert _kernels.thread_budget_in_use() == 0
+
+
+CHECK = textwrap.dedent("""
+    import numpy as np, blockrnn
+    from threadpoolctl import threadpool_limits
+    from blockrnn import _kernels
+    assert _kernels.packed_kernel_name() == {path!r}, _kernels.packed_kernel_name()
+    rng = np.random.default_rng(1)
+    worst = 0.0
+    for T, B, I, H in {shapes!r}:
+        r = lambda *s: rng.uniform(-1, 1, s)
+        args = (T, r(T, B, I), r(B, H), r(B, H), r(I + H, 4 * H) / 4, r(H), r(H), r(H),
+                r(4 * H))
+        lengths = rng.integers(0, T + 1, B)
+        f32 = tuple(a.astype(np.float32) if isinstance(a, np.ndarray) else a for a in args)
+        grads = (r(T, B, H), r(T, B, H))
+        gru = (T, args[1], args[3], r(I + H, 2 * H) / 4, r(I + H, H) / 4, r(2 * H), r(H))
+        gru32 = tuple(a.astype(np.float32) if isinstance(a, np.ndarray) else a for a in gru)
+
+        def both(a, g, gr):
+            fwd = blockrnn.block_lstm_v2(*a, use_peephole=True, sequence_length=lengths)
+            g_fwd = blockrnn.block_gru(*gr, sequence_length=lengths)
+            return [*fwd, *blockrnn.block_lstm_grad_v2(*a, *fwd, *g, use_peephole=True,
+                                                       sequence_length=lengths),
+                    *g_fwd, *blockrnn.block_gru_grad(*gr, *g_fwd, g[1],
+                                                     sequence_length=lengths)]
+        ref = both(args, grads, gru)
+        runs = []
+        for n in (1, 2, 4):
+            with threadpool_limits(n, user_api="openmp"):
+                runs.append(both(f32, [g.astype(np.float32) for g in grads], gru32))
+        for run in runs[1:]:
+            for a, b in zip(runs[0], run):
+                np.testing.assert_array_equal(a, b)
+        for a, b in zip(runs[0], ref):
+            worst = max(worst, float(np.max(np.abs(a - b) / (1 + np.abs(b)), initial=0)))
+    assert worst < 2e-5, worst
+    print("ok", worst)
+""")
+
+
+@pytest.mark.parametrize("path", _kernels.packed_paths_supported())
+def test_every_kernel_variant_forced_matches_float64(path):
+    """Forward and backward, float32 in the forced variant against float64."""
+    env = dict(os.environ, BLOCKRNN_KERNEL=path)
+    out = subprocess.run([sys.executable, "-c", CHECK.format(path=path, shapes=SHAPES)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-3000:]
