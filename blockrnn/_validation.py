@@ -126,7 +126,9 @@ class Arrays:
                 array = np.array(self._arrays[n], dtype=self.compute_dtype, order="C")
                 array[:steps][pad] = 0
             else:
-                array = np.ascontiguousarray(self._arrays[n], dtype=self.compute_dtype)
+                # C order and aligned: an unaligned view (data offset by a byte)
+                # is copied, since the kernels read whole floats from it.
+                array = np.require(self._arrays[n], self.compute_dtype, ("C", "A"))
             out.append(array)
         return out
 
@@ -239,7 +241,7 @@ def check_sequence_length(op, value, batch, time_len):
         raise ValueError(
             f"{op}: sequence_length entries must be in [0, T] = [0, {time_len}], got "
             f"values in [{array.min()}, {array.max()}]")
-    return np.ascontiguousarray(array, dtype=np.int64)
+    return np.require(array, np.int64, ("C", "A"))
 
 
 def steps_to_run(seq_len_max, lengths):

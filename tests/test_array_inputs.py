@@ -317,3 +317,21 @@ def test_non_native_byte_order_is_computed_as_its_native_copy(dtype):
         d = seq if op is not blockrnn.block_gru else gseq
         _assert_same(op(T, **swap(d), sequence_length=_swapped(lengths)),
                      op(T, **d, sequence_length=lengths))
+
+
+def test_kernels_get_aligned_copies_of_unaligned_arrays():
+    """An unaligned view (data one byte off) is C-contiguous, so ascontiguousarray
+    would hand it to the kernels as is; they read whole floats from it (undefined
+    behaviour in C, reported by UBSan). The admission copies it instead."""
+    from blockrnn._validation import Arrays, check_sequence_length
+    for dtype in (np.float32, np.float64):
+        raw = np.zeros(3 * 4 * np.dtype(dtype).itemsize + 1, np.uint8)[1:]
+        x = raw.view(dtype).reshape(3, 4)
+        x[...] = np.arange(12).reshape(3, 4)
+        assert not x.flags.aligned and x.flags.c_contiguous
+        (got,) = Arrays("block_gru", x=x).kernel("x")
+        assert got.flags.aligned and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, x)
+    lengths = np.zeros(4 * 8 + 1, np.uint8)[1:].view(np.int64)
+    assert not lengths.flags.aligned
+    assert check_sequence_length("block_gru", lengths, 4, 3).flags.aligned
