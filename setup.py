@@ -7,7 +7,8 @@ loops run serially (set ``BLOCKRNN_FAIL_NO_OPENMP=1`` to make that an error).
 
 Environment switches:
 - ``BLOCKRNN_FAIL_NO_OPENMP=1``: fail instead of building without OpenMP.
-- ``BLOCKRNN_DEBUG=1``: ``-O0 -g`` (for debuggers and sanitizers).
+- ``BLOCKRNN_DEBUG=1``: ``-O0 -g`` (for debuggers); ``BLOCKRNN_DEBUG=O1``: ``-O1 -g``
+  (for sanitizers: tools/sanitize.sh).
 """
 import os
 import subprocess
@@ -20,7 +21,9 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEBUG = os.environ.get("BLOCKRNN_DEBUG", "0") == "1"
+DEBUG = os.environ.get("BLOCKRNN_DEBUG", "0")
+DEBUG_OPT = {"1": "-O0", "O1": "-O1"}.get(DEBUG)
+DEBUG = DEBUG_OPT is not None
 
 OPENMP_TEST_PROGRAM = textwrap.dedent(
     """
@@ -83,7 +86,7 @@ class BuildExt(build_ext):
             # exception flags); it lets GCC vectorise the branch-free selects
             # of include/brnn_math.h's activations.
             # -g0 drops the debug info Python's own CFLAGS ask for (2.5 MB -> 0.5 MB).
-            opt = ["-O0", "-g"] if DEBUG else ["-O3", "-g0", "-fno-trapping-math"]
+            opt = [DEBUG_OPT, "-g"] if DEBUG else ["-O3", "-g0", "-fno-trapping-math"]
         for ext in self.extensions:
             ext.extra_compile_args = opt + flags + ext.extra_compile_args
             ext.extra_link_args = flags + ext.extra_link_args
