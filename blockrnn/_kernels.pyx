@@ -11,9 +11,12 @@
 # Equations cite ../shared/SPEC.md (section numbers as "SPEC §3").
 # Names: B batch, I input size, H cell size, T time steps, L = seq_len_max.
 # Gate blocks of H columns in the op's layout (ICFO or IFCO), see GateOffsets.
-# Where products run: the float32 LSTM sequence forward runs all of its
-# products in blockrnn's packed kernel (include/brnn_packed.h), in one OpenMP
-# parallel region per call (lstm_forward_packed). Every other product goes
+# Where products run: from 2 rows on, the float32 sequence ops (LSTM v1/v2 and
+# GRU, forward and backward) run their per-step products in blockrnn's packed
+# kernel (include/brnn_packed.h), in one OpenMP parallel region per call
+# (lstm_forward_packed, the *_packed loops); the forwards fold their input
+# projection into those steps too. Every other product (float64, batch 1, the
+# cells, and the backward's x_grad and weight gradients after the loop) goes
 # through blockrnn/_blas.pxd (SciPy's BLAS), and the per-timestep gate math
 # of those routes runs in OpenMP prange loops over rows.
 # Nothing is allocated inside the time loops; the only global mutable state is
