@@ -47,6 +47,7 @@ from blockrnn.gru import (
 from blockrnn.lstm import (
     block_lstm, block_lstm_grad, block_lstm_grad_v2, block_lstm_v2, lstm_block_cell,
     lstm_block_cell_grad, lstm_block_cell_grad_full)
+from blockrnn.sequence import reverse_sequence
 from blockrnn import convert  # noqa: E402  (after the ops: the layers call them)
 from blockrnn.layers import GRU, LSTM  # noqa: E402
 
@@ -55,6 +56,6 @@ __all__ = [
     "lstm_block_cell", "lstm_block_cell_grad", "lstm_block_cell_grad_full",
     "block_lstm", "block_lstm_v2", "block_lstm_grad", "block_lstm_grad_v2",
     "gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full",
-    "block_gru", "block_gru_grad",
+    "block_gru", "block_gru_grad", "reverse_sequence",
     "LSTM", "GRU", "convert",
 ]

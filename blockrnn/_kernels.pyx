@@ -2262,3 +2262,29 @@ cdef int brnn_block_gru_grad_f64(
         double* w_ru_grad, double* w_c_grad, double* b_ru_grad, double* b_c_grad) noexcept nogil:
     return api_block_gru_grad(L, T, B, I, H, x, h_prev, w_ru, w_c, r, u, c, h, h_grad,
         lengths, x_grad, h_prev_grad, w_ru_grad, w_c_grad, b_ru_grad, b_c_grad)
+
+
+# --------------------------------------------------------------------------
+# Row-wise reversal of valid prefixes (the reverse direction of bidirectional
+# layers; tf.reverse_sequence with seq_axis=0, batch_axis=1)
+# --------------------------------------------------------------------------
+
+def reverse_prefixes(const unsigned char[:, :, ::1] src, const int64_t[::1] lengths,
+                     unsigned char[:, :, ::1] dst):
+    """dst[t, b] = src[n_b - 1 - t, b] for t < n_b = lengths[b], and src[t, b]
+    for t >= n_b: a permutation of the steps of each row, its own inverse.
+
+    src and dst (T, B, row_bytes) are the bytes of two distinct C-contiguous
+    arrays (T, B, ...) of any dtype; lengths (B,) int64 in [0, T], validated by
+    the caller (blockrnn/sequence.py). One memcpy per (t, b) row, serial: the
+    copy is bound by memory bandwidth, not by a core."""
+    cdef Py_ssize_t T = src.shape[0], B = src.shape[1], row = src.shape[2]
+    cdef Py_ssize_t t, b, n, s
+    if T == 0 or B == 0 or row == 0:
+        return
+    with nogil:
+        for t in range(T):
+            for b in range(B):
+                n = lengths[b]
+                s = n - 1 - t if t < n else t
+                memcpy(&dst[t, b, 0], &src[s, b, 0], row)
