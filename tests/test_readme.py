@@ -47,7 +47,7 @@ def test_every_block_is_run_or_named_as_not_run():
     firsts = [b.splitlines()[0] for b in python_blocks()]
     tested = ("import numpy as np", "lengths = ", "lstm = blockrnn.LSTM",
               "import blockrnn.torch", "import jax", "from blockrnn import convert",
-              "import onnxruntime")
+              "import onnxruntime", "x_rev = ")
     not_run = ("# torchrun",)
     unknown = [f for f in firsts if not f.startswith(tested + not_run)]
     assert not unknown, f"README python blocks this test does not know: {unknown}"
@@ -164,3 +164,16 @@ def test_onnx_export(example, tmp_path, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
     for name, p in lstm.params.items():
         np.testing.assert_array_equal(ns["again"].params[name], p)
+
+
+def test_reverse_sequence_example(example):
+    ns = run(block("lengths = "), example)
+    run(block("x_rev = "), ns)
+    lengths, x, hb = ns["lengths"], ns["x"], ns["h_backward"]
+    import blockrnn
+    for row, n in enumerate(lengths):   # each row's valid prefix, run backwards, alone
+        fwd = blockrnn.block_lstm_v2(int(n), x[:n, row:row + 1][::-1], ns["cs0"][row:row + 1],
+                                     ns["h0"][row:row + 1], ns["w"], ns["wci"], ns["wcf"],
+                                     ns["wco"], ns["b"])
+        np.testing.assert_allclose(hb[:n, row], fwd.h[::-1, 0], rtol=1e-5, atol=1e-6)
+        assert not hb[n:, row].any()
