@@ -150,8 +150,12 @@ def from_torch(module, *, dtype=None):
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
     a = bt.nn_lstm_arrays(module, where)
-    dt = _dtype(where, dtype, a["w"].dtype)
-    return _fill(LSTM(a["input_size"], a["hidden_size"], dtype=dt), w=a["w"], b=a["b"])
+    if a["num_layers"] != 1 or a["bidirectional"]:
+        raise ValueError(f"{where}: only single-layer unidirectional nn.LSTMs convert "
+                         f"(num_layers={a['num_layers']}, bidirectional={a['bidirectional']})")
+    w, b = a["params"]["w_l0"], a["params"]["b_l0"]
+    dt = _dtype(where, dtype, w.dtype)
+    return _fill(LSTM(a["input_size"], a["hidden_size"], dtype=dt), w=w, b=b)
 
 
 # --------------------------------------------------------------------------

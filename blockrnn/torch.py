@@ -169,40 +169,46 @@ class BlockGRUFunction(torch.autograd.Function):
 
 
 def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
-    """The weights of a single-layer, unidirectional ``torch.nn.LSTM`` in TensorFlow's layout.
+    """The weights of any ``torch.nn.LSTM`` without projection, in TensorFlow's layout.
 
-    Returns a dict: ``w`` (I+H, 4H) NumPy, IFCO gate columns (nn.LSTM's gate
-    rows i, f, g, o), ``w = [W_ih.T; W_hh.T]``; ``b`` (4H,) = ``b_ih + b_hh``
-    (zeros without bias); ``input_size``, ``hidden_size``, ``batch_first`` and
-    ``torch_dtype``. ``blockrnn.convert.from_torch`` uses it too (convert
-    imports this module, never the reverse).
+    Returns a dict with ``input_size``, ``hidden_size``, ``num_layers``,
+    ``bidirectional``, ``batch_first``, ``bias`` (nn.LSTM's flag),
+    ``torch_dtype`` and ``params``: NumPy arrays named as blockrnn's layers name
+    them, for layer k and direction suffix s ("" forward, "_reverse" reverse):
+    ``w_l{k}{s}`` (I_k+H, 4H) = ``[W_ih_l{k}{s}.T; W_hh_l{k}{s}.T]``, IFCO gate
+    columns (nn.LSTM's gate rows i, f, g, o), and ``b_l{k}{s}`` (4H,) =
+    ``b_ih + b_hh`` (zeros without bias), layer by layer, forward before
+    reverse. I_0 = input_size, I_k = num_directions * H for k >= 1.
+    ``blockrnn.convert.from_torch`` uses it too (convert imports this module,
+    never the reverse).
     """
     if isinstance(module, nn.GRU):
         raise ValueError(f"{where}: " + RESET_AFTER.format(
             what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU and train it instead."))
     if not isinstance(module, nn.LSTM):
         raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
-    if module.num_layers != 1:
-        raise ValueError(f"{where}: only single-layer nn.LSTMs convert (num_layers="
-                         f"{module.num_layers}); stack one blockrnn LSTM per layer")
-    if module.bidirectional:
-        raise ValueError(f"{where}: bidirectional nn.LSTMs are not supported")
     if getattr(module, "proj_size", 0):
         raise ValueError(f"{where}: nn.LSTM with proj_size={module.proj_size} (projected "
                          f"LSTM) is not supported")
-    w_ih, w_hh = module.weight_ih_l0.detach(), module.weight_hh_l0.detach()
-    if w_ih.dtype not in _DTYPES:
+    if module.weight_ih_l0.dtype not in _DTYPES:
         raise TypeError(f"{where}: nn.LSTM weights must be float32 or float64, got "
-                        f"{w_ih.dtype}")
-    w_ih, w_hh = w_ih.cpu().numpy(), w_hh.cpu().numpy()
+                        f"{module.weight_ih_l0.dtype}")
     H = module.hidden_size
-    w = np.concatenate([w_ih.T, w_hh.T], axis=0)
-    if module.bias:
-        b = (module.bias_ih_l0.detach().cpu().numpy() + module.bias_hh_l0.detach().cpu().numpy())
-    else:
-        b = np.zeros(4 * H, w.dtype)
-    return {"w": w, "b": b, "input_size": module.input_size, "hidden_size": H,
-            "batch_first": bool(module.batch_first), "torch_dtype": module.weight_ih_l0.dtype}
+
+    def array(name):
+        return getattr(module, name).detach().cpu().numpy()
+
+    params = {}
+    for k in range(module.num_layers):
+        for s in ("", "_reverse") if module.bidirectional else ("",):
+            w_ih, w_hh = array(f"weight_ih_l{k}{s}"), array(f"weight_hh_l{k}{s}")
+            params[f"w_l{k}{s}"] = np.concatenate([w_ih.T, w_hh.T], axis=0)
+            params[f"b_l{k}{s}"] = (array(f"bias_ih_l{k}{s}") + array(f"bias_hh_l{k}{s}")
+                                    if module.bias else np.zeros(4 * H, w_ih.dtype))
+    return {"input_size": module.input_size, "hidden_size": H,
+            "num_layers": module.num_layers, "bidirectional": bool(module.bidirectional),
+            "batch_first": bool(module.batch_first), "bias": bool(module.bias),
+            "torch_dtype": module.weight_ih_l0.dtype, "params": params}
 
 
 def _final(seq, init, lengths):

@@ -136,3 +136,57 @@ def test_from_torch_refusals():
         convert.from_torch(nn.RNN(I, H))
     with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
         convert.from_torch("not a module")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_nn_lstm_arrays_stacked_bidirectional(bias):
+    """Names, order and values of nn_lstm_arrays for a 3-layer bidirectional nn.LSTM."""
+    import blockrnn.torch as bt
+    torch.manual_seed(0)
+    ref = nn.LSTM(I, H, num_layers=3, bias=bias, bidirectional=True, batch_first=True).double()
+    a = bt.nn_lstm_arrays(ref)
+    assert {k: v for k, v in a.items() if k != "params"} == {
+        "input_size": I, "hidden_size": H, "num_layers": 3, "bidirectional": True,
+        "batch_first": True, "bias": bias, "torch_dtype": torch.float64}
+    names = [f"{p}_l{k}{s}" for k in range(3) for s in ("", "_reverse") for p in ("w", "b")]
+    assert list(a["params"]) == names
+    for k in range(3):
+        I_k = I if k == 0 else 2 * H
+        for s in ("", "_reverse"):
+            w, b = a["params"][f"w_l{k}{s}"], a["params"][f"b_l{k}{s}"]
+            assert w.shape == (I_k + H, 4 * H) and b.shape == (4 * H,)
+            assert w.dtype == b.dtype == np.float64
+            np.testing.assert_array_equal(w[:I_k].T, getattr(ref, f"weight_ih_l{k}{s}").detach())
+            np.testing.assert_array_equal(w[I_k:].T, getattr(ref, f"weight_hh_l{k}{s}").detach())
+            want = (getattr(ref, f"bias_ih_l{k}{s}") + getattr(ref, f"bias_hh_l{k}{s}")
+                    ).detach().numpy() if bias else np.zeros(4 * H)
+            np.testing.assert_array_equal(b, want)
+
+
+def test_nn_lstm_arrays_gate_order_runs_like_nn_lstm():
+    """w_l0 / b_l0 of a one-layer nn.LSTM fed to block_lstm_v2 reproduce nn.LSTM (IFCO)."""
+    import blockrnn
+    import blockrnn.torch as bt
+    torch.manual_seed(1)
+    ref = nn.LSTM(I, H).double()
+    p = bt.nn_lstm_arrays(ref)["params"]
+    assert list(p) == ["w_l0", "b_l0"]
+    x = _x(np.float64, seed=12).transpose(1, 0, 2).copy()
+    zeros = np.zeros((B, H))
+    fwd = blockrnn.block_lstm_v2(T, x, zeros, zeros, p["w_l0"], zeros[0], zeros[0], zeros[0],
+                                 p["b_l0"])
+    with torch.no_grad():
+        y_t = ref(torch.from_numpy(x))[0].numpy()
+    np.testing.assert_allclose(fwd.h, y_t, rtol=0, atol=1e-13)
+
+
+def test_nn_lstm_arrays_refusals():
+    import blockrnn.torch as bt
+    with pytest.raises(ValueError, match="proj_size=2"):
+        bt.nn_lstm_arrays(nn.LSTM(I, H, num_layers=2, bidirectional=True, proj_size=2))
+    with pytest.raises(ValueError, match="reset gate AFTER"):
+        bt.nn_lstm_arrays(nn.GRU(I, H))
+    with pytest.raises(TypeError, match="expected a torch.nn.LSTM, got Linear"):
+        bt.nn_lstm_arrays(nn.Linear(I, H))
+    with pytest.raises(TypeError, match="float32 or float64, got torch.float16"):
+        bt.nn_lstm_arrays(nn.LSTM(I, H).half())
