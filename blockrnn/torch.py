@@ -398,19 +398,19 @@ class _RNNBase(nn.Module):
         (T, B, H) sequences, the first the output h. Returns (y (T, B, D*H), final
         states: tuple of (L*D, B, H), or (L*D, H) unbatched -- new tensors, not views)."""
         D = self.num_directions
-        finals = [[] for _ in states]
-        for k in range(self.num_layers):
-            outs = []
-            for d in range(D):
-                init = [s[k * D + d] for s in states]
-                seqs = step(x, init, f"_l{k}" + ("_reverse" if d else ""), d == 1)
-                outs.append(seqs[0])
-                for acc, seq, s0 in zip(finals, seqs, init):
-                    last = _first(seq, s0, lengths) if d else _final(seq, s0, lengths)
-                    acc.append(last if batched else last[0])
-            x = outs[0] if D == 1 else torch.cat(outs, dim=-1)
-            if self.dropout and self.training and k < self.num_layers - 1:
-                x = nn.functional.dropout(x, self.dropout, training=True)
+        finals, outs = [[] for _ in states], []
+        for k, d, sfx, _ in self._cells():
+            init = [s[k * D + d] for s in states]
+            seqs = step(x, init, sfx, d == 1)
+            outs.append(seqs[0])
+            for acc, seq, s0 in zip(finals, seqs, init):
+                last = _first(seq, s0, lengths) if d else _final(seq, s0, lengths)
+                acc.append(last if batched else last[0])
+            if d == D - 1:    # layer k done: its output is layer k+1's input
+                x = outs[0] if D == 1 else torch.cat(outs, dim=-1)
+                outs = []
+                if self.dropout and self.training and k < self.num_layers - 1:
+                    x = nn.functional.dropout(x, self.dropout, training=True)
         return x, tuple(torch.stack(f) for f in finals)
 
     def _output(self, y, batched, packed, lengths):
