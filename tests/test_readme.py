@@ -113,15 +113,19 @@ def test_torch():
     B, T = 4, 6
     g = torch.Generator().manual_seed(0)
     ns = {"x": torch.randn(B, T, 16, generator=g),
-          "h0": torch.zeros(1, B, 32), "c0": torch.zeros(1, B, 32),
-          "x_time_major": torch.randn(T, B, 16, generator=g)}
+          "h0": torch.zeros(4, B, 32), "c0": torch.zeros(4, B, 32),
+          "x_time_major": torch.randn(T, B, 16, generator=g),
+          "nn_lstm": torch.nn.LSTM(16, 32, 2, bidirectional=True)}
     run(block("import blockrnn.torch"), ns)
-    assert ns["y"].shape == (T, B, 32) and ns["h_n"].shape == (1, B, 32)
-    # The LSTM ran before y, h_n were rebound by the GRU; check it against nn.LSTM.
-    lstm = ns["lstm"]
+    assert ns["y"].shape == (T, B, 32) and ns["h_n"].shape == (2, B, 32)   # the GRU's
+    # The LSTM ran before y, h_n were rebound by the GRU; check its layout of states.
+    lstm = ns["lstm"].eval()
     y, (h_n, c_n) = lstm(ns["x"], (ns["h0"], ns["c0"]))
-    assert y.shape == (B, T, 32) and h_n.shape == c_n.shape == (1, B, 32)
-    torch.testing.assert_close(y[:, -1], h_n[0])
+    assert y.shape == (B, T, 64) and h_n.shape == c_n.shape == (4, B, 32)
+    torch.testing.assert_close(y[:, -1, :32], h_n[2])    # layer 1 forward: after step T-1
+    torch.testing.assert_close(y[:, 0, 32:], h_n[3])     # layer 1 reverse: after step 0
+    want, _ = ns["nn_lstm"](ns["x_time_major"])
+    torch.testing.assert_close(ns["converted"](ns["x_time_major"])[0], want)
 
 
 def test_weight_import():
