@@ -33,9 +33,11 @@ def _dtype(where, dtype, default):
 
 
 def _fill(layer, **arrays):
-    for name, value in arrays.items():
-        target = getattr(layer, name)
-        value = np.asarray(value, dtype=layer.dtype)
+    """Copy ``arrays`` (every one of the layer's parameter names) into the layer."""
+    assert set(arrays) == set(layer.params), \
+        (sorted(arrays), list(layer.params))
+    for name, target in layer.params.items():
+        value = np.asarray(arrays[name], dtype=layer.dtype)
         assert value.shape == target.shape, (name, value.shape, target.shape)
         target[...] = value
     return layer
@@ -110,11 +112,11 @@ def from_keras(layer, *, dtype=None):
             else np.zeros(n_gates * H, kernel.dtype))
     w = np.concatenate([kernel, recurrent], axis=0)          # (I+H, n_gates*H)
     if kind == "LSTM":
-        return _fill(LSTM(I, H, dtype=dt), w=w, b=bias)
+        return _fill(LSTM(I, H, dtype=dt), w_l0=w, b_l0=bias)
     z, r, h = (slice(k * H, (k + 1) * H) for k in range(3))
     return _fill(GRU(I, H, dtype=dt),
-                 w_ru=np.concatenate([w[:, r], w[:, z]], axis=1), w_c=w[:, h],
-                 b_ru=np.concatenate([bias[r], bias[z]]), b_c=bias[h])
+                 w_ru_l0=np.concatenate([w[:, r], w[:, z]], axis=1), w_c_l0=w[:, h],
+                 b_ru_l0=np.concatenate([bias[r], bias[z]]), b_c_l0=bias[h])
 
 
 # --------------------------------------------------------------------------
@@ -153,9 +155,8 @@ def from_torch(module, *, dtype=None):
     if a["num_layers"] != 1 or a["bidirectional"]:
         raise ValueError(f"{where}: only single-layer unidirectional nn.LSTMs convert "
                          f"(num_layers={a['num_layers']}, bidirectional={a['bidirectional']})")
-    w, b = a["params"]["w_l0"], a["params"]["b_l0"]
-    dt = _dtype(where, dtype, w.dtype)
-    return _fill(LSTM(a["input_size"], a["hidden_size"], dtype=dt), w=w, b=b)
+    dt = _dtype(where, dtype, a["params"]["w_l0"].dtype)
+    return _fill(LSTM(a["input_size"], a["hidden_size"], dtype=dt), **a["params"])
 
 
 # --------------------------------------------------------------------------
@@ -278,11 +279,11 @@ def from_onnx(model_or_path, node=None, *, dtype=None):
         peep = {}
         if "P" in arrays:
             p_i, p_o, p_f = np.split(arrays["P"][0], 3)
-            peep = {"wci": p_i, "wcf": p_f, "wco": p_o}
+            peep = {"wci_l0": p_i, "wcf_l0": p_f, "wco_l0": p_o}
         layer = LSTM(I, H, use_peephole=bool(peep), dtype=dt)
-        return _fill(layer, w=w, b=b, **peep)
+        return _fill(layer, w_l0=w, b_l0=b, **peep)
     return _fill(GRU(I, H, dtype=dt),
-                 w_ru=np.concatenate([wt[:, blocks["r"]], wt[:, blocks["z"]]], axis=1),
-                 w_c=wt[:, blocks["h"]],
-                 b_ru=np.concatenate([bias[blocks["r"]], bias[blocks["z"]]]),
-                 b_c=bias[blocks["h"]])
+                 w_ru_l0=np.concatenate([wt[:, blocks["r"]], wt[:, blocks["z"]]], axis=1),
+                 w_c_l0=wt[:, blocks["h"]],
+                 b_ru_l0=np.concatenate([bias[blocks["r"]], bias[blocks["z"]]]),
+                 b_c_l0=bias[blocks["h"]])

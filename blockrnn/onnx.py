@@ -138,16 +138,17 @@ def export(model, path=None, *, sequence_lens=False, initial_state=False):
             f"'clip' clips the gates' pre-activations, while TensorFlow's cell_clip clips "
             f"the cell state; the two compute different functions. Export a model with "
             f"cell_clip=0.")
-    dtype = params["w" if kind == "LSTM" else "w_c"].dtype
+    dtype = params["w_l0" if kind == "LSTM" else "w_c_l0"].dtype
     if dtype not in _ELEM:
         raise TypeError(f"{where}: parameters must be float32 or float64, got {dtype}")
     elem = _ELEM[dtype]
     if kind == "LSTM":
-        peep = [params[k] for k in ("wci", "wcf", "wco")] if "wci" in params else [None] * 3
-        W, R, B, P = lstm_weights(params["w"], params["b"], *peep)
+        peep = ([params[k] for k in ("wci_l0", "wcf_l0", "wco_l0")] if "wci_l0" in params
+                else [None] * 3)
+        W, R, B, P = lstm_weights(params["w_l0"], params["b_l0"], *peep)
     else:
-        (W, R, B), P = gru_weights(params["w_ru"], params["w_c"], params["b_ru"],
-                                   params["b_c"]), None
+        (W, R, B), P = gru_weights(params["w_ru_l0"], params["w_c_l0"], params["b_ru_l0"],
+                                   params["b_c_l0"]), None
     consts = {"W": W, "R": R, "B": B}
     if P is not None:
         consts["P"] = P

@@ -49,14 +49,14 @@ def test_from_keras_lstm(use_bias):
     h0 = np.random.default_rng(3).uniform(-1, 1, (B, H)).astype(np.float32)
     c0 = np.random.default_rng(4).uniform(-1, 1, (B, H)).astype(np.float32)
     y_k, h_k, c_k = (np.asarray(t) for t in layer(x, initial_state=[h0, c0]))
-    y, (h, c), _ = ours.forward(x.transpose(1, 0, 2), (h0, c0))
+    y, (h, c), _ = ours.forward(x.transpose(1, 0, 2), (h0[None], c0[None]))
     np.testing.assert_allclose(y.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
-    np.testing.assert_allclose(h, h_k, rtol=0, atol=2e-6)
-    np.testing.assert_allclose(c, c_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(h[0], h_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(c[0], c_k, rtol=0, atol=2e-6)
     # float64 conversion of the same weights agrees too
     ours64 = convert.from_keras(layer, dtype=np.float64)
     y64, _, _ = ours64.forward(x.transpose(1, 0, 2).astype(np.float64),
-                               (h0.astype(np.float64), c0.astype(np.float64)))
+                               (h0[None].astype(np.float64), c0[None].astype(np.float64)))
     np.testing.assert_allclose(y64.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
 
 
@@ -68,9 +68,9 @@ def test_from_keras_gru_reset_before(use_bias):
     x = _x(seed=6)
     h0 = np.random.default_rng(7).uniform(-1, 1, (B, H)).astype(np.float32)
     y_k, h_k = (np.asarray(t) for t in layer(x, initial_state=[h0]))
-    y, h, _ = ours.forward(x.transpose(1, 0, 2), h0)
+    y, h, _ = ours.forward(x.transpose(1, 0, 2), h0[None])
     np.testing.assert_allclose(y.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
-    np.testing.assert_allclose(h, h_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(h[0], h_k, rtol=0, atol=2e-6)
 
 
 def test_from_keras_refusals():
@@ -103,12 +103,12 @@ def test_from_torch_lstm(bias):
     with torch.no_grad():
         y_t, (h_t, c_t) = ref(torch.from_numpy(x), (torch.from_numpy(h0)[None],
                                                     torch.from_numpy(c0)[None]))
-    y, (h, c), _ = ours.forward(x, (h0, c0))
+    y, (h, c), _ = ours.forward(x, (h0[None], c0[None]))
     np.testing.assert_allclose(y, y_t.numpy(), rtol=0, atol=1e-13)
-    np.testing.assert_allclose(h, h_t[0].numpy(), rtol=0, atol=1e-13)
-    np.testing.assert_allclose(c, c_t[0].numpy(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(h, h_t.numpy(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(c, c_t.numpy(), rtol=0, atol=1e-13)
     f32 = convert.from_torch(ref, dtype=np.float32)
-    assert f32.dtype == np.float32 and f32.w.dtype == np.float32
+    assert f32.dtype == np.float32 and f32.w_l0.dtype == np.float32
 
 
 def test_from_blockrnn_torch_modules():

@@ -50,7 +50,7 @@ def test_export_runs_in_onnx_runtime_like_forward(T, B, I, H, with_lengths, with
             feed["initial_h"] = h0[None]
             if lstm:
                 feed["initial_c"] = c0[None]
-            state = (h0, c0) if lstm else h0
+            state = (h0[None], c0[None]) if lstm else h0[None]      # (L*D, B, H)
         out = _session(model).run(None, feed)
         y, final, _ = layer.forward(x, state, lengths)
         assert out[0].shape == (T, 1, B, H)
@@ -58,8 +58,8 @@ def test_export_runs_in_onnx_runtime_like_forward(T, B, I, H, with_lengths, with
         finals = final if lstm else (final,)
         assert len(out) == 1 + len(finals)
         for got, want in zip(out[1:], finals):
-            assert got.shape == (1, B, H)
-            _close(got[0], want)
+            assert got.shape == want.shape == (1, B, H)
+            _close(got, want)
 
 
 def test_export_torch_modules_and_path(tmp_path):
@@ -192,8 +192,8 @@ def test_import_helper_built_lstm_matches_onnx_runtime(peephole):
     y, h, c = _session(model).run(None, {"X": x, "lens": lens})
     ours, (h_n, c_n), _ = layer.forward(x, None, lens)
     _close(y[:, 0], ours)
-    _close(h[0], h_n)
-    _close(c[0], c_n)
+    _close(h, h_n)
+    _close(c, c_n)
 
 
 @pytest.mark.filterwarnings("ignore")   # the TorchScript exporter's tracer warnings
@@ -212,8 +212,8 @@ def test_import_torch_exported_nn_lstm_matches_onnx_runtime(tmp_path):
     y, h, c = _session(model).run(None, {"x": x})
     ours, (h_n, c_n), _ = layer.forward(x)
     _close(y, ours)
-    _close(h[0], h_n)
-    _close(c[0], c_n)
+    _close(h, h_n)
+    _close(c, c_n)
 
 
 @pytest.mark.parametrize("attrs,match", [

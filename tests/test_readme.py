@@ -96,7 +96,7 @@ def test_training_in_numpy(example):
     ns = run(block("lengths = "), example)
     T, B = ns["T"], ns["B"]
     ns["dy"] = np.ones((T, B, 32), np.float32)
-    ns["dh"] = np.ones((B, 32), np.float32)
+    ns["dh"] = np.ones((1, B, 32), np.float32)
     run("import blockrnn\n" + block("lstm = blockrnn.LSTM"), ns)
     assert ns["y"].shape == (T, B, 32) and ns["dx"].shape == ns["x"].shape
     # The loop applied the gradients: the parameters are no longer the seed's.
@@ -143,7 +143,7 @@ def test_jax(example):
     ns = run(block("import jax\n"), example)
     layer, x = ns["layer"], ns["x"]
     grads = ns["grads"]
-    assert set(grads) == set(layer.params) == {"w", "b"}
+    assert set(grads) == set(layer.params) == {"w_l0", "b_l0"}
     # The gradient of mean(y ** 2), from the NumPy layer's backward.
     y, _, ctx = layer.forward(x)
     layer.backward(ctx, 2 * y / y.size)
@@ -160,7 +160,7 @@ def test_onnx_export(example, tmp_path, monkeypatch):
     lstm, x, lengths = ns["lstm"], ns["x"], ns["lengths"]
     assert (tmp_path / "lstm.onnx").is_file()
     y, (h, c), _ = lstm.forward(x, sequence_length=lengths)   # the comment's claim
-    for got, want in ((ns["y"][:, 0], y), (ns["h_n"][0], h), (ns["c_n"][0], c)):
+    for got, want in ((ns["y"][:, 0], y), (ns["h_n"], h), (ns["c_n"], c)):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
     for name, p in lstm.params.items():
         np.testing.assert_array_equal(ns["again"].params[name], p)
