@@ -2,9 +2,10 @@
 
 * ``from_keras(layer)``: ``keras.layers.LSTM`` -> ``blockrnn.layers.LSTM``;
   ``keras.layers.GRU(reset_after=False)`` -> ``blockrnn.layers.GRU``.
-* ``from_torch(module)``: ``torch.nn.LSTM`` (one layer, unidirectional, no
-  projection) -> ``blockrnn.layers.LSTM``; also ``blockrnn.torch.LSTM`` /
-  ``GRU`` -> the NumPy layer with the same weights.
+* ``from_torch(module)``: ``torch.nn.LSTM`` (stacked and bidirectional too; no
+  projection) -> ``blockrnn.layers.LSTM`` with the same ``num_layers`` and
+  ``bidirectional``; also ``blockrnn.torch.LSTM`` / ``GRU`` -> the NumPy layer
+  with the same configuration and weights.
 * ``from_onnx(model_or_path, node=None)``: an ONNX ``LSTM`` / ``GRU`` node
   (forward, default activations, no clip; the GRU reset-before) -> the layer;
   ``blockrnn.onnx.export`` writes such nodes.
@@ -128,35 +129,45 @@ def from_torch(module, *, dtype=None):
 
     Parameters
     ----------
-    module : torch.nn.LSTM (num_layers=1, bidirectional=False, proj_size=0;
-        bias on or off: ``b = b_ih + b_hh`` or zeros), or a
-        ``blockrnn.torch.LSTM`` / ``blockrnn.torch.GRU``.
+    module : torch.nn.LSTM (any num_layers, bidirectional or not, bias on or off;
+        proj_size=0), or a ``blockrnn.torch.LSTM`` / ``blockrnn.torch.GRU``.
         ``torch.nn.GRU`` is refused (reset-after GRU: different math).
     dtype : None (the module's dtype) or float32 / float64
 
-    nn.LSTM's gate order (i, f, g, o) is IFCO and ``w = [W_ih.T; W_hh.T]``
-    (I+H, 4H). The NumPy layer is time-major: with ``batch_first=True``
-    transpose the input's first two axes yourself.
+    The NumPy layer gets the module's ``num_layers`` and ``bidirectional`` (and a
+    blockrnn module's ``use_peephole`` and ``cell_clip``); its parameters have
+    the same names as a blockrnn module's (``w_l{k}[_reverse]``, ...). From an
+    nn.LSTM: gate order (i, f, g, o) is IFCO, ``w_l{k}{s} = [W_ih_l{k}{s}.T;
+    W_hh_l{k}{s}.T]`` (I_k+H, 4H) and ``b_l{k}{s} = b_ih + b_hh`` (zeros
+    without bias; a blockrnn module built with ``bias=False`` also gives zero
+    biases). States are (num_layers * num_directions, B, H) on both sides.
+    The NumPy layer is time-major: ``batch_first`` is a property of the torch
+    module only, so with ``batch_first=True`` transpose the input's first two
+    axes yourself. Dropout is a training-time setting and is not carried over
+    (the layer computes the module's ``eval()`` forward).
     """
     import torch
     where = "blockrnn.convert.from_torch"
     from blockrnn import torch as bt   # convert -> torch, never the other way
     if isinstance(module, (bt.LSTM, bt.GRU)):
-        p = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
-        dt = _dtype(where, dtype, next(iter(p.values())).dtype)
+        params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
+        dt = _dtype(where, dtype, next(iter(params.values())).dtype)
+        shape = (module.input_size, module.hidden_size, module.num_layers)
         if isinstance(module, bt.GRU):
-            return _fill(GRU(module.input_size, module.hidden_size, dtype=dt), **p)
-        out = LSTM(module.input_size, module.hidden_size, use_peephole=module.use_peephole,
-                   cell_clip=module.cell_clip, dtype=dt)
-        return _fill(out, **p)
+            out = GRU(*shape, bidirectional=module.bidirectional, dtype=dt)
+        else:
+            out = LSTM(*shape, bidirectional=module.bidirectional,
+                       use_peephole=module.use_peephole, cell_clip=module.cell_clip, dtype=dt)
+        # bias=False: the module has no b_* parameters (zero buffers); the layer's are zero
+        zeros = {k: np.zeros_like(v) for k, v in out.params.items() if k not in params}
+        return _fill(out, **params, **zeros)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
     a = bt.nn_lstm_arrays(module, where)
-    if a["num_layers"] != 1 or a["bidirectional"]:
-        raise ValueError(f"{where}: only single-layer unidirectional nn.LSTMs convert "
-                         f"(num_layers={a['num_layers']}, bidirectional={a['bidirectional']})")
     dt = _dtype(where, dtype, a["params"]["w_l0"].dtype)
-    return _fill(LSTM(a["input_size"], a["hidden_size"], dtype=dt), **a["params"])
+    out = LSTM(a["input_size"], a["hidden_size"], a["num_layers"],
+               bidirectional=a["bidirectional"], dtype=dt)
+    return _fill(out, **a["params"])
 
 
 # --------------------------------------------------------------------------
