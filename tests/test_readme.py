@@ -130,12 +130,15 @@ def test_weight_import():
     T, B = 5, 3
     keras_lstm = keras.layers.LSTM(32)
     keras_lstm.build((None, T, 16))
-    ns = {"keras_lstm": keras_lstm, "torch_nn_lstm": torch.nn.LSTM(16, 32),
+    ns = {"keras_lstm": keras_lstm,
+          "torch_nn_lstm": torch.nn.LSTM(16, 32, num_layers=2, bidirectional=True),
           "x_time_major": np.random.default_rng(0).standard_normal((T, B, 16), np.float32)}
     run(block("from blockrnn import convert"), ns)
-    y = ns["y"]
-    want, _ = ns["torch_nn_lstm"](torch.from_numpy(ns["x_time_major"]))
-    np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    y, (h, c) = ns["y"], ns["state"]
+    want, (h_t, c_t) = ns["torch_nn_lstm"](torch.from_numpy(ns["x_time_major"]))
+    assert y.shape == (T, B, 64) and h.shape == c.shape == (4, B, 32)
+    for got, ref in ((y, want), (h, h_t), (c, c_t)):
+        np.testing.assert_allclose(got, ref.detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_jax(example):
@@ -164,3 +167,10 @@ def test_onnx_export(example, tmp_path, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
     for name, p in lstm.params.items():
         np.testing.assert_array_equal(ns["again"].params[name], p)
+    deep = ns["deep"]
+    T, B = x.shape[:2]
+    assert ns["y2"].shape == (T, 2, B, 32) and ns["h2"].shape == ns["c2"].shape == (4, B, 32)
+    y, (h, c), _ = deep.forward(x)
+    for got, want in ((ns["y2"].transpose(0, 2, 1, 3).reshape(T, B, 64), y),
+                      (ns["h2"], h), (ns["c2"], c)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
