@@ -411,3 +411,52 @@ def test_constructor_and_call_errors():
     with pytest.raises(ValueError, match=r"PackedSequence's data must have shape \(N, I\)"):
         m(pack_padded_sequence(torch.zeros(T, B, I + 1), torch.tensor(LENGTHS),
                                enforce_sorted=False))
+
+
+# ---------------------------------------------------------------------------
+# The NumPy layers (blockrnn.LSTM / GRU) against the torch modules
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("lengths", [None, [6, 1, 0, 3]], ids=["full", "lengths"])
+def test_numpy_layers_equal_torch_modules(kind, lengths):
+    """Same weights (the same names): outputs, final states, input/state gradients and
+    every parameter gradient agree (float64)."""
+    torch.manual_seed(0)
+    if kind == "lstm":
+        mod = bt.LSTM(I, H, 2, bidirectional=True, use_peephole=True, cell_clip=0.5,
+                      dtype=torch.float64)
+        layer = blockrnn.LSTM(I, H, 2, bidirectional=True, use_peephole=True, cell_clip=0.5,
+                              dtype=np.float64)
+    else:
+        mod = bt.GRU(I, H, 2, bidirectional=True, dtype=torch.float64)
+        layer = blockrnn.GRU(I, H, 2, bidirectional=True, dtype=np.float64)
+    assert list(layer.params) == [n for n, _ in mod.named_parameters()]
+    for n, p in mod.named_parameters():
+        layer.params[n][...] = p.detach().numpy()
+    x = _rand(T, B, I, seed=1)
+    states = [_rand(2 * L, B, H, seed=2 + k) for k in range(2 if kind == "lstm" else 1)]
+    hx = tuple(states) if kind == "lstm" else states[0]
+    y, out = mod(x, hx, sequence_length=lengths)
+    outs = out if kind == "lstm" else (out,)
+    wy = _weights(y.shape, torch.float64)
+    ws = [_weights(o.shape, torch.float64, seed=20 + k) for k, o in enumerate(outs)]
+    ((y * wy).sum() + sum((o * w).sum() for o, w in zip(outs, ws))).backward()
+
+    np_state = tuple(s.detach().numpy() for s in states)
+    y_np, out_np, ctx = layer.forward(x.detach().numpy(),
+                                      np_state if kind == "lstm" else np_state[0],
+                                      sequence_length=lengths)
+    ws_np = tuple(w.numpy() for w in ws)
+    dx, ds0 = layer.backward(ctx, wy.numpy(), ws_np if kind == "lstm" else ws_np[0])
+    outs_np = out_np if kind == "lstm" else (out_np,)
+    ds0 = ds0 if kind == "lstm" else (ds0,)
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)  # noqa
+    close(y.detach().numpy(), y_np)
+    for o, o_np in zip(outs, outs_np):
+        close(o.detach().numpy(), o_np)
+    close(x.grad.numpy(), dx)
+    for s, g in zip(states, ds0):
+        close(s.grad.numpy(), g)
+    for n, p in mod.named_parameters():
+        close(p.grad.numpy(), layer.grads[n])
