@@ -13,15 +13,21 @@ serial answer, bit for bit.
 
 Reports calls per second, p50/p99 latency per op (from a fixed histogram, so
 that the run itself allocates nothing that grows) and the resident set size at
-the start, after warm-up (the middle of the run) and at the end. Exits 1 on any
-mismatch or error, or if RSS grows by more than 5% from the middle to the end.
+the start, in the middle of the run and at the end; the run starts after a
+warm-up in which every thread calls every case once, the large ones together. Exits 1 on any
+mismatch or error, or if RSS grows by more than 10% from the middle to the end.
 
-The middle and end RSS are taken with no call in flight (the threads run the
-two halves of the run and are joined in between) and after glibc's
+The middle and end RSS are taken with no call in flight (every thread waits at
+a barrier between two calls) and after glibc's
 ``malloc_trim(0)`` has handed its free pages back. A sample taken while a large
 case runs counts its ~25 MB of outputs, and glibc keeps freed blocks whose size
 it has seen before; either made RSS jump by a large case's size at random (a
 25 s CI run once measured +8.7% with no leak), whereas a leak survives both.
+NumPy's transparent-huge-page requests are switched off for the run (see
+no_numpy_huge_pages). What remains is glibc's fragmentation: eight 25 s runs
+without a leak measured -3.3% to +3.6%, one with a leak of 160 KB per call
++49%; hence the 10% limit (about 400 bytes per call over a 25 s run's second
+half). The 10-minute run measures what a short one cannot.
 """
 import argparse
 import ctypes
@@ -51,6 +57,20 @@ def rss_mb():
     except OSError:
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def no_numpy_huge_pages():
+    """Stop NumPy asking for transparent huge pages (madvise) on its large arrays.
+
+    With THP in madvise mode, khugepaged later refills the 4 KB pages freed
+    inside such a region into whole 2 MB pages, on its own schedule: RSS then
+    grows by megabytes with nothing allocated, which a leak check cannot tell
+    from a leak (25 s runs measured -3% to +12% from the middle to the end).
+    """
+    core = getattr(np, "_core", None) or getattr(np, "core")
+    setter = getattr(core.multiarray, "_set_madvise_hugepage", None)
+    if setter is not None:
+        setter(False)
 
 
 def settled_rss_mb():
@@ -169,12 +189,23 @@ def same_bits(a, b):
                for x, y in zip(a, b)) and len(a) == len(b)
 
 
-def worker(pool, big, names, seed, stop, counts, failures):
-    """Call random cases (one of the large ones every BIG_EVERY calls) until stop."""
+def worker(pool, big, names, seed, stop, pause, checkpoint, counts, failures):
+    """Run every case once (warm-up), meet the others at the checkpoint barrier, then
+    call random cases (one of the large ones every BIG_EVERY calls) until stop;
+    while pause is set, wait at the checkpoint barrier (twice: arrive, resume)."""
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(pool), 1 << 16)
+    for name, call, expected in big + pool:   # warm-up: every case once, in step with
+        got = call()                          # the other threads (large ones together)
+        if not same_bits(got, expected):
+            failures.append(f"{name}: result differs from the serial answer (warm-up)")
+    checkpoint.wait()
     k = 0
     while not stop.is_set():
+        if pause.is_set():
+            checkpoint.wait()
+            checkpoint.wait()
+            continue
         if k % BIG_EVERY == BIG_EVERY - 1:
             name, call, expected = big[(k // BIG_EVERY) % len(big)]
         else:
@@ -205,10 +236,11 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--pool", type=int, default=300, help="number of random cases")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-rss-growth", type=float, default=0.05,
+    ap.add_argument("--max-rss-growth", type=float, default=0.10,
                     help="allowed RSS growth from the middle to the end (fraction)")
     args = ap.parse_args(argv)
 
+    no_numpy_huge_pages()
     rss_start = rss_mb()
     pool, big = make_pool(args.seed, args.pool)
     for k, (name, call, expected) in enumerate(big):
@@ -220,26 +252,34 @@ def main(argv=None):
 
     counts = [np.zeros((len(names), len(BIN_EDGES) + 1), np.int64) for _ in range(args.threads)]
     failures = []
+    stop, pause = threading.Event(), threading.Event()
+    checkpoint = threading.Barrier(args.threads + 1)
+    threads = [threading.Thread(target=worker, daemon=True,
+                                args=(pool, big, names, args.seed + 1 + k, stop, pause,
+                                      checkpoint, counts[k], failures))
+               for k in range(args.threads)]
 
-    def run_half(seconds, half):
-        """The threads call for `seconds`, then are joined: no call is in flight after."""
-        stop = threading.Event()
-        threads = [threading.Thread(target=worker, daemon=True,
-                                    args=(pool, big, names, args.seed + 1 + k + 1000 * half,
-                                          stop, counts[k], failures))
-                   for k in range(args.threads)]
-        for t in threads:
-            t.start()
-        time.sleep(seconds)
-        stop.set()
-        for t in threads:
-            t.join()
+    def quiescent_rss_mb(last=False):
+        """settled_rss_mb() while every thread waits between two calls."""
+        pause.set()
+        checkpoint.wait()   # all threads have arrived: no call in flight
+        rss = settled_rss_mb()
+        if last:
+            stop.set()
+        pause.clear()
+        checkpoint.wait()   # let them go on (or end)
+        return rss
 
+    for t in threads:
+        t.start()
+    checkpoint.wait()   # every thread has run every case once
     start = time.perf_counter()
-    run_half(args.seconds / 2, 0)
-    rss_middle = settled_rss_mb()
-    run_half(max(0.0, args.seconds - (time.perf_counter() - start)), 1)
-    rss_end = settled_rss_mb()
+    time.sleep(args.seconds / 2)
+    rss_middle = quiescent_rss_mb()
+    time.sleep(max(0.0, args.seconds - (time.perf_counter() - start)))
+    rss_end = quiescent_rss_mb(last=True)
+    for t in threads:
+        t.join()
     wall = time.perf_counter() - start
 
     hist = sum(counts)
