@@ -2,9 +2,10 @@
 
 * ``from_keras(layer)``: ``keras.layers.LSTM`` -> ``blockrnn.layers.LSTM``;
   ``keras.layers.GRU(reset_after=False)`` -> ``blockrnn.layers.GRU``.
-* ``from_torch(module)``: ``torch.nn.LSTM`` (one layer, unidirectional, no
-  projection) -> ``blockrnn.layers.LSTM``; also ``blockrnn.torch.LSTM`` /
-  ``GRU`` -> the NumPy layer with the same weights.
+* ``from_torch(module)``: ``torch.nn.LSTM`` (stacked and bidirectional too; no
+  projection) -> ``blockrnn.layers.LSTM`` with the same ``num_layers`` and
+  ``bidirectional``; also ``blockrnn.torch.LSTM`` / ``GRU`` -> the NumPy layer
+  with the same configuration and weights.
 * ``from_onnx(model_or_path, node=None)``: an ONNX ``LSTM`` / ``GRU`` node
   (forward, default activations, no clip; the GRU reset-before) -> the layer;
   ``blockrnn.onnx.export`` writes such nodes.
@@ -33,9 +34,11 @@ def _dtype(where, dtype, default):
 
 
 def _fill(layer, **arrays):
-    for name, value in arrays.items():
-        target = getattr(layer, name)
-        value = np.asarray(value, dtype=layer.dtype)
+    """Copy ``arrays`` (every one of the layer's parameter names) into the layer."""
+    assert set(arrays) == set(layer.params), \
+        (sorted(arrays), list(layer.params))
+    for name, target in layer.params.items():
+        value = np.asarray(arrays[name], dtype=layer.dtype)
         assert value.shape == target.shape, (name, value.shape, target.shape)
         target[...] = value
     return layer
@@ -110,11 +113,11 @@ def from_keras(layer, *, dtype=None):
             else np.zeros(n_gates * H, kernel.dtype))
     w = np.concatenate([kernel, recurrent], axis=0)          # (I+H, n_gates*H)
     if kind == "LSTM":
-        return _fill(LSTM(I, H, dtype=dt), w=w, b=bias)
+        return _fill(LSTM(I, H, dtype=dt), w_l0=w, b_l0=bias)
     z, r, h = (slice(k * H, (k + 1) * H) for k in range(3))
     return _fill(GRU(I, H, dtype=dt),
-                 w_ru=np.concatenate([w[:, r], w[:, z]], axis=1), w_c=w[:, h],
-                 b_ru=np.concatenate([bias[r], bias[z]]), b_c=bias[h])
+                 w_ru_l0=np.concatenate([w[:, r], w[:, z]], axis=1), w_c_l0=w[:, h],
+                 b_ru_l0=np.concatenate([bias[r], bias[z]]), b_c_l0=bias[h])
 
 
 # --------------------------------------------------------------------------
@@ -126,32 +129,45 @@ def from_torch(module, *, dtype=None):
 
     Parameters
     ----------
-    module : torch.nn.LSTM (num_layers=1, bidirectional=False, proj_size=0;
-        bias on or off: ``b = b_ih + b_hh`` or zeros), or a
-        ``blockrnn.torch.LSTM`` / ``blockrnn.torch.GRU``.
+    module : torch.nn.LSTM (any num_layers, bidirectional or not, bias on or off;
+        proj_size=0), or a ``blockrnn.torch.LSTM`` / ``blockrnn.torch.GRU``.
         ``torch.nn.GRU`` is refused (reset-after GRU: different math).
     dtype : None (the module's dtype) or float32 / float64
 
-    nn.LSTM's gate order (i, f, g, o) is IFCO and ``w = [W_ih.T; W_hh.T]``
-    (I+H, 4H). The NumPy layer is time-major: with ``batch_first=True``
-    transpose the input's first two axes yourself.
+    The NumPy layer gets the module's ``num_layers`` and ``bidirectional`` (and a
+    blockrnn module's ``use_peephole`` and ``cell_clip``); its parameters have
+    the same names as a blockrnn module's (``w_l{k}[_reverse]``, ...). From an
+    nn.LSTM: gate order (i, f, g, o) is IFCO, ``w_l{k}{s} = [W_ih_l{k}{s}.T;
+    W_hh_l{k}{s}.T]`` (I_k+H, 4H) and ``b_l{k}{s} = b_ih + b_hh`` (zeros
+    without bias; a blockrnn module built with ``bias=False`` also gives zero
+    biases). States are (num_layers * num_directions, B, H) on both sides.
+    The NumPy layer is time-major: ``batch_first`` is a property of the torch
+    module only, so with ``batch_first=True`` transpose the input's first two
+    axes yourself. Dropout is a training-time setting and is not carried over
+    (the layer computes the module's ``eval()`` forward).
     """
     import torch
     where = "blockrnn.convert.from_torch"
     from blockrnn import torch as bt   # convert -> torch, never the other way
     if isinstance(module, (bt.LSTM, bt.GRU)):
-        p = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
-        dt = _dtype(where, dtype, next(iter(p.values())).dtype)
+        params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
+        dt = _dtype(where, dtype, next(iter(params.values())).dtype)
+        shape = (module.input_size, module.hidden_size, module.num_layers)
         if isinstance(module, bt.GRU):
-            return _fill(GRU(module.input_size, module.hidden_size, dtype=dt), **p)
-        out = LSTM(module.input_size, module.hidden_size, use_peephole=module.use_peephole,
-                   cell_clip=module.cell_clip, dtype=dt)
-        return _fill(out, **p)
+            out = GRU(*shape, bidirectional=module.bidirectional, dtype=dt)
+        else:
+            out = LSTM(*shape, bidirectional=module.bidirectional,
+                       use_peephole=module.use_peephole, cell_clip=module.cell_clip, dtype=dt)
+        # bias=False: the module has no b_* parameters (zero buffers); the layer's are zero
+        zeros = {k: np.zeros_like(v) for k, v in out.params.items() if k not in params}
+        return _fill(out, **params, **zeros)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
     a = bt.nn_lstm_arrays(module, where)
-    dt = _dtype(where, dtype, a["w"].dtype)
-    return _fill(LSTM(a["input_size"], a["hidden_size"], dtype=dt), w=a["w"], b=a["b"])
+    dt = _dtype(where, dtype, a["params"]["w_l0"].dtype)
+    out = LSTM(a["input_size"], a["hidden_size"], a["num_layers"],
+               bidirectional=a["bidirectional"], dtype=dt)
+    return _fill(out, **a["params"])
 
 
 # --------------------------------------------------------------------------
@@ -172,62 +188,99 @@ def _onnx_tensors(graph):
     return out
 
 
-def from_onnx(model_or_path, node=None, *, dtype=None):
-    """The ``blockrnn.LSTM`` / ``GRU`` whose forward equals an ONNX ``LSTM`` / ``GRU`` node.
-
-    Parameters
-    ----------
-    model_or_path : onnx.ModelProto, or a path (str / os.PathLike) to one
-    node : None (the model's only LSTM or GRU node), or a node name (str)
-    dtype : None (the weights' dtype) or float32 / float64
-
-    The node must be what blockrnn computes: ``direction="forward"``, default
-    activations, no ``clip``, ``input_forget=0``, ``layout=0``, a GRU with
-    ``linear_before_reset=0``, and its ``W``, ``R``, ``B``, ``P`` constant
-    (initializers or Constant nodes). Anything else is refused with a
-    ValueError naming the attribute. ONNX's gate orders (LSTM i, o, f, c; GRU
-    z, r, h) map to TensorFlow's (IFCO; [r | u], c with u = z); the biases
-    become ``b = Wb + Rb``; ``P`` = [p_i, p_o, p_f] becomes the peepholes.
-    The layer is time-major like the node: ``Y[:, 0]`` is ``forward(X)[0]``.
-    """
-    import os
-
+def _onnx_attrs(n):
     import onnx
-    where = "blockrnn.convert.from_onnx"
-    if isinstance(model_or_path, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model_or_path))
-    elif isinstance(model_or_path, onnx.ModelProto):
-        model = model_or_path
-    else:
-        raise TypeError(f"{where}: expected an onnx.ModelProto or a path, got "
-                        f"{type(model_or_path).__name__}")
-    rnns = [n for n in model.graph.node if n.op_type in ("LSTM", "GRU")]
-    if node is None:
-        if len(rnns) != 1:
-            raise ValueError(f"{where}: the model has {len(rnns)} LSTM/GRU nodes "
-                             f"({[n.name for n in rnns]}); pass node=<name> to pick one")
-        (n,) = rnns
-    else:
-        picked = [r for r in rnns if r.name == node]
-        if not picked:
-            raise ValueError(f"{where}: no LSTM/GRU node named {node!r}; the model has "
-                             f"{[r.name for r in rnns]}")
-        n = picked[0]
-    kind = n.op_type
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
     for key, value in attrs.items():
         if isinstance(value, bytes):
             attrs[key] = value.decode()
         elif isinstance(value, list):
             attrs[key] = [v.decode() if isinstance(v, bytes) else v for v in value]
+    return attrs
+
+
+def _onnx_chain(graph, rnns, consts, where):
+    """The LSTM/GRU nodes of a stacked model in layer order: node k+1's X is node k's Y
+    joined as blockrnn.onnx.export and PyTorch's exporter join layers: Transpose
+    (perm [0, 2, 1, 3]) then Reshape to (T, B, D*H), or (one direction) Squeeze of axis 1.
+    Anything else is refused with a ValueError."""
+    producer = {out: n for n in graph.node for out in n.output}
+    names = [n.name for n in rnns]
+
+    def refuse(why):
+        raise ValueError(f"{where}: the model has {len(rnns)} LSTM/GRU nodes ({names}) "
+                         f"that are not one stacked layer ({why}); pass node=<name> to "
+                         f"pick one")
+
+    def const(n, pos, attr):
+        """An int list given as attribute ``attr`` or as constant input ``pos``."""
+        if attr in _onnx_attrs(n):
+            return list(_onnx_attrs(n)[attr])
+        if len(n.input) > pos and n.input[pos] in consts:
+            return [int(v) for v in np.ravel(consts[n.input[pos]])]
+        return None
+
+    def feeding(n):
+        """The LSTM/GRU node whose Y becomes n's X, or None when X is not computed."""
+        junction = producer.get(n.input[0])
+        if junction is None:
+            return None
+        if junction.op_type == "Squeeze" and const(junction, 1, "axes") == [1]:
+            y = junction.input[0]
+        elif junction.op_type == "Reshape":
+            shape = const(junction, 1, "shape")
+            t = producer.get(junction.input[0])
+            if (shape is None or len(shape) != 3 or shape[:2] != [0, 0] or t is None
+                    or t.op_type != "Transpose" or _onnx_attrs(t).get("perm") != [0, 2, 1, 3]):
+                refuse(f"node {n.name!r}'s X comes from an unexpected Reshape")
+            y = t.input[0]
+        else:
+            refuse(f"node {n.name!r}'s X comes from a {junction.op_type} node")
+        prev = producer.get(y)
+        if prev is None or prev not in rnns or prev.output[0] != y:
+            refuse(f"node {n.name!r}'s X is not another LSTM/GRU node's Y")
+        return prev
+
+    nexts = {}
+    firsts = []
+    for n in rnns:
+        prev = feeding(n)
+        if prev is None:
+            firsts.append(n)
+        elif prev.name in nexts:
+            refuse(f"node {prev.name!r} feeds two nodes")
+        else:
+            nexts[prev.name] = n
+    if len(firsts) != 1:
+        refuse(f"{len(firsts)} of them read the graph's input")
+    chain = firsts
+    while chain[-1].name in nexts:
+        chain.append(nexts[chain[-1].name])
+    if len(chain) != len(rnns):
+        refuse("they do not form one chain")
+    return chain
+
+
+def _onnx_node_arrays(n, consts, where):
+    """One ONNX LSTM/GRU node's weights in blockrnn's layout, after checking that the
+    node computes what blockrnn computes. Returns (kind, I, H, directions) with
+    directions a list (forward[, reverse]) of dicts of TensorFlow-layout arrays
+    (LSTM ``w``, ``b``, optionally ``wci``, ``wcf``, ``wco``; GRU ``w_ru``, ``w_c``,
+    ``b_ru``, ``b_c``)."""
+    kind = n.op_type
+    attrs = _onnx_attrs(n)
 
     def refuse(name, why):
         raise ValueError(f"{where}: {kind} node {n.name!r} has {name}={attrs[name]!r}; {why}")
 
-    if attrs.get("direction", "forward") != "forward":
-        refuse("direction", "only direction='forward' converts (blockrnn's layers run forward)")
-    if "activations" in attrs and attrs["activations"] != _ONNX_DEFAULT_ACTIVATIONS[kind]:
-        refuse("activations", f"blockrnn's {kind} uses {_ONNX_DEFAULT_ACTIVATIONS[kind]}")
+    direction = attrs.get("direction", "forward")
+    if direction not in ("forward", "bidirectional"):
+        refuse("direction", "only direction='forward' or 'bidirectional' converts (blockrnn's "
+                            "layers have no reverse-only direction)")
+    D = 2 if direction == "bidirectional" else 1
+    if "activations" in attrs and attrs["activations"] != _ONNX_DEFAULT_ACTIVATIONS[kind] * D:
+        refuse("activations", f"blockrnn's {kind} uses {_ONNX_DEFAULT_ACTIVATIONS[kind]} "
+                              f"in every direction")
     for name in ("activation_alpha", "activation_beta"):
         if attrs.get(name):
             refuse(name, "blockrnn's activations take no parameters")
@@ -242,7 +295,6 @@ def from_onnx(model_or_path, node=None, *, dtype=None):
         refuse("linear_before_reset", "that is the reset-after GRU (nn.GRU, Keras' "
                                       "reset_after=True); blockrnn's GRUBlockCell resets "
                                       "before the recurrent matmul (linear_before_reset=0)")
-    consts = _onnx_tensors(model.graph)
     names = list(n.input) + [""] * 8
     arrays = {}
     for pos, key in ((1, "W"), (2, "R"), (3, "B"), (7, "P")):
@@ -255,30 +307,107 @@ def from_onnx(model_or_path, node=None, *, dtype=None):
         arrays[key] = consts[name]
     if "W" not in arrays or "R" not in arrays:
         raise ValueError(f"{where}: {kind} node {n.name!r} lacks its W or R input")
-    W, R = arrays["W"][0], arrays["R"][0]              # (G*H, I), (G*H, H)
     G = 4 if kind == "LSTM" else 3
-    H = R.shape[1]
-    if attrs.get("hidden_size", H) != H or W.shape[0] != G * H or R.shape[0] != G * H:
-        raise ValueError(f"{where}: {kind} node {n.name!r}: W {arrays['W'].shape} and R "
-                         f"{arrays['R'].shape} do not fit hidden_size={attrs.get('hidden_size')}")
-    I = W.shape[1]
-    B = arrays.get("B", np.zeros((1, 2 * G * H), W.dtype))[0]
-    bias = B[:G * H] + B[G * H:]                         # Wb + Rb
-    dt = _dtype(where, dtype, W.dtype if W.dtype in (np.float32, np.float64) else np.float32)
-    wt = np.concatenate([W.T, R.T], axis=0)              # (I+H, G*H), ONNX gate order
+    Ws, Rs = arrays["W"], arrays["R"]                    # (D, G*H, I), (D, G*H, H)
+    H = Rs.shape[-1]
+    if (attrs.get("hidden_size", H) != H or Ws.ndim != 3 or Rs.ndim != 3
+            or Ws.shape[:2] != (D, G * H) or Rs.shape[:2] != (D, G * H)):
+        raise ValueError(f"{where}: {kind} node {n.name!r}: W {Ws.shape} and R {Rs.shape} "
+                         f"do not fit hidden_size={attrs.get('hidden_size')} and "
+                         f"direction={direction!r}")
+    I = Ws.shape[2]
+    Bs = arrays.get("B", np.zeros((D, 2 * G * H), Ws.dtype))
     blocks = {g: slice(k * H, (k + 1) * H) for k, g in
               enumerate("iofc" if kind == "LSTM" else "zrh")}
-    if kind == "LSTM":
-        w = np.concatenate([wt[:, blocks[g]] for g in "ifco"], axis=1)
-        b = np.concatenate([bias[blocks[g]] for g in "ifco"])
-        peep = {}
-        if "P" in arrays:
-            p_i, p_o, p_f = np.split(arrays["P"][0], 3)
-            peep = {"wci": p_i, "wcf": p_f, "wco": p_o}
-        layer = LSTM(I, H, use_peephole=bool(peep), dtype=dt)
-        return _fill(layer, w=w, b=b, **peep)
-    return _fill(GRU(I, H, dtype=dt),
-                 w_ru=np.concatenate([wt[:, blocks["r"]], wt[:, blocks["z"]]], axis=1),
-                 w_c=wt[:, blocks["h"]],
-                 b_ru=np.concatenate([bias[blocks["r"]], bias[blocks["z"]]]),
-                 b_c=bias[blocks["h"]])
+    directions = []
+    for d in range(D):
+        bias = Bs[d][:G * H] + Bs[d][G * H:]                 # Wb + Rb
+        wt = np.concatenate([Ws[d].T, Rs[d].T], axis=0)      # (I+H, G*H), ONNX gate order
+        if kind == "LSTM":
+            out = {"w": np.concatenate([wt[:, blocks[g]] for g in "ifco"], axis=1),
+                   "b": np.concatenate([bias[blocks[g]] for g in "ifco"])}
+            if "P" in arrays:
+                p_i, p_o, p_f = np.split(arrays["P"][d], 3)
+                out.update(wci=p_i, wcf=p_f, wco=p_o)
+        else:
+            out = {"w_ru": np.concatenate([wt[:, blocks["r"]], wt[:, blocks["z"]]], axis=1),
+                   "w_c": wt[:, blocks["h"]],
+                   "b_ru": np.concatenate([bias[blocks["r"]], bias[blocks["z"]]]),
+                   "b_c": bias[blocks["h"]]}
+        directions.append(out)
+    return kind, I, H, directions
+
+
+def from_onnx(model_or_path, node=None, *, dtype=None):
+    """The ``blockrnn.LSTM`` / ``GRU`` whose forward equals an ONNX model's LSTM / GRU.
+
+    Parameters
+    ----------
+    model_or_path : onnx.ModelProto, or a path (str / os.PathLike) to one
+    node : None, or a node name (str): convert that one ``LSTM`` / ``GRU`` node
+        (a one-layer layer)
+    dtype : None (the weights' dtype) or float32 / float64
+
+    With ``node=None`` the model holds either one ``LSTM`` / ``GRU`` node, or a
+    chain of them joined as ``blockrnn.onnx.export`` (and PyTorch's exporter)
+    writes stacked layers: node k+1 reads node k's ``Y`` (T, D, B, H) through
+    ``Transpose(perm=[0, 2, 1, 3])`` and ``Reshape`` to (T, B, D*H) (or, with one
+    direction, ``Squeeze`` of axis 1); the chain becomes one layer with
+    ``num_layers`` = its length. A node with ``direction="bidirectional"``
+    gives ``bidirectional=True`` (ONNX's reverse direction, like blockrnn's,
+    reads each row's first ``sequence_lens[b]`` steps backwards).
+
+    Every node must be what blockrnn computes: ``direction`` "forward" or
+    "bidirectional" (the same in every node), default activations, no ``clip``,
+    ``input_forget=0``, ``layout=0``, a GRU with ``linear_before_reset=0``, and
+    its ``W``, ``R``, ``B``, ``P`` constant (initializers or Constant nodes).
+    Anything else is refused with a ValueError naming the attribute. ONNX's
+    gate orders (LSTM i, o, f, c; GRU z, r, h) map to TensorFlow's (IFCO;
+    [r | u], c with u = z); the biases become ``b = Wb + Rb``; ``P`` = [p_i,
+    p_o, p_f] becomes the peepholes (zeros for a node of the chain without
+    ``P``). The layer is time-major like the nodes: ``Y`` of the last node,
+    transposed to (T, B, D, H) and reshaped to (T, B, D*H), is ``forward(X)[0]``.
+    """
+    import os
+
+    import onnx
+    where = "blockrnn.convert.from_onnx"
+    if isinstance(model_or_path, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model_or_path))
+    elif isinstance(model_or_path, onnx.ModelProto):
+        model = model_or_path
+    else:
+        raise TypeError(f"{where}: expected an onnx.ModelProto or a path, got "
+                        f"{type(model_or_path).__name__}")
+    rnns = [n for n in model.graph.node if n.op_type in ("LSTM", "GRU")]
+    consts = _onnx_tensors(model.graph)
+    if node is not None:
+        chain = [r for r in rnns if r.name == node][:1]
+        if not chain:
+            raise ValueError(f"{where}: no LSTM/GRU node named {node!r}; the model has "
+                             f"{[r.name for r in rnns]}")
+    elif not rnns:
+        raise ValueError(f"{where}: the model has no LSTM or GRU node")
+    else:
+        chain = rnns if len(rnns) == 1 else _onnx_chain(model.graph, rnns, consts, where)
+    layers = [_onnx_node_arrays(n, consts, where) for n in chain]
+    kind, I, H, first = layers[0]
+    D = len(first)
+    for n, (kind_k, I_k, H_k, dirs) in zip(chain[1:], layers[1:]):
+        if (kind_k, H_k, len(dirs), I_k) != (kind, H, D, D * H):
+            raise ValueError(
+                f"{where}: node {n.name!r} ({kind_k}, hidden_size {H_k}, {len(dirs)} "
+                f"direction(s), input size {I_k}) does not continue the stack of {kind} "
+                f"nodes with hidden_size {H}, {D} direction(s) (input size {D * H})")
+    W0 = first[0]["w" if kind == "LSTM" else "w_c"]
+    dt = _dtype(where, dtype, W0.dtype if W0.dtype in (np.float32, np.float64) else np.float32)
+    suffixes = ("", "_reverse")
+    arrays = {f"{name}_l{k}{suffixes[d]}": a
+              for k, (_, _, _, dirs) in enumerate(layers)
+              for d, direction in enumerate(dirs) for name, a in direction.items()}
+    if kind == "GRU":
+        return _fill(GRU(I, H, len(layers), bidirectional=D == 2, dtype=dt), **arrays)
+    out = LSTM(I, H, len(layers), bidirectional=D == 2,
+               use_peephole=any(k.startswith("wci") for k in arrays), dtype=dt)
+    zeros = {k: np.zeros_like(v) for k, v in out.params.items() if k not in arrays}
+    return _fill(out, **arrays, **zeros)

@@ -55,7 +55,7 @@ class CharModel:
         layer_seed = int(rng.integers(2**31))
         if cell == "lstm":
             self.rnn = LSTM(embed, hidden, dtype=f32, seed=layer_seed)
-            self.rnn.b[hidden:2 * hidden] += 1.0      # forget-gate bias 1 (IFCO: f block)
+            self.rnn.b_l0[hidden:2 * hidden] += 1.0   # forget-gate bias 1 (IFCO: f block)
         elif cell == "gru":
             self.rnn = GRU(embed, hidden, dtype=f32, seed=layer_seed)
         else:
@@ -68,7 +68,7 @@ class CharModel:
         return p
 
     def zero_state(self, B):
-        z = np.zeros((B, self.H), np.float32)
+        z = np.zeros((1, B, self.H), np.float32)           # (num_layers * directions, B, H)
         return (z, z.copy()) if self.cell == "lstm" else z
 
     def loss(self, ids, targets, state, grad=False):

@@ -7,16 +7,18 @@ Optional: needs jax (``import blockrnn`` never imports it; this module does).
 * ``gru(params, x, state=None, sequence_length=None)`` -> ``(y, h_n)`` over
   ``block_gru`` / ``block_gru_grad`` (GRUBlockCell's reset-before GRU).
 
-``params`` is a dict with the keys and TensorFlow layouts of the NumPy layers'
-``params``, so ``blockrnn.LSTM(...).params`` passes straight in: LSTM ``w``
-(I+H, 4H) IFCO, ``b`` (4H,), and with peepholes ``wci``, ``wcf``, ``wco``
-(H,) (their presence turns peepholes on); GRU ``w_ru`` (I+H, 2H) [r | u],
-``w_c`` (I+H, H), ``b_ru`` (2H,), ``b_c`` (H,). ``x`` is time-major (T, B, I);
-``state`` is ``(h0, c0)`` for the LSTM and ``h0`` for the GRU, each (B, H)
-(None: zeros); ``sequence_length`` None or (B,) integers in [0, T] (later
-outputs are zero, the final state is each row's last). Returns y (T, B, H)
-and the final state(s) (B, H). float32 or float64 throughout (float64 needs
-``jax_enable_x64``); every array must have the dtype of ``x``.
+One layer, one direction. ``params`` is a dict with the keys and TensorFlow
+layouts of a one-layer unidirectional NumPy layer's ``params``, so
+``blockrnn.LSTM(I, H).params`` passes straight in: LSTM ``w_l0`` (I+H, 4H)
+IFCO, ``b_l0`` (4H,), and with peepholes ``wci_l0``, ``wcf_l0``, ``wco_l0``
+(H,) (their presence turns peepholes on); GRU ``w_ru_l0`` (I+H, 2H) [r | u],
+``w_c_l0`` (I+H, H), ``b_ru_l0`` (2H,), ``b_c_l0`` (H,). ``x`` is time-major
+(T, B, I); ``state`` is ``(h0, c0)`` for the LSTM and ``h0`` for the GRU,
+each (1, B, H) as the layers' (None: zeros); ``sequence_length`` None or (B,)
+integers in [0, T] (later outputs are zero, the final state is each row's
+last). Returns y (T, B, H) and the final state(s) (1, B, H). float32 or
+float64 throughout (float64 needs ``jax_enable_x64``); every array must have
+the dtype of ``x``.
 
 How: the sequence op runs in ``jax.pure_callback`` (blockrnn's compiled
 kernels on NumPy views, the GIL released) under a ``jax.custom_vjp`` whose
@@ -27,7 +29,8 @@ as in TensorFlow.
 
 ``reference_lstm`` and ``reference_gru`` are the same math written in
 ``jax.numpy`` with ``lax.scan`` (no callbacks, no sequence_length): the
-comparison point for tests and the benchmark.
+comparison point for tests and the benchmark. They take the unsuffixed keys
+(``w``, ``b``; ``w_ru``, ``w_c``, ``b_ru``, ``b_c``) and states (B, H).
 """
 from functools import partial
 
@@ -180,25 +183,26 @@ _lstm_seq.defvjp(_lstm_seq_fwd, _lstm_seq_bwd)
 def lstm(params, x, state=None, sequence_length=None, *, cell_clip=0.0):
     """An LSTM (BlockLSTMV2 math) over a time-major sequence, differentiable in JAX.
 
-    params: dict ``w`` (I+H, 4H) IFCO, ``b`` (4H,), optionally ``wci``, ``wcf``,
-    ``wco`` (H,) (peepholes); x (T, B, I); state None or (h0, c0), each (B, H);
-    sequence_length None or (B,) ints in [0, T]; cell_clip > 0 clips the cell
-    state. Returns ``y, (h_n, c_n)``: y (T, B, H), h_n and c_n (B, H).
+    params: dict ``w_l0`` (I+H, 4H) IFCO, ``b_l0`` (4H,), optionally ``wci_l0``,
+    ``wcf_l0``, ``wco_l0`` (H,) (peepholes): a one-layer unidirectional
+    ``blockrnn.LSTM``'s params; x (T, B, I); state None or (h0, c0), each
+    (1, B, H); sequence_length None or (B,) ints in [0, T]; cell_clip > 0 clips
+    the cell state. Returns ``y, (h_n, c_n)``: y (T, B, H), h_n and c_n (1, B, H).
     """
     where = "blockrnn.jax.lstm"
-    peep = ("wci", "wcf", "wco")
-    _params(where, params, ("w", "b"), peep)
-    use_peephole = "wci" in params
+    peep = ("wci_l0", "wcf_l0", "wco_l0")
+    _params(where, params, ("w_l0", "b_l0"), peep)
+    use_peephole = "wci_l0" in params
     if use_peephole and not all(k in params for k in peep):
         raise ValueError(f"{where}: peepholes need all of {list(peep)}, got {sorted(params)}")
-    w = params["w"]
+    w = params["w_l0"]
     if len(getattr(w, "shape", ())) != 2 or w.shape[1] % 4 or w.shape[1] == 0:
-        raise ValueError(f"{where}: params['w'] must have shape (I+H, 4H), got "
+        raise ValueError(f"{where}: params['w_l0'] must have shape (I+H, 4H), got "
                          f"{tuple(getattr(w, 'shape', ()))}")
     H = w.shape[1] // 4
     dtype, T, B = _x(where, x, w.shape[0] - H)
-    _check(where, "params['w']", w, dtype, (w.shape[0], 4 * H))
-    b = _check(where, "params['b']", params["b"], dtype, (4 * H,))
+    _check(where, "params['w_l0']", w, dtype, (w.shape[0], 4 * H))
+    b = _check(where, "params['b_l0']", params["b_l0"], dtype, (4 * H,))
     if use_peephole:
         wci, wcf, wco = (_check(where, f"params[{k!r}]", params[k], dtype, (H,)) for k in peep)
     else:
@@ -211,11 +215,12 @@ def lstm(params, x, state=None, sequence_length=None, *, cell_clip=0.0):
     if not isinstance(state, (tuple, list)) or len(state) != 2:
         raise TypeError(f"{where}: state must be None or a tuple (h0, c0), got "
                         f"{type(state).__name__}")
-    h0, c0 = (jnp.zeros((B, H), dtype) if s is None else _check(where, n, s, dtype, (B, H))
+    h0, c0 = (jnp.zeros((B, H), dtype) if s is None
+              else _check(where, n, s, dtype, (1, B, H))[0]
               for n, s in zip(("state[0] (h0)", "state[1] (c0)"), state))
     lengths = _lengths(where, sequence_length, T, B)
     h, cs = _lstm_seq(use_peephole, float(cell_clip), x, h0, c0, w, wci, wcf, wco, b, lengths)
-    return h, (_final(h, h0, lengths), _final(cs, c0, lengths))
+    return h, (_final(h, h0, lengths)[None], _final(cs, c0, lengths)[None])
 
 
 # --------------------------------------------------------------------------
@@ -268,28 +273,29 @@ def gru(params, x, state=None, sequence_length=None):
     """A GRU (GRUBlockCell math, reset before the recurrent matmul) over a time-major
     sequence, differentiable in JAX.
 
-    params: dict ``w_ru`` (I+H, 2H) [r | u], ``w_c`` (I+H, H), ``b_ru`` (2H,),
-    ``b_c`` (H,); x (T, B, I); state None or h0 (B, H); sequence_length None or
-    (B,) ints in [0, T]. Returns ``y, h_n``: y (T, B, H), h_n (B, H).
+    params: dict ``w_ru_l0`` (I+H, 2H) [r | u], ``w_c_l0`` (I+H, H), ``b_ru_l0``
+    (2H,), ``b_c_l0`` (H,): a one-layer unidirectional ``blockrnn.GRU``'s params;
+    x (T, B, I); state None or h0 (1, B, H); sequence_length None or (B,) ints
+    in [0, T]. Returns ``y, h_n``: y (T, B, H), h_n (1, B, H).
     """
     where = "blockrnn.jax.gru"
-    _params(where, params, ("w_ru", "w_c", "b_ru", "b_c"))
-    w_c = params["w_c"]
+    _params(where, params, ("w_ru_l0", "w_c_l0", "b_ru_l0", "b_c_l0"))
+    w_c = params["w_c_l0"]
     if len(getattr(w_c, "shape", ())) != 2 or w_c.shape[1] == 0:
-        raise ValueError(f"{where}: params['w_c'] must have shape (I+H, H), got "
+        raise ValueError(f"{where}: params['w_c_l0'] must have shape (I+H, H), got "
                          f"{tuple(getattr(w_c, 'shape', ()))}")
     H = w_c.shape[1]
     IH = w_c.shape[0]
     dtype, T, B = _x(where, x, IH - H)
-    w_ru = _check(where, "params['w_ru']", params["w_ru"], dtype, (IH, 2 * H))
-    w_c = _check(where, "params['w_c']", w_c, dtype, (IH, H))
-    b_ru = _check(where, "params['b_ru']", params["b_ru"], dtype, (2 * H,))
-    b_c = _check(where, "params['b_c']", params["b_c"], dtype, (H,))
-    h0 = jnp.zeros((B, H), dtype) if state is None else _check(where, "state", state, dtype,
-                                                                (B, H))
+    w_ru = _check(where, "params['w_ru_l0']", params["w_ru_l0"], dtype, (IH, 2 * H))
+    w_c = _check(where, "params['w_c_l0']", w_c, dtype, (IH, H))
+    b_ru = _check(where, "params['b_ru_l0']", params["b_ru_l0"], dtype, (2 * H,))
+    b_c = _check(where, "params['b_c_l0']", params["b_c_l0"], dtype, (H,))
+    h0 = (jnp.zeros((B, H), dtype) if state is None
+          else _check(where, "state", state, dtype, (1, B, H))[0])
     lengths = _lengths(where, sequence_length, T, B)
     h = _gru_seq(x, h0, w_ru, w_c, b_ru, b_c, lengths)
-    return h, _final(h, h0, lengths)
+    return h, _final(h, h0, lengths)[None]
 
 
 # --------------------------------------------------------------------------

@@ -1,19 +1,27 @@
 """Trainable NumPy layers over blockrnn's sequence ops: ``LSTM`` and ``GRU``.
 
 Each layer holds its parameters as NumPy arrays in TensorFlow's layouts and
-runs a whole time-major sequence through one fused op per direction:
+runs a whole time-major sequence through one fused op per layer and direction:
 
 * ``LSTM``: ``block_lstm_v2`` / ``block_lstm_grad_v2`` (IFCO gate columns, no
   forget bias, optional peepholes and cell clipping).
 * ``GRU``: ``block_gru`` / ``block_gru_grad`` (GRUBlockCell's reset-before GRU,
   ``h = u * h_prev + (1 - u) * c``).
 
-Shapes: ``T`` time steps, ``B`` batch, ``I`` input size, ``H`` hidden size.
-Inputs are time-major, ``x`` of shape (T, B, I).
+Like ``torch.nn.LSTM``, a layer may stack ``num_layers`` layers (layer k > 0
+reads layer k-1's output) and be ``bidirectional``: each layer then also runs
+a reverse direction over every row's valid prefix backwards
+(``blockrnn.reverse_sequence``), and its output is ``[forward | reverse]``
+along the last axis. ``D`` = 2 if bidirectional else 1.
+
+Shapes: ``T`` time steps, ``B`` batch, ``I`` input size, ``H`` hidden size,
+``L`` num_layers. Inputs are time-major, ``x`` of shape (T, B, I); the output
+``y`` is (T, B, D*H); states are (L*D, B, H) as nn.LSTM's, entry
+``layer * D + direction`` (forward 0, reverse 1).
 
 The calling convention is explicit (no autograd)::
 
-    y, state, ctx = layer.forward(x, state)       # y (T, B, H)
+    y, state, ctx = layer.forward(x, state)       # y (T, B, D*H)
     dx, dstate0 = layer.backward(ctx, dy, dstate)  # fills layer.grads
     for name, p in layer.params.items():
         p -= lr * layer.grads[name]                # in-place update
@@ -25,13 +33,19 @@ shapes, and every ``backward`` call OVERWRITES them in place (it does not
 accumulate; the dict and its arrays stay the same objects). ``y`` is the
 caller's own array: changing it does not change what ``backward`` computes.
 
+Parameter names follow nn.LSTM's suffixes: ``w_l0``, ``b_l0``, ... for layer 0,
+``w_l0_reverse``, ... for its reverse direction, always suffixed (also with one
+layer and one direction); ``params`` is ordered layer by layer, forward before
+reverse.
+
 LSTM state is the tuple ``(h, c)``, in that order (as ``torch.nn.LSTM``'s
 ``(h_n, c_n)``); GRU state is the array ``h``. Either may be None (zeros).
 
 ``sequence_length`` (an integer vector of shape (B,), 0 <= len_b <= T) makes
 row b stop after ``len_b`` steps: its outputs at later steps are zero and its
 final state is the state after step ``len_b - 1`` (the initial state when
-``len_b == 0``).
+``len_b == 0``); the reverse direction reads steps ``len_b - 1`` down to 0,
+and its final state is the one after step 0.
 """
 import numbers
 from collections import namedtuple
@@ -40,23 +54,26 @@ import numpy as np
 
 import blockrnn  # the ops are looked up at call time (blockrnn imports this module)
 from blockrnn._validation import check_float, check_sequence_length, native, steps_to_run
+from blockrnn.sequence import reverse_sequence
 
 __all__ = ["LSTM", "GRU", "LSTMContext", "GRUContext"]
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
-LSTMContext = namedtuple("LSTMContext", "x h0 c0 fwd seq_len_max lengths")
+LSTMContext = namedtuple("LSTMContext", "runs seq_len_max lengths")
 LSTMContext.__doc__ = """What ``LSTM.backward`` needs from ``LSTM.forward`` (treat as opaque).
 
-x (T, B, I), h0 and c0 (B, H), fwd the BlockLSTMOutput of block_lstm_v2
-(each (T, B, H)), seq_len_max the number of steps run, lengths None or the
-per-row step counts (B,) int64."""
+runs: one ``(x, (h0, c0), out)`` per layer and direction (index ``layer * D +
+direction``): the op's input x (T, B, I_k) (time-reversed per row for the
+reverse direction), its initial states (B, H) and its BlockLSTMOutput (each
+(T, B, H)); seq_len_max the number of steps run; lengths None or the per-row
+step counts (B,) int64."""
 
-GRUContext = namedtuple("GRUContext", "x h0 fwd seq_len_max lengths")
+GRUContext = namedtuple("GRUContext", "runs seq_len_max lengths")
 GRUContext.__doc__ = """What ``GRU.backward`` needs from ``GRU.forward`` (treat as opaque).
 
-x (T, B, I), h0 (B, H), fwd the BlockGRUOutput of block_gru (each (T, B, H)),
-seq_len_max, lengths None or the per-row step counts (B,) int64."""
+runs: one ``(x, (h0,), out)`` per layer and direction, out the BlockGRUOutput
+of block_gru (each (T, B, H)); seq_len_max; lengths None or (B,) int64."""
 
 
 # --------------------------------------------------------------------------
@@ -69,6 +86,12 @@ def _check_size(cls, name, value):
     if value <= 0:
         raise ValueError(f"{cls}: {name} must be positive, got {value}")
     return int(value)
+
+
+def _check_bool(cls, name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{cls}: {name} must be a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def _check_dtype(cls, dtype):
@@ -140,28 +163,168 @@ def _uniform(rng, shape, scale, dtype):
 
 
 class _Layer:
-    """Common parts of LSTM and GRU."""
+    """Common parts of LSTM and GRU: the loop over layers and directions.
 
-    _param_names = ()
+    A subclass gives ``_state_names`` (("h", "c") or ("h",)), ``_shapes(I_k)``
+    (name -> shape of one direction's parameters), ``_op`` and ``_op_grad``
+    (one direction of one layer), ``_context`` and ``_pack``/``_unpack`` of
+    the user-facing state."""
+
+    def __init__(self, cls, input_size, hidden_size, num_layers, bidirectional, dtype, seed):
+        self.input_size = _check_size(cls, "input_size", input_size)
+        self.hidden_size = H = _check_size(cls, "hidden_size", hidden_size)
+        self.num_layers = _check_size(cls, "num_layers", num_layers)
+        self.bidirectional = _check_bool(cls, "bidirectional", bidirectional)
+        self.dtype = _check_dtype(cls, dtype)
+        self._seed = seed
+
+    def _init_params(self):
+        """Create every parameter, uniform in [-1/sqrt(H), 1/sqrt(H)], in ``params`` order."""
+        H, D = self.hidden_size, self.num_directions
+        rng = np.random.default_rng(self._seed)
+        names = []
+        for k in range(self.num_layers):
+            I_k = self.input_size if k == 0 else D * H
+            for s in self._suffixes:
+                for base, shape in self._shapes(I_k).items():
+                    setattr(self, f"{base}_l{k}{s}",
+                            _uniform(rng, shape, 1.0 / np.sqrt(H), self.dtype))
+                    names.append(f"{base}_l{k}{s}")
+        self._param_names = tuple(names)
+        self.grads = {name: np.zeros_like(p) for name, p in self.params.items()}
+
+    @property
+    def num_directions(self):
+        return 2 if self.bidirectional else 1
+
+    @property
+    def _suffixes(self):
+        return ("", "_reverse") if self.bidirectional else ("",)
 
     @property
     def params(self):
         """dict name -> parameter array (the layer's own arrays: update in place)."""
         return {name: getattr(self, name) for name in self._param_names}
 
-    def _x(self, x):
-        x = _array(f"{type(self).__name__}.forward", "x", x, self.dtype,
-                   (None, None, self.input_size))
-        return x, x.shape[0], x.shape[1]
+    def _states(self, where, name, value, B, zeros):
+        """The user's state (tuple or array) as a list of (L*D, B, H) arrays (None entries
+        become zeros when ``zeros``)."""
+        parts = self._unpack(where, name, value)
+        shape = (self.num_layers * self.num_directions, B, self.hidden_size)
+        out = []
+        for part_name, part in zip(self._state_part_names(name), parts):
+            if part is not None:
+                part = _array(where, part_name, part, self.dtype, shape)
+            elif zeros:
+                part = np.zeros(shape, self.dtype)
+            out.append(part)
+        return out
 
-    def _dy(self, dy, T, B):
-        where = f"{type(self).__name__}.backward"
+    def forward(self, x, state=None, sequence_length=None):
+        """Run the layer over a time-major sequence.
+
+        Parameters
+        ----------
+        x : array (T, B, I) of the layer's dtype
+        state : None, or the initial state: LSTM a tuple (h0, c0), GRU an array h0,
+            each (L*D, B, H); None (or a None entry) means zeros.
+        sequence_length : None or integer array (B,), 0 <= len_b <= T
+            Steps to run per row; later outputs are zero.
+
+        Returns
+        -------
+        y : array (T, B, D*H)
+            The last layer's h at every step, [forward | reverse] (zero past a
+            row's length).
+        state : the final state (LSTM tuple (h_n, c_n), GRU h_n), each (L*D, B, H):
+            the state after each row's last step, per layer and direction.
+        context : LSTMContext / GRUContext
+            Pass to ``backward``.
+        """
+        where = f"{type(self).__name__}.forward"
+        x = _array(where, "x", x, self.dtype, (None, None, self.input_size))
+        T, B = x.shape[:2]
+        init = self._states(where, "state", state, B, zeros=True)
+        lengths = check_sequence_length(where, sequence_length, B, T)
+        L = steps_to_run(T, lengths)
+        D = self.num_directions
+        final = [np.empty_like(s) for s in init]
+        runs, inp = [], x
+        for k in range(self.num_layers):
+            outs = []
+            for d, s in enumerate(self._suffixes):
+                xin = inp if d == 0 else reverse_sequence(inp, lengths)
+                s0 = tuple(part[k * D + d] for part in init)
+                out = self._op(k, s, L, xin, s0, lengths)
+                for f, seq, s0_part in zip(final, self._sequences(out), s0):
+                    f[k * D + d] = _last(seq, s0_part, lengths)
+                outs.append(out.h if d == 0 else reverse_sequence(out.h, lengths))
+                runs.append((xin, s0, out))
+            inp = outs[0] if D == 1 else np.concatenate(outs, axis=-1)
+        # y is a copy: backward reads out.h, which the caller must not be able to change.
+        y = inp.copy() if D == 1 else inp
+        return y, self._pack(final), self._context(tuple(runs), L, lengths)
+
+    __call__ = forward
+
+    def backward(self, context, dy, dstate=None):
+        """Gradients of a loss, given its gradients w.r.t. ``forward``'s outputs.
+
+        Parameters
+        ----------
+        context : the LSTMContext / GRUContext from ``forward``
+        dy : None or array (T, B, D*H)
+            dLoss/dy; None means zeros. Entries past a row's length are ignored.
+        dstate : None, or dLoss/d(final state): LSTM a tuple (dh_n, dc_n), GRU an
+            array dh_n, each None or (L*D, B, H).
+
+        Returns
+        -------
+        dx : array (T, B, I)
+        dstate0 : dLoss/d(initial state), LSTM a tuple (dh0, dc0), GRU dh0,
+            each (L*D, B, H).
+
+        Fills ``self.grads`` in place (overwriting its arrays) with dLoss/d(parameter).
+        An LSTM's cell clipping is ignored by the gradient, as in TensorFlow.
+        """
+        cls = type(self).__name__
+        where = f"{cls}.backward"
+        if not isinstance(context, self._context):
+            raise TypeError(f"{where}: context must be the {cls}Context returned by "
+                            f"{cls}.forward, got {type(context).__name__}")
+        runs, L, lengths = context
+        T, B = runs[0][0].shape[:2]
+        H, D = self.hidden_size, self.num_directions
         if dy is None:
-            return np.zeros((T, B, self.hidden_size), self.dtype)
-        dy = _array(where, "dy", dy, self.dtype, (T, B, self.hidden_size))
-        return np.array(dy, dtype=self.dtype, order="C", copy=True)
+            dout = np.zeros((T, B, D * H), self.dtype)
+        else:
+            dout = _array(where, "dy", dy, self.dtype, (T, B, D * H))
+        dfinal = self._states(where, "dstate", dstate, B, zeros=False)
+        dinit = [np.empty((self.num_layers * D, B, H), self.dtype) for _ in dfinal]
+        grads = {}
+        for k in reversed(range(self.num_layers)):
+            dinp = None
+            for d, s in enumerate(self._suffixes):
+                xin, s0, out = runs[k * D + d]
+                dy_d = dout[..., d * H:(d + 1) * H]
+                # in the op's time order, and a copy of our own (_route adds into it;
+                # reverse_sequence without lengths may return a view when T <= 1)
+                dy_d = np.array(reverse_sequence(dy_d, lengths) if d else dy_d, order="C")
+                seq_grads = [dy_d] + [np.zeros_like(dy_d) for _ in dfinal[1:]]
+                extra = [np.zeros((B, H), self.dtype) for _ in dfinal]
+                for sg, e, df in zip(seq_grads, extra, dfinal):
+                    _route(sg, e, None if df is None else df[k * D + d], lengths)
+                dx, ds0, named = self._op_grad(k, s, L, xin, s0, out, seq_grads, lengths)
+                for di, g, e in zip(dinit, ds0, extra):
+                    di[k * D + d] = g + e
+                grads.update(named)
+                dx = dx if d == 0 else reverse_sequence(dx, lengths)
+                dinp = dx if dinp is None else dinp + dx
+            dout = dinp
+        self._fill_grads(grads)
+        return dout, self._pack(dinit)
 
-    def _fill_grads(self, **grads):
+    def _fill_grads(self, grads):
         """Overwrite ``self.grads`` in place with the gradients of the parameters: the
         same dict and, where the shapes still match, the same arrays, so that an
         optimizer holding a reference to either sees every new gradient."""
@@ -172,25 +335,34 @@ class _Layer:
             else:
                 self.grads[name] = new
 
-    def _state_part(self, where, name, value, B):
-        if value is None:
-            return None
-        return _array(where, name, value, self.dtype, (B, self.hidden_size))
-
     def __repr__(self):
-        return (f"{type(self).__name__}(input_size={self.input_size}, "
-                f"hidden_size={self.hidden_size}, dtype={self.dtype.name})")
+        s = (f"{type(self).__name__}(input_size={self.input_size}, "
+             f"hidden_size={self.hidden_size}")
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        return s + f"{self._extra_repr()}, dtype={self.dtype.name})"
+
+    def _extra_repr(self):
+        return ""
 
 
 class LSTM(_Layer):
-    """An LSTM layer on ``block_lstm_v2`` (TensorFlow's BlockLSTMV2 math).
+    """A (stacked, optionally bidirectional) LSTM on ``block_lstm_v2`` (BlockLSTMV2 math).
 
     Parameters
     ----------
     input_size, hidden_size : int
         I and H.
+    num_layers : int, default 1
+        L stacked layers; layer k > 0 reads layer k-1's output (T, B, D*H).
+    bidirectional : bool, default False
+        Each layer also runs a reverse direction over each row's valid prefix
+        backwards; the output is [forward | reverse] (T, B, 2H).
     use_peephole : bool, default False
-        Add the peephole terms ``wci * c_prev``, ``wcf * c_prev``, ``wco * c``.
+        Add the peephole terms ``wci * c_prev``, ``wcf * c_prev``, ``wco * c``
+        (every layer and direction).
     cell_clip : float, default 0.0
         Clip the cell state to [-cell_clip, cell_clip]; <= 0 disables it. As in
         TensorFlow the gradient ignores the clip (straight-through).
@@ -200,137 +372,93 @@ class LSTM(_Layer):
 
     Attributes
     ----------
-    w : (I+H, 4H) array
-        Rows 0:I multiply x[t], rows I:I+H multiply h[t-1]; columns are the
-        gate blocks i, f, c (cell input), o (IFCO) of H columns each.
-    b : (4H,) array, IFCO. No forget bias is added (BlockLSTMV2).
-    wci, wcf, wco : (H,) arrays
-        Peephole weights; zeros and not in ``params`` without peepholes.
+    w_l{k}[_reverse] : (I_k+H, 4H) array
+        Rows 0:I_k multiply the layer's input x[t] (I_0 = I, I_k = D*H for
+        k > 0), rows I_k:I_k+H multiply h[t-1]; columns are the gate blocks i,
+        f, c (cell input), o (IFCO) of H columns each.
+    b_l{k}[_reverse] : (4H,) array, IFCO. No forget bias is added (BlockLSTMV2).
+    wci_l{k}, wcf_l{k}, wco_l{k} [_reverse] : (H,) arrays
+        Peephole weights, only with ``use_peephole``.
     params, grads : dicts
-        ``w``, ``b`` (and ``wci``, ``wcf``, ``wco`` with peepholes);
-        ``grads`` is overwritten in place by every ``backward``.
+        ``w_l0``, ``b_l0`` (``wci_l0``, ``wcf_l0``, ``wco_l0``), then
+        ``..._l0_reverse``, ``..._l1``, ...; ``grads`` is overwritten in place
+        by every ``backward``.
 
     All parameters are initialised uniform in [-1/sqrt(H), 1/sqrt(H)] (as
     PyTorch's nn.LSTM and blockrnn.torch.LSTM).
     """
 
-    def __init__(self, input_size, hidden_size, *, use_peephole=False, cell_clip=0.0,
-                 dtype=np.float32, seed=None):
-        self.input_size = _check_size("LSTM", "input_size", input_size)
-        self.hidden_size = H = _check_size("LSTM", "hidden_size", hidden_size)
-        if not isinstance(use_peephole, (bool, np.bool_)):
-            raise TypeError(f"LSTM: use_peephole must be a bool, got "
-                            f"{type(use_peephole).__name__}")
-        self.use_peephole = bool(use_peephole)
+    _context = LSTMContext
+
+    def __init__(self, input_size, hidden_size, num_layers=1, *, bidirectional=False,
+                 use_peephole=False, cell_clip=0.0, dtype=np.float32, seed=None):
+        super().__init__("LSTM", input_size, hidden_size, num_layers, bidirectional, dtype,
+                         seed)
+        self.use_peephole = _check_bool("LSTM", "use_peephole", use_peephole)
         self.cell_clip = check_float("LSTM", "cell_clip", cell_clip)
-        self.dtype = _check_dtype("LSTM", dtype)
-        rng = np.random.default_rng(seed)
-        k = 1.0 / np.sqrt(H)
-        I = self.input_size
-        self.w = _uniform(rng, (I + H, 4 * H), k, self.dtype)
-        self.b = _uniform(rng, (4 * H,), k, self.dtype)
+        self._no_peephole = np.zeros(self.hidden_size, self.dtype)   # the op's wci/wcf/wco
+        self._init_params()
+
+    def _shapes(self, I_k):
+        H = self.hidden_size
+        shapes = {"w": (I_k + H, 4 * H), "b": (4 * H,)}
         if self.use_peephole:
-            self.wci, self.wcf, self.wco = (_uniform(rng, (H,), k, self.dtype) for _ in range(3))
-        else:
-            self.wci, self.wcf, self.wco = (np.zeros(H, self.dtype) for _ in range(3))
-        self.grads = {name: np.zeros_like(p) for name, p in self.params.items()}
+            shapes.update(wci=(H,), wcf=(H,), wco=(H,))
+        return shapes
 
-    @property
-    def _param_names(self):
-        return ("w", "b", "wci", "wcf", "wco") if self.use_peephole else ("w", "b")
+    def _weights(self, k, s):
+        """w, wci, wcf, wco, b of layer k, direction suffix s (zeros without peepholes)."""
+        get = lambda base: getattr(self, f"{base}_l{k}{s}")  # noqa: E731
+        peep = ([get(n) for n in ("wci", "wcf", "wco")] if self.use_peephole
+                else [self._no_peephole] * 3)
+        return (get("w"), *peep, get("b"))
 
-    def forward(self, x, state=None, sequence_length=None):
-        """Run the LSTM over a time-major sequence.
+    def _op(self, k, s, L, x, s0, lengths):
+        h0, c0 = s0
+        return blockrnn.block_lstm_v2(L, x, c0, h0, *self._weights(k, s),
+                                      cell_clip=self.cell_clip,
+                                      use_peephole=self.use_peephole, sequence_length=lengths)
 
-        Parameters
-        ----------
-        x : array (T, B, I) of the layer's dtype
-        state : None or tuple (h0, c0), each (B, H)
-            Initial output and cell state; None (or a None entry) means zeros.
-        sequence_length : None or integer array (B,), 0 <= len_b <= T
-            Steps to run per row; later outputs are zero.
+    @staticmethod
+    def _sequences(out):
+        return out.h, out.cs
 
-        Returns
-        -------
-        y : array (T, B, H)
-            h at every step (zero past a row's length).
-        state : tuple (h_n, c_n), each (B, H)
-            The final output and cell state of each row.
-        context : LSTMContext
-            Pass to ``backward``.
-        """
-        where = "LSTM.forward"
-        x, T, B = self._x(x)
-        h0, c0 = self._unpack(where, "state", state, B)
-        lengths = check_sequence_length(where, sequence_length, B, T)
-        L = steps_to_run(T, lengths)
-        fwd = blockrnn.block_lstm_v2(L, x, c0, h0, self.w, self.wci, self.wcf, self.wco,
-                                     self.b, cell_clip=self.cell_clip,
-                                     use_peephole=self.use_peephole, sequence_length=lengths)
-        state_n = (_last(fwd.h, h0, lengths), _last(fwd.cs, c0, lengths))
-        # y is a copy: backward reads fwd.h, which the caller must not be able to change.
-        return fwd.h.copy(), state_n, LSTMContext(x, h0, c0, fwd, L, lengths)
+    def _op_grad(self, k, s, L, x, s0, out, seq_grads, lengths):
+        h0, c0 = s0
+        h_grad, cs_grad = seq_grads
+        g = blockrnn.block_lstm_grad_v2(L, x, c0, h0, *self._weights(k, s), *out,
+                                        cs_grad, h_grad, use_peephole=self.use_peephole,
+                                        sequence_length=lengths)
+        named = {f"w_l{k}{s}": g.w_grad, f"b_l{k}{s}": g.b_grad}
+        if self.use_peephole:
+            named.update({f"wci_l{k}{s}": g.wci_grad, f"wcf_l{k}{s}": g.wcf_grad,
+                          f"wco_l{k}{s}": g.wco_grad})
+        return g.x_grad, (g.h_prev_grad, g.cs_prev_grad), named
 
-    __call__ = forward
+    @staticmethod
+    def _state_part_names(name):
+        return f"{name}[0] (h)", f"{name}[1] (c)"
 
-    def _unpack(self, where, name, state, B, zeros=True):
+    @staticmethod
+    def _unpack(where, name, state):
         if state is None:
-            h = c = None
-        else:
-            if not isinstance(state, (tuple, list)) or len(state) != 2:
-                raise TypeError(f"{where}: {name} must be None or a tuple (h, c), got "
-                                f"{type(state).__name__}")
-            h = self._state_part(where, f"{name}[0] (h)", state[0], B)
-            c = self._state_part(where, f"{name}[1] (c)", state[1], B)
-        if zeros:
-            H = self.hidden_size
-            h = np.zeros((B, H), self.dtype) if h is None else h
-            c = np.zeros((B, H), self.dtype) if c is None else c
-        return h, c
+            return None, None
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise TypeError(f"{where}: {name} must be None or a tuple (h, c), got "
+                            f"{type(state).__name__}")
+        return tuple(state)
 
-    def backward(self, context, dy, dstate=None):
-        """Gradients of a loss, given its gradients w.r.t. ``forward``'s outputs.
+    @staticmethod
+    def _pack(parts):
+        return tuple(parts)
 
-        Parameters
-        ----------
-        context : LSTMContext from ``forward``
-        dy : None or array (T, B, H)
-            dLoss/dy; None means zeros. Entries past a row's length are ignored.
-        dstate : None or tuple (dh_n, dc_n), each None or (B, H)
-            dLoss/d(final state).
-
-        Returns
-        -------
-        dx : array (T, B, I)
-        dstate0 : tuple (dh0, dc0), each (B, H)
-            dLoss/d(initial state).
-
-        Fills ``self.grads`` in place (overwriting its arrays) with dLoss/d(parameter).
-        Cell clipping is ignored by the gradient, as in TensorFlow.
-        """
-        where = "LSTM.backward"
-        if not isinstance(context, LSTMContext):
-            raise TypeError(f"{where}: context must be the LSTMContext returned by "
-                            f"LSTM.forward, got {type(context).__name__}")
-        x, h0, c0, fwd, L, lengths = context
-        T, B = x.shape[:2]
-        h_grad = self._dy(dy, T, B)
-        cs_grad = np.zeros_like(h_grad)
-        dh_n, dc_n = self._unpack(where, "dstate", dstate, B, zeros=False)
-        dh0_extra = np.zeros((B, self.hidden_size), self.dtype)
-        dc0_extra = np.zeros_like(dh0_extra)
-        _route(h_grad, dh0_extra, dh_n, lengths)
-        _route(cs_grad, dc0_extra, dc_n, lengths)
-        g = blockrnn.block_lstm_grad_v2(
-            L, x, c0, h0, self.w, self.wci, self.wcf, self.wco, self.b, *fwd,
-            cs_grad, h_grad, use_peephole=self.use_peephole, sequence_length=lengths)
-        self._fill_grads(w=g.w_grad, b=g.b_grad, wci=g.wci_grad, wcf=g.wcf_grad,
-                         wco=g.wco_grad)
-        return g.x_grad, (g.h_prev_grad + dh0_extra, g.cs_prev_grad + dc0_extra)
+    def _extra_repr(self):
+        s = ", use_peephole=True" if self.use_peephole else ""
+        return s + (f", cell_clip={self.cell_clip}" if self.cell_clip > 0 else "")
 
 
 class GRU(_Layer):
-    """A GRU layer on ``block_gru`` (TensorFlow's GRUBlockCell math, reset-before).
+    """A (stacked, optionally bidirectional) GRU on ``block_gru`` (GRUBlockCell, reset-before).
 
     ``r = sigmoid([x, h] @ w_ru[:, :H] + b_ru[:H])``,
     ``u = sigmoid([x, h] @ w_ru[:, H:] + b_ru[H:])``,
@@ -340,90 +468,61 @@ class GRU(_Layer):
     ----------
     input_size, hidden_size : int
         I and H.
+    num_layers : int, default 1
+    bidirectional : bool, default False
+        As for ``LSTM``.
     dtype : float32 (default) or float64
     seed : int or None
 
     Attributes
     ----------
-    w_ru : (I+H, 2H) array, columns [r | u]; rows 0:I multiply x, I:I+H multiply h.
-    w_c : (I+H, H) array; rows 0:I multiply x, I:I+H multiply r * h.
-    b_ru : (2H,) array; b_c : (H,) array.
-    params, grads : dicts with these four names; ``grads`` is overwritten in
-        place by every ``backward``.
+    w_ru_l{k}[_reverse] : (I_k+H, 2H) array, columns [r | u]; rows 0:I_k multiply
+        the layer's input, I_k:I_k+H multiply h (I_0 = I, I_k = D*H for k > 0).
+    w_c_l{k}[_reverse] : (I_k+H, H) array; rows I_k:I_k+H multiply r * h.
+    b_ru_l{k}[_reverse] : (2H,) array; b_c_l{k}[_reverse] : (H,) array.
+    params, grads : dicts with these names, layer by layer, forward before
+        reverse; ``grads`` is overwritten in place by every ``backward``.
 
     All parameters are initialised uniform in [-1/sqrt(H), 1/sqrt(H)].
     """
 
-    _param_names = ("w_ru", "w_c", "b_ru", "b_c")
+    _context = GRUContext
 
-    def __init__(self, input_size, hidden_size, *, dtype=np.float32, seed=None):
-        self.input_size = I = _check_size("GRU", "input_size", input_size)
-        self.hidden_size = H = _check_size("GRU", "hidden_size", hidden_size)
-        self.dtype = _check_dtype("GRU", dtype)
-        rng = np.random.default_rng(seed)
-        k = 1.0 / np.sqrt(H)
-        self.w_ru = _uniform(rng, (I + H, 2 * H), k, self.dtype)
-        self.w_c = _uniform(rng, (I + H, H), k, self.dtype)
-        self.b_ru = _uniform(rng, (2 * H,), k, self.dtype)
-        self.b_c = _uniform(rng, (H,), k, self.dtype)
-        self.grads = {name: np.zeros_like(p) for name, p in self.params.items()}
+    def __init__(self, input_size, hidden_size, num_layers=1, *, bidirectional=False,
+                 dtype=np.float32, seed=None):
+        super().__init__("GRU", input_size, hidden_size, num_layers, bidirectional, dtype,
+                         seed)
+        self._init_params()
 
-    def forward(self, x, state=None, sequence_length=None):
-        """Run the GRU over a time-major sequence.
+    def _shapes(self, I_k):
+        H = self.hidden_size
+        return {"w_ru": (I_k + H, 2 * H), "w_c": (I_k + H, H), "b_ru": (2 * H,), "b_c": (H,)}
 
-        Parameters
-        ----------
-        x : array (T, B, I) of the layer's dtype
-        state : None or array h0 (B, H)
-        sequence_length : None or integer array (B,), 0 <= len_b <= T
+    def _weights(self, k, s):
+        return tuple(getattr(self, f"{base}_l{k}{s}") for base in ("w_ru", "w_c", "b_ru", "b_c"))
 
-        Returns
-        -------
-        y : array (T, B, H)
-            h at every step (zero past a row's length).
-        state : array h_n (B, H)
-        context : GRUContext
-        """
-        where = "GRU.forward"
-        x, T, B = self._x(x)
-        h0 = self._state_part(where, "state", state, B)
-        h0 = np.zeros((B, self.hidden_size), self.dtype) if h0 is None else h0
-        lengths = check_sequence_length(where, sequence_length, B, T)
-        L = steps_to_run(T, lengths)
-        fwd = blockrnn.block_gru(L, x, h0, self.w_ru, self.w_c, self.b_ru, self.b_c,
-                                 sequence_length=lengths)
-        # y is a copy: backward reads fwd.h, which the caller must not be able to change.
-        return fwd.h.copy(), _last(fwd.h, h0, lengths), GRUContext(x, h0, fwd, L, lengths)
+    def _op(self, k, s, L, x, s0, lengths):
+        return blockrnn.block_gru(L, x, s0[0], *self._weights(k, s), sequence_length=lengths)
 
-    __call__ = forward
+    @staticmethod
+    def _sequences(out):
+        return (out.h,)
 
-    def backward(self, context, dy, dstate=None):
-        """Gradients of a loss, given its gradients w.r.t. ``forward``'s outputs.
+    def _op_grad(self, k, s, L, x, s0, out, seq_grads, lengths):
+        g = blockrnn.block_gru_grad(L, x, s0[0], *self._weights(k, s), *out, seq_grads[0],
+                                    sequence_length=lengths)
+        named = {f"w_ru_l{k}{s}": g.w_ru_grad, f"w_c_l{k}{s}": g.w_c_grad,
+                 f"b_ru_l{k}{s}": g.b_ru_grad, f"b_c_l{k}{s}": g.b_c_grad}
+        return g.x_grad, (g.h_prev_grad,), named
 
-        Parameters
-        ----------
-        context : GRUContext from ``forward``
-        dy : None or array (T, B, H)
-        dstate : None or array dh_n (B, H)
+    @staticmethod
+    def _state_part_names(name):
+        return (name,)
 
-        Returns
-        -------
-        dx : array (T, B, I)
-        dstate0 : array dh0 (B, H)
+    @staticmethod
+    def _unpack(where, name, state):
+        return (state,)
 
-        Fills ``self.grads`` in place (overwriting its arrays).
-        """
-        where = "GRU.backward"
-        if not isinstance(context, GRUContext):
-            raise TypeError(f"{where}: context must be the GRUContext returned by "
-                            f"GRU.forward, got {type(context).__name__}")
-        x, h0, fwd, L, lengths = context
-        T, B = x.shape[:2]
-        h_grad = self._dy(dy, T, B)
-        dh_n = self._state_part(where, "dstate", dstate, B)
-        dh0_extra = np.zeros((B, self.hidden_size), self.dtype)
-        _route(h_grad, dh0_extra, dh_n, lengths)
-        g = blockrnn.block_gru_grad(L, x, h0, self.w_ru, self.w_c, self.b_ru, self.b_c,
-                                    *fwd, h_grad, sequence_length=lengths)
-        self._fill_grads(w_ru=g.w_ru_grad, w_c=g.w_c_grad, b_ru=g.b_ru_grad, b_c=g.b_c_grad)
-        return g.x_grad, g.h_prev_grad + dh0_extra
+    @staticmethod
+    def _pack(parts):
+        return parts[0]

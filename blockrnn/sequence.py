@@ -40,7 +40,7 @@ def reverse_sequence(x, sequence_length=None):
     lengths = check_sequence_length(where, sequence_length, B, T)
     x = np.ascontiguousarray(native(x))
     if lengths is None:
-        return np.ascontiguousarray(x[::-1])
+        return x[::-1].copy()   # a copy even where x[::-1] is contiguous (T <= 1)
     out = np.empty_like(x)
     row = x.dtype.itemsize * (x.size // (T * B) if T * B else 0)
     if out.size:

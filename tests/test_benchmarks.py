@@ -20,7 +20,7 @@ EXPECTED = {
     "tf": {"lstm_fwd", "lstm_fwdbwd", "lstm_cell", "gru_cell"},
     "torch": set(peers.WORKLOADS),
     "ort": {"lstm_fwd", "gru_fwd"},
-    "jax": set(peers.SEQUENCE_WORKLOADS),
+    "jax": set(peers.SEQUENCE_WORKLOADS) - set(peers.STACKED_WORKLOADS),
 }
 VERSION_KEY = {"tf": "tensorflow", "torch": "torch", "ort": "onnxruntime", "jax": "jax"}
 
@@ -237,7 +237,7 @@ def test_targets_are_judged_from_the_rows():
 def test_the_targets_table():
     """The performance targets, as the project states them (ratios: blockrnn / peer)."""
     got = {(w, s, p): b for w, s, p, b in targets.TARGETS}
-    assert len(got) == len(targets.TARGETS) == 17
+    assert len(got) == len(targets.TARGETS) == 19
     big, mid, long_, one = (100, 64, 512, 512), (100, 32, 256, 256), (200, 16, 128, 256), \
         (50, 1, 128, 128)
     assert got[("lstm_fwd", big, "ort")] == 1.0
@@ -249,5 +249,31 @@ def test_the_targets_table():
         assert got[("gru_fwdbwd", s, "torch")] == 0.7
     assert got[("lstm_fwdbwd", big, "sgemm")] == 0.85
     assert got[("lstm_fwd", one, "ort")] == got[("gru_fwd", one, "ort")] == 0.8
+    # issue 21: the 2-layer bidirectional LSTM module against nn.LSTM's
+    assert got[("lstm2bi_fwd", mid, "torch")] == got[("lstm2bi_fwdbwd", mid, "torch")] == 1.0
     assert set(targets.THREAD_TARGETS) == {(one, "default", 1.8), (mid, "default", 0.95),
                                            (mid, 1, 1.8)}
+
+
+def test_stacked_rows_default_shape_and_flops(tmp_path, capsys, monkeypatch):
+    """The 2-layer bidirectional rows (blockrnn.torch.LSTM vs nn.LSTM) run at
+    STACKED_SHAPES only unless --shapes is given; their flops sum both layers (layer 1
+    reads 2H) and both directions."""
+    assert peers.flops("lstm2bi_fwd", 100, 32, 256, 256) == \
+        2 * 2.0 * 100 * 32 * 4 * 256 * ((256 + 256) + (512 + 256))
+    assert peers.flops("lstm2bi_fwdbwd", 5, 2, 4, 6) == 3 * peers.flops("lstm2bi_fwd", 5, 2,
+                                                                       4, 6)
+    monkeypatch.setattr(run, "DEFAULT_SHAPES", ((5, 2, 4, 6), (4, 3, 4, 6)))
+    monkeypatch.setattr(run, "STACKED_SHAPES", ((4, 3, 4, 6),))
+    path = tmp_path / "bench.json"
+    assert run.main(["--quick", "--repeats", "1", "--sgemm-size", "64", "--settle", "0",
+                     "--workloads", "lstm_fwd", "lstm2bi_fwd", "lstm2bi_fwdbwd",
+                     "--impls", "blockrnn", "torch", "--json", str(path)]) == 0
+    results = json.loads(path.read_text())
+    got = {(r["workload"], tuple(r["shape"]), r["impl"]) for r in results["rows"]}
+    assert got == {(w, s, i) for i in ("blockrnn", "torch") for w, s in (
+        ("lstm_fwd", (5, 2, 4, 6)), ("lstm_fwd", (4, 3, 4, 6)),
+        ("lstm2bi_fwd", (4, 3, 4, 6)), ("lstm2bi_fwdbwd", (4, 3, 4, 6)))}
+    checked = {(p["workload"], p["impl"]) for p in results["parity"] if p["ok"]}
+    assert {("lstm2bi_fwd", "torch"), ("lstm2bi_fwdbwd", "torch")} <= checked
+    assert "LSTM 2-layer bidi fwd+bwd" in capsys.readouterr().out

@@ -49,14 +49,14 @@ def test_from_keras_lstm(use_bias):
     h0 = np.random.default_rng(3).uniform(-1, 1, (B, H)).astype(np.float32)
     c0 = np.random.default_rng(4).uniform(-1, 1, (B, H)).astype(np.float32)
     y_k, h_k, c_k = (np.asarray(t) for t in layer(x, initial_state=[h0, c0]))
-    y, (h, c), _ = ours.forward(x.transpose(1, 0, 2), (h0, c0))
+    y, (h, c), _ = ours.forward(x.transpose(1, 0, 2), (h0[None], c0[None]))
     np.testing.assert_allclose(y.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
-    np.testing.assert_allclose(h, h_k, rtol=0, atol=2e-6)
-    np.testing.assert_allclose(c, c_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(h[0], h_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(c[0], c_k, rtol=0, atol=2e-6)
     # float64 conversion of the same weights agrees too
     ours64 = convert.from_keras(layer, dtype=np.float64)
     y64, _, _ = ours64.forward(x.transpose(1, 0, 2).astype(np.float64),
-                               (h0.astype(np.float64), c0.astype(np.float64)))
+                               (h0[None].astype(np.float64), c0[None].astype(np.float64)))
     np.testing.assert_allclose(y64.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
 
 
@@ -68,9 +68,9 @@ def test_from_keras_gru_reset_before(use_bias):
     x = _x(seed=6)
     h0 = np.random.default_rng(7).uniform(-1, 1, (B, H)).astype(np.float32)
     y_k, h_k = (np.asarray(t) for t in layer(x, initial_state=[h0]))
-    y, h, _ = ours.forward(x.transpose(1, 0, 2), h0)
+    y, h, _ = ours.forward(x.transpose(1, 0, 2), h0[None])
     np.testing.assert_allclose(y.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
-    np.testing.assert_allclose(h, h_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(h[0], h_k, rtol=0, atol=2e-6)
 
 
 def test_from_keras_refusals():
@@ -103,36 +103,162 @@ def test_from_torch_lstm(bias):
     with torch.no_grad():
         y_t, (h_t, c_t) = ref(torch.from_numpy(x), (torch.from_numpy(h0)[None],
                                                     torch.from_numpy(c0)[None]))
-    y, (h, c), _ = ours.forward(x, (h0, c0))
+    y, (h, c), _ = ours.forward(x, (h0[None], c0[None]))
     np.testing.assert_allclose(y, y_t.numpy(), rtol=0, atol=1e-13)
-    np.testing.assert_allclose(h, h_t[0].numpy(), rtol=0, atol=1e-13)
-    np.testing.assert_allclose(c, c_t[0].numpy(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(h, h_t.numpy(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(c, c_t.numpy(), rtol=0, atol=1e-13)
     f32 = convert.from_torch(ref, dtype=np.float32)
-    assert f32.dtype == np.float32 and f32.w.dtype == np.float32
+    assert f32.dtype == np.float32 and f32.w_l0.dtype == np.float32
+
+
+def _nn_lstm_padded(ref, x, lengths, h0, c0):
+    """nn.LSTM on a padded time-major batch: pack_padded_sequence(enforce_sorted=False),
+    then pad_packed_sequence back to T steps. Returns y, h_n, c_n as NumPy."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    packed = pack_padded_sequence(torch.from_numpy(x), torch.as_tensor(lengths),
+                                  enforce_sorted=False)
+    with torch.no_grad():
+        y, (h, c) = ref(packed, (torch.from_numpy(h0), torch.from_numpy(c0)))
+    y, _ = pad_packed_sequence(y, total_length=x.shape[0])
+    return y.numpy(), h.numpy(), c.numpy()
+
+
+LENGTHS = np.array([7, 1, 4])    # unsorted, with a length-1 row (pack needs lengths >= 1)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-5)],
+                         ids=["float64", "float32"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_from_torch_stacked_bidirectional_lstm(dtype, tol, bias):
+    """nn.LSTM(num_layers=2, bidirectional=True) -> the NumPy layer: outputs and final
+    states agree on padded input with per-row lengths (nn.LSTM given the packed batch)
+    and on full-length input."""
+    torch.manual_seed(3)
+    ref = nn.LSTM(I, H, num_layers=2, bias=bias, bidirectional=True)
+    ref = ref.double() if dtype == np.float64 else ref
+    ours = convert.from_torch(ref)
+    assert isinstance(ours, LSTM) and ours.dtype == dtype
+    assert (ours.num_layers, ours.bidirectional) == (2, True)
+    assert list(ours.params) == [f"{n}_l{k}{s}" for k in range(2) for s in ("", "_reverse")
+                                 for n in ("w", "b")]
+    rng = np.random.default_rng(13)
+    x = rng.uniform(-1, 1, (T, B, I)).astype(dtype)
+    h0, c0 = (rng.uniform(-1, 1, (4, B, H)).astype(dtype) for _ in range(2))
+    y_t, h_t, c_t = _nn_lstm_padded(ref, x, LENGTHS, h0, c0)
+    y, (h, c), _ = ours.forward(x, (h0, c0), sequence_length=LENGTHS)
+    assert y.shape == (T, B, 2 * H) and h.shape == c.shape == (4, B, H)
+    for got, want in ((y, y_t), (h, h_t), (c, c_t)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+    assert not np.any(y[1:, 1])                       # padding stays zero
+    with torch.no_grad():
+        y_t, (h_t, c_t) = ref(torch.from_numpy(x), (torch.from_numpy(h0),
+                                                     torch.from_numpy(c0)))
+    y, (h, c), _ = ours.forward(x, (h0, c0))
+    for got, want in ((y, y_t), (h, h_t), (c, c_t)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=tol)
+
+
+def test_from_torch_three_layers_float32_module_to_float64_layer():
+    torch.manual_seed(4)
+    ref = nn.LSTM(I, H, num_layers=3)
+    ours = convert.from_torch(ref, dtype=np.float64)
+    assert ours.dtype == np.float64 and ours.num_layers == 3 and not ours.bidirectional
+    for k in range(3):
+        np.testing.assert_array_equal(ours.params[f"w_l{k}"][-H:].T,
+                                      getattr(ref, f"weight_hh_l{k}").detach().double())
 
 
 def test_from_blockrnn_torch_modules():
     import blockrnn.torch as bt
+    from blockrnn.layers import GRU as NpGRU
+    x = _x(np.float64, seed=11).transpose(1, 0, 2).copy()
+    torch.manual_seed(5)
     for module in (bt.LSTM(I, H, use_peephole=True, cell_clip=2.0).double(),
-                   bt.GRU(I, H).double()):
+                   bt.GRU(I, H).double(),
+                   bt.LSTM(I, H, 2, bidirectional=True, use_peephole=True, cell_clip=2.0,
+                           dtype=torch.float64),
+                   bt.LSTM(I, H, 2, bias=False, bidirectional=True, dtype=torch.float64),
+                   bt.GRU(I, H, 3, bias=False, bidirectional=True, dtype=torch.float64)):
         ours = convert.from_torch(module)
-        x = _x(np.float64, seed=11).transpose(1, 0, 2).copy()
+        assert isinstance(ours, NpGRU if isinstance(module, bt.GRU) else LSTM)
+        assert (ours.num_layers, ours.bidirectional) == (module.num_layers,
+                                                         module.bidirectional)
+        named = dict(module.named_parameters())
+        for k, v in ours.params.items():
+            if k in named:
+                np.testing.assert_array_equal(v, named[k].detach().numpy(), err_msg=k)
+            else:            # bias=False: the module has no biases, the layer's are zero
+                assert not module.bias and k.startswith("b") and not np.any(v), k
         with torch.no_grad():
-            y_t = module(torch.from_numpy(x))[0].numpy()
-        np.testing.assert_allclose(ours.forward(x)[0], y_t, rtol=0, atol=1e-14)
+            y_t, s_t = module(torch.from_numpy(x), sequence_length=LENGTHS)
+        y, s, _ = ours.forward(x, sequence_length=LENGTHS)
+        np.testing.assert_allclose(y, y_t.numpy(), rtol=0, atol=1e-13)
+        for got, want in zip(s if isinstance(s, tuple) else (s,),
+                             s_t if isinstance(s_t, tuple) else (s_t,)):
+            np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-13)
 
 
 def test_from_torch_refusals():
     with pytest.raises(ValueError, match=r"torch.nn.GRU applies the reset gate AFTER the "
                                          r"recurrent matmul .*BEFORE"):
         convert.from_torch(nn.GRU(I, H))
-    with pytest.raises(ValueError, match="num_layers=2"):
-        convert.from_torch(nn.LSTM(I, H, num_layers=2))
-    with pytest.raises(ValueError, match="bidirectional"):
-        convert.from_torch(nn.LSTM(I, H, bidirectional=True))
     with pytest.raises(ValueError, match="proj_size"):
         convert.from_torch(nn.LSTM(I, H, proj_size=2))
     with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
         convert.from_torch(nn.RNN(I, H))
     with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
         convert.from_torch("not a module")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_nn_lstm_arrays_stacked_bidirectional(bias):
+    """Names, order and values of nn_lstm_arrays for a 3-layer bidirectional nn.LSTM."""
+    import blockrnn.torch as bt
+    torch.manual_seed(0)
+    ref = nn.LSTM(I, H, num_layers=3, bias=bias, bidirectional=True, batch_first=True).double()
+    a = bt.nn_lstm_arrays(ref)
+    assert {k: v for k, v in a.items() if k != "params"} == {
+        "input_size": I, "hidden_size": H, "num_layers": 3, "bidirectional": True,
+        "batch_first": True, "bias": bias, "torch_dtype": torch.float64}
+    names = [f"{p}_l{k}{s}" for k in range(3) for s in ("", "_reverse") for p in ("w", "b")]
+    assert list(a["params"]) == names
+    for k in range(3):
+        I_k = I if k == 0 else 2 * H
+        for s in ("", "_reverse"):
+            w, b = a["params"][f"w_l{k}{s}"], a["params"][f"b_l{k}{s}"]
+            assert w.shape == (I_k + H, 4 * H) and b.shape == (4 * H,)
+            assert w.dtype == b.dtype == np.float64
+            np.testing.assert_array_equal(w[:I_k].T, getattr(ref, f"weight_ih_l{k}{s}").detach())
+            np.testing.assert_array_equal(w[I_k:].T, getattr(ref, f"weight_hh_l{k}{s}").detach())
+            want = (getattr(ref, f"bias_ih_l{k}{s}") + getattr(ref, f"bias_hh_l{k}{s}")
+                    ).detach().numpy() if bias else np.zeros(4 * H)
+            np.testing.assert_array_equal(b, want)
+
+
+def test_nn_lstm_arrays_gate_order_runs_like_nn_lstm():
+    """w_l0 / b_l0 of a one-layer nn.LSTM fed to block_lstm_v2 reproduce nn.LSTM (IFCO)."""
+    import blockrnn
+    import blockrnn.torch as bt
+    torch.manual_seed(1)
+    ref = nn.LSTM(I, H).double()
+    p = bt.nn_lstm_arrays(ref)["params"]
+    assert list(p) == ["w_l0", "b_l0"]
+    x = _x(np.float64, seed=12).transpose(1, 0, 2).copy()
+    zeros = np.zeros((B, H))
+    fwd = blockrnn.block_lstm_v2(T, x, zeros, zeros, p["w_l0"], zeros[0], zeros[0], zeros[0],
+                                 p["b_l0"])
+    with torch.no_grad():
+        y_t = ref(torch.from_numpy(x))[0].numpy()
+    np.testing.assert_allclose(fwd.h, y_t, rtol=0, atol=1e-13)
+
+
+def test_nn_lstm_arrays_refusals():
+    import blockrnn.torch as bt
+    with pytest.raises(ValueError, match="proj_size=2"):
+        bt.nn_lstm_arrays(nn.LSTM(I, H, num_layers=2, bidirectional=True, proj_size=2))
+    with pytest.raises(ValueError, match="reset gate AFTER"):
+        bt.nn_lstm_arrays(nn.GRU(I, H))
+    with pytest.raises(TypeError, match="expected a torch.nn.LSTM, got Linear"):
+        bt.nn_lstm_arrays(nn.Linear(I, H))
+    with pytest.raises(TypeError, match="float32 or float64, got torch.float16"):
+        bt.nn_lstm_arrays(nn.LSTM(I, H).half())

@@ -95,25 +95,26 @@ def block_gru_grad(dt, T, B, I, H, lengths=False):
 def layer_inputs(dt, T, B, I, H, lengths=False):
     rng = np.random.default_rng(6)
     d = {k: rng.uniform(-1, 1, s).astype(dt) for k, s in [
-        ("x", (T, B, I)), ("h0", (B, H)), ("c0", (B, H)), ("dy", (T, B, H)),
-        ("dh", (B, H)), ("dc", (B, H))]}
+        ("x", (T, B, I)), ("h0", (4, B, H)), ("c0", (4, B, H)), ("dy", (T, B, 2 * H)),
+        ("dh", (4, B, H)), ("dc", (4, B, H))]}      # 2 layers x 2 directions
     if lengths:
         d["sequence_length"] = _lengths(T, B)
     return d
 
 
 def lstm_layer(x, h0, c0, dy, dh, dc, sequence_length=None):
-    """LSTM.forward then LSTM.backward: y, the final state, dx, dstate0, the grads."""
-    layer = blockrnn.LSTM(x.shape[2], h0.shape[1], use_peephole=True, cell_clip=0.7,
-                          dtype=np.asarray(x).dtype.newbyteorder("="), seed=0)
+    """LSTM.forward then LSTM.backward (2 layers, bidirectional): y, the final state, dx,
+    dstate0, the grads."""
+    layer = blockrnn.LSTM(x.shape[2], h0.shape[2], 2, bidirectional=True, use_peephole=True,
+                          cell_clip=0.7, dtype=np.asarray(x).dtype.newbyteorder("="), seed=0)
     y, state, ctx = layer.forward(x, (h0, c0), sequence_length=sequence_length)
     dx, dstate0 = layer.backward(ctx, dy, (dh, dc))
     return [y, *state, dx, *dstate0, *(layer.grads[k] for k in sorted(layer.grads))]
 
 
 def gru_layer(x, h0, c0, dy, dh, dc, sequence_length=None):
-    layer = blockrnn.GRU(x.shape[2], h0.shape[1], dtype=np.asarray(x).dtype.newbyteorder("="),
-                         seed=0)
+    layer = blockrnn.GRU(x.shape[2], h0.shape[2], 2, bidirectional=True,
+                         dtype=np.asarray(x).dtype.newbyteorder("="), seed=0)
     y, state, ctx = layer.forward(x, h0, sequence_length=sequence_length)
     dx, dh0 = layer.backward(ctx, dy, dh)
     return [y, state, dx, dh0, *(layer.grads[k] for k in sorted(layer.grads))]

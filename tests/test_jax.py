@@ -20,7 +20,7 @@ def _x(dtype, seed=0, shape=(T, B, I)):
 
 
 def _state(kind, dtype, seed=1):
-    h0, c0 = np.random.default_rng(seed).uniform(-1, 1, (2, B, H)).astype(dtype)
+    h0, c0 = np.random.default_rng(seed).uniform(-1, 1, (2, 1, B, H)).astype(dtype)
     return (h0, c0) if kind == "lstm" else h0
 
 
@@ -88,17 +88,29 @@ def test_float32_matches_a_lax_scan_model(kind, shape):
     fn, ref = (bj.lstm, bj.reference_lstm) if kind == "lstm" else (bj.gru, bj.reference_gru)
     x = _x(np.float32, 5, (T_, B_, I_))
     y, final = fn(layer.params, x)
-    y_ref, final_ref = ref(layer.params, x)
+    y_ref, final_ref = ref(_unsuffixed(layer.params), x)
+    final = jax.tree_util.tree_map(lambda s: s[0], final)      # (1, B, H) -> (B, H)
     assert y.dtype == y_ref.dtype == jnp.float32
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.tree_util.tree_leaves(final), jax.tree_util.tree_leaves(final_ref)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     g = jax.grad(lambda p: jnp.sum(jnp.tanh(fn(p, x)[0])))(layer.params)
-    g_ref = jax.grad(lambda p: jnp.sum(jnp.tanh(ref(p, x)[0])))(layer.params)
+    g_ref = _suffixed(jax.grad(lambda p: jnp.sum(jnp.tanh(ref(p, x)[0])))(
+        _unsuffixed(layer.params)))
+    assert g.keys() == g_ref.keys()
     for k in g:
         scale = float(jnp.max(jnp.abs(g_ref[k])))
         np.testing.assert_allclose(g[k], g_ref[k], rtol=0, atol=1e-5 * max(scale, 1.0),
                                    err_msg=k)
+
+
+def _unsuffixed(params):
+    """The reference models' keys: a one-layer layer's params without ``_l0``."""
+    return {k.removesuffix("_l0"): v for k, v in params.items()}
+
+
+def _suffixed(params):
+    return {k + "_l0": v for k, v in params.items()}
 
 
 @pytest.mark.parametrize("kind,peephole", CASES)
@@ -142,25 +154,29 @@ def test_traced_lengths_and_zero_length_rows():
 def test_bad_input_is_refused():
     layer, _ = _model("lstm", np.float32)
     x = _x(np.float32)
-    with pytest.raises(TypeError, match=r"params\['b'\] must have dtype float32 .*got float64"):
-        bj.lstm(dict(layer.params, b=layer.b.astype(np.float64)), x)
+    with pytest.raises(TypeError, match=r"params\['b_l0'\] must have dtype float32 .*"
+                                        r"got float64"):
+        bj.lstm(dict(layer.params, b_l0=layer.b_l0.astype(np.float64)), x)
     with pytest.raises(ValueError, match=r"x must have shape \(T, B, I\) with I = 4"):
         bj.lstm(layer.params, x[..., :3])
-    with pytest.raises(ValueError, match=r"state\[1\] \(c0\) must have shape \(3, 6\)"):
-        bj.lstm(layer.params, x, (np.zeros((B, H), np.float32), np.zeros((B, 5), np.float32)))
-    with pytest.raises(ValueError, match=r"params must have the keys \['w', 'b'\]"):
-        bj.lstm({"w": layer.w}, x)
+    with pytest.raises(ValueError, match=r"state\[1\] \(c0\) must have shape \(1, 3, 6\)"):
+        bj.lstm(layer.params, x, (np.zeros((1, B, H), np.float32),
+                                  np.zeros((1, B, 5), np.float32)))
+    with pytest.raises(ValueError, match=r"params must have the keys \['w_l0', 'b_l0'\]"):
+        bj.lstm({"w_l0": layer.w_l0}, x)
+    with pytest.raises(ValueError, match=r"params must have the keys .*got \['b', 'w'\]"):
+        bj.lstm({"w": layer.w_l0, "b": layer.b_l0}, x)
     with pytest.raises(ValueError, match="peepholes need all of"):
-        bj.lstm(dict(layer.params, wci=np.zeros(H, np.float32)), x)
+        bj.lstm(dict(layer.params, wci_l0=np.zeros(H, np.float32)), x)
     with pytest.raises(ValueError, match=r"sequence_length entries must be in \[0, T\]"):
         bj.lstm(layer.params, x, None, [1, 2, 9])
     with pytest.raises(TypeError, match="x must be float32 or float64, got int64"):
         bj.lstm(layer.params, np.zeros((T, B, I), np.int64))
     gru = blockrnn.GRU(I, H)
-    with pytest.raises(ValueError, match=r"params\['w_ru'\] must have shape \(10, 12\)"):
-        bj.gru(dict(gru.params, w_ru=gru.w_ru[:, :6]), x)
-    with pytest.raises(ValueError, match=r"state must have shape \(3, 6\)"):
-        bj.gru(gru.params, x, np.zeros((2, H), np.float32))
+    with pytest.raises(ValueError, match=r"params\['w_ru_l0'\] must have shape \(10, 12\)"):
+        bj.gru(dict(gru.params, w_ru_l0=gru.w_ru_l0[:, :6]), x)
+    with pytest.raises(ValueError, match=r"state must have shape \(1, 3, 6\)"):
+        bj.gru(gru.params, x, np.zeros((B, H), np.float32))
 
 
 def test_float64_without_x64_is_refused_clearly():

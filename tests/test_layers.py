@@ -25,36 +25,40 @@ def _ifco_to_icfo(a, H):
 def _lstm_loop(layer, x, h0, c0, lengths=None):
     """Reference: one lstm_block_cell per step (ICFO, forget_bias 0), rows frozen past
     their length, outputs zero there."""
-    w, b = _ifco_to_icfo(layer.w, layer.hidden_size), _ifco_to_icfo(layer.b, layer.hidden_size)
+    w, b = _ifco_to_icfo(layer.w_l0, layer.hidden_size), _ifco_to_icfo(layer.b_l0,
+                                                                       layer.hidden_size)
+    peep = ([layer.wci_l0, layer.wcf_l0, layer.wco_l0] if layer.use_peephole
+            else [np.zeros(layer.hidden_size)] * 3)
     n = np.full(x.shape[1], x.shape[0]) if lengths is None else np.asarray(lengths)
-    h, c, ys = h0.copy(), c0.copy(), []
+    h, c, ys = h0[0].copy(), c0[0].copy(), []
     for t in range(x.shape[0]):
-        out = blockrnn.lstm_block_cell(x[t], c, h, w, layer.wci, layer.wcf, layer.wco, b,
+        out = blockrnn.lstm_block_cell(x[t], c, h, w, *peep, b,
                                        forget_bias=0.0, cell_clip=layer.cell_clip,
                                        use_peephole=layer.use_peephole)
         live = (t < n)[:, None]
         h = np.where(live, out.h, h)
         c = np.where(live, out.cs, c)
         ys.append(np.where(live, out.h, 0.0))
-    return np.stack(ys), h, c
+    return np.stack(ys), h[None], c[None]
 
 
 def _gru_loop(layer, x, h0, lengths=None):
     n = np.full(x.shape[1], x.shape[0]) if lengths is None else np.asarray(lengths)
-    h, ys = h0.copy(), []
+    h, ys = h0[0].copy(), []
     for t in range(x.shape[0]):
-        out = blockrnn.gru_block_cell(x[t], h, layer.w_ru, layer.w_c, layer.b_ru, layer.b_c)
+        out = blockrnn.gru_block_cell(x[t], h, layer.w_ru_l0, layer.w_c_l0, layer.b_ru_l0,
+                                      layer.b_c_l0)
         live = (t < n)[:, None]
         h = np.where(live, out.h, h)
         ys.append(np.where(live, out.h, 0.0))
-    return np.stack(ys), h
+    return np.stack(ys), h[None]
 
 
 def _inputs(seed, cell="lstm"):
     rng = np.random.default_rng(seed)
     x = rng.uniform(-1, 1, (T, B, I))
-    h0 = rng.uniform(-1, 1, (B, H))
-    c0 = rng.uniform(-1, 1, (B, H))
+    h0 = rng.uniform(-1, 1, (1, B, H))
+    c0 = rng.uniform(-1, 1, (1, B, H))
     return x, h0, c0
 
 
@@ -82,8 +86,8 @@ def test_gru_forward_matches_cell_loop(lengths):
 
 def _loss_weights(seed, has_c):
     rng = np.random.default_rng(seed)
-    return (rng.uniform(-1, 1, (T, B, H)), rng.uniform(-1, 1, (B, H)),
-            rng.uniform(-1, 1, (B, H)) if has_c else None)
+    return (rng.uniform(-1, 1, (T, B, H)), rng.uniform(-1, 1, (1, B, H)),
+            rng.uniform(-1, 1, (1, B, H)) if has_c else None)
 
 
 def _fd_check(layer, loss_of, x, state, analytic_x, analytic_state, eps=1e-6, tol=1e-8):
@@ -148,10 +152,10 @@ def test_lstm_partial_and_missing_upstream_gradients():
     layer = LSTM(I, H, dtype=np.float64, seed=0)
     x, h0, c0 = _inputs(0)
     _, (h_n, c_n), ctx = layer.forward(x, (h0, c0))
-    dc = np.ones((B, H))
+    dc = np.ones((1, B, H))
     dx1, s1 = layer.backward(ctx, None, (None, dc))
-    g1 = dict(layer.grads)
-    dx2, s2 = layer.backward(ctx, np.zeros((T, B, H)), (np.zeros((B, H)), dc))
+    g1 = {k: v.copy() for k, v in layer.grads.items()}
+    dx2, s2 = layer.backward(ctx, np.zeros((T, B, H)), (np.zeros((1, B, H)), dc))
     np.testing.assert_array_equal(dx1, dx2)
     for a, b in zip(s1, s2):
         np.testing.assert_array_equal(a, b)
@@ -193,7 +197,7 @@ def test_grads_are_filled_in_place(lengths):
                 assert grads[name] is a, name
             assert any(np.any(a != 0) for a in arrays.values())
         fresh = type(layer)(I, H, dtype=np.float64, seed=0,
-                            **({"use_peephole": True} if "wci" in grads else {}))
+                            **({"use_peephole": True} if "wci_l0" in grads else {}))
         y, _, ctx = fresh.forward(x, state, sequence_length=lengths)
         fresh.backward(ctx, 3.0 * np.ones_like(y))
         for name, a in arrays.items():
@@ -222,11 +226,12 @@ def test_default_state_is_zeros_and_T_zero():
     layer = LSTM(I, H, seed=0)
     x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
     y1, s1, _ = layer.forward(x)
-    y2, s2, _ = layer.forward(x, (np.zeros((B, H), np.float32), np.zeros((B, H), np.float32)))
+    y2, s2, _ = layer.forward(x, (np.zeros((1, B, H), np.float32),
+                                  np.zeros((1, B, H), np.float32)))
     np.testing.assert_array_equal(y1, y2)
     assert y1.dtype == np.float32 and s1[0].dtype == np.float32
     # T = 0: the final state is the initial state, gradients pass straight through.
-    h0 = np.ones((B, H), np.float32)
+    h0 = np.ones((1, B, H), np.float32)
     y, (h_n, c_n), ctx = layer.forward(np.zeros((0, B, I), np.float32), (h0, 2 * h0))
     assert y.shape == (0, B, H)
     np.testing.assert_array_equal(h_n, h0)
@@ -238,9 +243,9 @@ def test_default_state_is_zeros_and_T_zero():
 
 def test_params_are_the_layer_arrays_and_sgd_step_reduces_loss():
     layer = LSTM(I, H, dtype=np.float64, seed=0)
-    assert layer.params["w"] is layer.w and set(layer.params) == {"w", "b"}
-    assert layer.w.shape == (I + H, 4 * H) and layer.b.shape == (4 * H,)
-    assert np.all(np.abs(layer.w) <= 1 / np.sqrt(H))
+    assert layer.params["w_l0"] is layer.w_l0 and list(layer.params) == ["w_l0", "b_l0"]
+    assert layer.w_l0.shape == (I + H, 4 * H) and layer.b_l0.shape == (4 * H,)
+    assert np.all(np.abs(layer.w_l0) <= 1 / np.sqrt(H))
     x, _, _ = _inputs(1)
     target = np.random.default_rng(2).uniform(-0.5, 0.5, (T, B, H))
     losses = []
@@ -252,10 +257,10 @@ def test_params_are_the_layer_arrays_and_sgd_step_reduces_loss():
             p -= 0.1 * layer.grads[name]
     assert losses[-1] < 0.6 * losses[0], losses[::10]
     peep = LSTM(I, H, use_peephole=True, seed=0)
-    assert set(peep.params) == {"w", "b", "wci", "wcf", "wco"}
+    assert list(peep.params) == ["w_l0", "b_l0", "wci_l0", "wcf_l0", "wco_l0"]
     g = GRU(I, H, seed=0)
     assert {k: v.shape for k, v in g.params.items()} == {
-        "w_ru": (I + H, 2 * H), "w_c": (I + H, H), "b_ru": (2 * H,), "b_c": (H,)}
+        "w_ru_l0": (I + H, 2 * H), "w_c_l0": (I + H, H), "b_ru_l0": (2 * H,), "b_c_l0": (H,)}
 
 
 @pytest.mark.parametrize("call,exc,match", [
@@ -275,7 +280,7 @@ def test_constructor_errors(call, exc, match):
 def test_forward_backward_errors():
     lstm, gru = LSTM(I, H, seed=0), GRU(I, H, seed=0)
     x = np.zeros((T, B, I), np.float32)
-    z = np.zeros((B, H), np.float32)
+    z = np.zeros((1, B, H), np.float32)
     with pytest.raises(ValueError, match=r"x must have shape \(\?, \?, 3\), got \(5, 4, 2\)"):
         lstm.forward(np.zeros((T, B, 2), np.float32))
     with pytest.raises(ValueError, match="x must have shape"):
@@ -284,10 +289,10 @@ def test_forward_backward_errors():
         lstm.forward(x.astype(np.float64))
     with pytest.raises(TypeError, match=r"state must be None or a tuple \(h, c\)"):
         lstm.forward(x, z)
-    with pytest.raises(ValueError, match=r"state\[1\] \(c\) must have shape \(4, 4\)"):
-        lstm.forward(x, (z, np.zeros((B, H + 1), np.float32)))
-    with pytest.raises(ValueError, match="state must have shape"):
-        gru.forward(x, np.zeros((B + 1, H), np.float32))
+    with pytest.raises(ValueError, match=r"state\[1\] \(c\) must have shape \(1, 4, 4\)"):
+        lstm.forward(x, (z, np.zeros((1, B, H + 1), np.float32)))
+    with pytest.raises(ValueError, match=r"state must have shape \(1, 4, 4\), got \(4, 4\)"):
+        gru.forward(x, np.zeros((B, H), np.float32))
     with pytest.raises(TypeError, match="sequence_length must have an integer dtype"):
         lstm.forward(x, sequence_length=np.ones(B))
     with pytest.raises(ValueError, match=r"sequence_length must have shape \(B,\) = \(4,\)"):

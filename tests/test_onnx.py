@@ -50,7 +50,7 @@ def test_export_runs_in_onnx_runtime_like_forward(T, B, I, H, with_lengths, with
             feed["initial_h"] = h0[None]
             if lstm:
                 feed["initial_c"] = c0[None]
-            state = (h0, c0) if lstm else h0
+            state = (h0[None], c0[None]) if lstm else h0[None]      # (L*D, B, H)
         out = _session(model).run(None, feed)
         y, final, _ = layer.forward(x, state, lengths)
         assert out[0].shape == (T, 1, B, H)
@@ -58,8 +58,8 @@ def test_export_runs_in_onnx_runtime_like_forward(T, B, I, H, with_lengths, with
         finals = final if lstm else (final,)
         assert len(out) == 1 + len(finals)
         for got, want in zip(out[1:], finals):
-            assert got.shape == (1, B, H)
-            _close(got[0], want)
+            assert got.shape == want.shape == (1, B, H)
+            _close(got, want)
 
 
 def test_export_torch_modules_and_path(tmp_path):
@@ -192,8 +192,8 @@ def test_import_helper_built_lstm_matches_onnx_runtime(peephole):
     y, h, c = _session(model).run(None, {"X": x, "lens": lens})
     ours, (h_n, c_n), _ = layer.forward(x, None, lens)
     _close(y[:, 0], ours)
-    _close(h[0], h_n)
-    _close(c[0], c_n)
+    _close(h, h_n)
+    _close(c, c_n)
 
 
 @pytest.mark.filterwarnings("ignore")   # the TorchScript exporter's tracer warnings
@@ -212,13 +212,15 @@ def test_import_torch_exported_nn_lstm_matches_onnx_runtime(tmp_path):
     y, h, c = _session(model).run(None, {"x": x})
     ours, (h_n, c_n), _ = layer.forward(x)
     _close(y, ours)
-    _close(h[0], h_n)
-    _close(c[0], c_n)
+    _close(h, h_n)
+    _close(c, c_n)
 
 
 @pytest.mark.parametrize("attrs,match", [
-    ({"direction": "bidirectional"}, "direction='bidirectional'; only direction='forward'"),
-    ({"direction": "reverse"}, "direction='reverse'"),
+    ({"direction": "reverse"}, "direction='reverse'; only direction='forward' or "
+                               "'bidirectional' converts"),
+    ({"direction": "bidirectional"}, r"W \(1, 8, 3\) and R \(1, 8, 2\) do not fit "
+                                     r"hidden_size=2 and direction='bidirectional'"),
     ({"activations": ["Sigmoid", "Relu", "Tanh"]}, "activations=.*Relu"),
     ({"clip": 3.0}, "clip=3.0; ONNX's clip bounds the gates' pre-activations"),
     ({"input_forget": 1}, "input_forget=1"),
@@ -249,3 +251,167 @@ def test_import_refusals_gru_and_graph():
         convert.from_onnx(dynamic)
     with pytest.raises(TypeError, match="expected an onnx.ModelProto or a path, got int"):
         convert.from_onnx(3)
+
+
+# --------------------------------------------------------------------------
+# bidirectional and stacked models (issue 21)
+# --------------------------------------------------------------------------
+
+def _stacked(kind, L, bidirectional, I, H, seed, **kw):
+    cls = blockrnn.LSTM if kind == "lstm" else blockrnn.GRU
+    if kind == "lstm_peephole":
+        cls, kw = blockrnn.LSTM, dict(kw, use_peephole=True)
+    return cls(I, H, L, bidirectional=bidirectional, seed=seed, **kw)
+
+
+@pytest.mark.parametrize("L,bidirectional", [(1, True), (2, True), (3, False)],
+                         ids=["bidirectional", "2-layer-bidirectional", "3-layer"])
+@pytest.mark.parametrize("kind", ["lstm", "lstm_peephole", "gru"])
+@pytest.mark.parametrize("with_lengths,with_state", [(False, False), (True, True),
+                                                     (True, False)])
+def test_bidirectional_and_stacked_export_run_in_onnx_runtime(kind, L, bidirectional,
+                                                             with_lengths, with_state):
+    T, B, I, H = 6, 4, 3, 5
+    D = 2 if bidirectional else 1
+    layer = _stacked(kind, L, bidirectional, I, H, seed=L)
+    model = bo.export(layer, sequence_lens=with_lengths, initial_state=with_state)
+    rnns = [n for n in model.graph.node if n.op_type in ("LSTM", "GRU")]
+    assert len(rnns) == L                         # one node per layer, joined by
+    assert [n.op_type for n in model.graph.node].count("Transpose") == L - 1  # Transpose
+    assert [n.op_type for n in model.graph.node].count("Reshape") == L - 1    # + Reshape
+    for n in rnns:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        assert attrs["direction"] == (b"bidirectional" if bidirectional else b"forward")
+        assert list(n.input[4:5]) == (["sequence_lens"] if with_lengths else [""] * (
+            len(n.input) > 4))
+    W0 = {t.name: t for t in model.graph.initializer}[rnns[0].input[1]]
+    assert tuple(W0.dims) == (D, (4 if "lstm" in kind else 3) * H, I)
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-1, 1, (T, B, I)).astype(np.float32)
+    n_states = 1 if kind == "gru" else 2
+    feed, lengths, state = {"X": x}, None, None
+    if with_lengths:
+        lengths = np.array([6, 1, 3, 5], np.int32)           # unsorted, with a length-1 row
+        feed["sequence_lens"] = lengths
+    if with_state:
+        s0 = [rng.uniform(-1, 1, (L * D, B, H)).astype(np.float32) for _ in range(n_states)]
+        feed.update(zip(("initial_h", "initial_c"), s0))
+        state = s0[0] if kind == "gru" else tuple(s0)
+    out = _session(model).run(None, feed)
+    y, final, _ = layer.forward(x, state, lengths)
+    assert out[0].shape == (T, D, B, H)
+    _close(out[0].transpose(0, 2, 1, 3).reshape(T, B, D * H), y)
+    finals = (final,) if kind == "gru" else final
+    assert len(out) == 1 + n_states
+    for got, want in zip(out[1:], finals):
+        assert got.shape == want.shape == (L * D, B, H)
+        _close(got, want)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_onnx_runtime_reverse_direction_reverses_each_rows_valid_prefix(kind):
+    """ORT's reverse direction with sequence_lens = blockrnn's op on reverse_sequence'd
+    input, reversed back: row b reads steps n_b - 1 .. 0, and its padding stays zero."""
+    T, B, I, H = 5, 3, 2, 4
+    layer = _stacked(kind, 1, True, I, H, seed=9)
+    lengths = np.array([2, 5, 1], np.int32)
+    x = np.random.default_rng(8).uniform(-1, 1, (T, B, I)).astype(np.float32)
+    y_ort = _session(bo.export(layer, sequence_lens=True)).run(
+        None, {"X": x, "sequence_lens": lengths})[0]
+    p, z = layer.params, np.zeros((B, H), np.float32)
+    xr = blockrnn.reverse_sequence(x, lengths)
+    if kind == "lstm":
+        zh = np.zeros(H, np.float32)
+        rev = blockrnn.block_lstm_v2(T, xr, z, z, p["w_l0_reverse"], zh, zh, zh,
+                                     p["b_l0_reverse"], sequence_length=lengths).h
+    else:
+        rev = blockrnn.block_gru(T, xr, z, *(p[f"{n}_l0_reverse"] for n in
+                                             ("w_ru", "w_c", "b_ru", "b_c")),
+                                 sequence_length=lengths).h
+    _close(y_ort[:, 1], blockrnn.reverse_sequence(rev, lengths))
+    assert not np.any(y_ort[2:, 1, 0]) and not np.any(y_ort[1:, 1, 2])
+    # reversing the whole padded sequence instead would differ (row 0 has length 2 < T)
+    whole = blockrnn.reverse_sequence(x)
+    assert not np.allclose(whole[:, 0], xr[:, 0])
+    # ORT's reverse output at step 0 of row 0 has read x[1, 0] (the row's last valid step)
+    x2 = x.copy()
+    x2[1, 0] += 1
+    y2 = _session(bo.export(layer, sequence_lens=True)).run(
+        None, {"X": x2, "sequence_lens": lengths})[0]
+    assert np.all(y2[0, 1, 0] != y_ort[0, 1, 0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["lstm", "lstm_peephole", "gru"])
+@pytest.mark.parametrize("L,bidirectional", [(1, True), (2, True), (3, False)])
+def test_stacked_round_trip_is_bit_for_bit(kind, L, bidirectional, dtype):
+    layer = _stacked(kind, L, bidirectional, 4, 3, seed=5, dtype=dtype)
+    back = convert.from_onnx(bo.export(layer, sequence_lens=True, initial_state=True))
+    assert type(back) is type(layer) and back.dtype == layer.dtype
+    assert (back.num_layers, back.bidirectional) == (L, bidirectional)
+    assert getattr(back, "use_peephole", None) == getattr(layer, "use_peephole", None)
+    assert list(back.params) == list(layer.params)
+    for k, v in layer.params.items():
+        np.testing.assert_array_equal(back.params[k], v, err_msg=k)
+    # node= still picks one node of the chain: a one-layer layer
+    one = convert.from_onnx(bo.export(layer), node=f"{kind[:4].replace('_', '')}_l0"
+                            if L > 1 else None)
+    assert one.num_layers == 1 and one.bidirectional == bidirectional
+    for k, v in one.params.items():
+        np.testing.assert_array_equal(v, layer.params[k], err_msg=k)
+
+
+def test_export_stacked_torch_module():
+    T, B, I, H = 5, 3, 4, 3
+    torch.manual_seed(2)
+    module = bt.LSTM(I, H, 2, bias=False, bidirectional=True, dropout=0.5).eval()
+    x = torch.from_numpy(np.random.default_rng(3).uniform(-1, 1, (T, B, I)).astype(np.float32))
+    with torch.no_grad():
+        y, (h_n, c_n) = module(x)
+    out = _session(bo.export(module)).run(None, {"X": x.numpy()})
+    _close(out[0].transpose(0, 2, 1, 3).reshape(T, B, 2 * H), y.numpy())
+    _close(out[1], h_n.numpy())
+    _close(out[2], c_n.numpy())
+
+
+@pytest.mark.filterwarnings("ignore")   # the TorchScript exporter's tracer warnings
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_import_torch_exported_stacked_nn_lstm(bidirectional, tmp_path):
+    """PyTorch's exporter joins the layers of a stacked nn.LSTM with Transpose + Reshape
+    (bidirectional) or Squeeze (one direction); from_onnx reads the chain as one layer."""
+    torch.manual_seed(1)
+    T, B, I, H = 6, 2, 4, 5
+    ref = torch.nn.LSTM(I, H, num_layers=2, bidirectional=bidirectional)
+    path = tmp_path / "stacked.onnx"
+    torch.onnx.export(ref, (torch.zeros(T, B, I),), str(path), dynamo=False,
+                      input_names=["x"], output_names=["y", "h", "c"],
+                      dynamic_axes={"x": {0: "T", 1: "B"}}, opset_version=14)
+    layer = convert.from_onnx(path)
+    assert (layer.num_layers, layer.bidirectional) == (2, bidirectional)
+    direct = convert.from_torch(ref)
+    for k, v in direct.params.items():
+        np.testing.assert_allclose(layer.params[k], v, rtol=0, atol=1e-6, err_msg=k)
+    x = np.random.default_rng(6).uniform(-1, 1, (T + 2, B + 1, I)).astype(np.float32)
+    y, h, c = _session(onnx.load(str(path))).run(None, {"x": x})
+    ours, (h_n, c_n), _ = layer.forward(x)
+    _close(y, ours)
+    _close(h, h_n)
+    _close(c, c_n)
+
+
+def test_import_refuses_nodes_that_are_not_one_stack():
+    two = bo.export(blockrnn.LSTM(3, 2, 2))
+    two.graph.node.append(onnx.helper.make_node("LSTM", ["X", "W_l0", "R_l0"], ["Z"],
+                                                name="side", hidden_size=2))
+    with pytest.raises(ValueError, match=r"3 LSTM/GRU nodes \(\['lstm_l0', 'lstm_l1', "
+                                         r"'side'\]\) that are not one stacked layer \(2 of "
+                                         r"them read the graph's input\); pass node=<name>"):
+        convert.from_onnx(two)
+    assert convert.from_onnx(two, node="lstm_l1").input_size == 2
+    swapped = bo.export(blockrnn.GRU(3, 2, 2, bidirectional=True))
+    (t,) = [n for n in swapped.graph.node if n.op_type == "Transpose"]
+    del t.attribute[:]
+    t.attribute.append(onnx.helper.make_attribute("perm", [0, 1, 2, 3]))  # (T, D, B, H) kept
+    with pytest.raises(ValueError, match="not one stacked layer \\(node 'gru_l1''s X comes "
+                                         "from an unexpected Reshape\\)"):
+        convert.from_onnx(swapped)

@@ -47,7 +47,7 @@ def test_every_block_is_run_or_named_as_not_run():
     firsts = [b.splitlines()[0] for b in python_blocks()]
     tested = ("import numpy as np", "lengths = ", "lstm = blockrnn.LSTM",
               "import blockrnn.torch", "import jax", "from blockrnn import convert",
-              "import onnxruntime", "from threadpoolctl import threadpool_limits")
+              "import onnxruntime", "x_rev = ", "from threadpoolctl import threadpool_limits")
     not_run = ("# torchrun",)
     unknown = [f for f in firsts if not f.startswith(tested + not_run)]
     assert not unknown, f"README python blocks this test does not know: {unknown}"
@@ -96,7 +96,7 @@ def test_training_in_numpy(example):
     ns = run(block("lengths = "), example)
     T, B = ns["T"], ns["B"]
     ns["dy"] = np.ones((T, B, 32), np.float32)
-    ns["dh"] = np.ones((B, 32), np.float32)
+    ns["dh"] = np.ones((1, B, 32), np.float32)
     run("import blockrnn\n" + block("lstm = blockrnn.LSTM"), ns)
     assert ns["y"].shape == (T, B, 32) and ns["dx"].shape == ns["x"].shape
     # The loop applied the gradients: the parameters are no longer the seed's.
@@ -113,15 +113,19 @@ def test_torch():
     B, T = 4, 6
     g = torch.Generator().manual_seed(0)
     ns = {"x": torch.randn(B, T, 16, generator=g),
-          "h0": torch.zeros(1, B, 32), "c0": torch.zeros(1, B, 32),
-          "x_time_major": torch.randn(T, B, 16, generator=g)}
+          "h0": torch.zeros(4, B, 32), "c0": torch.zeros(4, B, 32),
+          "x_time_major": torch.randn(T, B, 16, generator=g),
+          "nn_lstm": torch.nn.LSTM(16, 32, 2, bidirectional=True)}
     run(block("import blockrnn.torch"), ns)
-    assert ns["y"].shape == (T, B, 32) and ns["h_n"].shape == (1, B, 32)
-    # The LSTM ran before y, h_n were rebound by the GRU; check it against nn.LSTM.
-    lstm = ns["lstm"]
+    assert ns["y"].shape == (T, B, 32) and ns["h_n"].shape == (2, B, 32)   # the GRU's
+    # The LSTM ran before y, h_n were rebound by the GRU; check its layout of states.
+    lstm = ns["lstm"].eval()
     y, (h_n, c_n) = lstm(ns["x"], (ns["h0"], ns["c0"]))
-    assert y.shape == (B, T, 32) and h_n.shape == c_n.shape == (1, B, 32)
-    torch.testing.assert_close(y[:, -1], h_n[0])
+    assert y.shape == (B, T, 64) and h_n.shape == c_n.shape == (4, B, 32)
+    torch.testing.assert_close(y[:, -1, :32], h_n[2])    # layer 1 forward: after step T-1
+    torch.testing.assert_close(y[:, 0, 32:], h_n[3])     # layer 1 reverse: after step 0
+    want, _ = ns["nn_lstm"](ns["x_time_major"])
+    torch.testing.assert_close(ns["converted"](ns["x_time_major"])[0], want)
 
 
 def test_weight_import():
@@ -130,12 +134,15 @@ def test_weight_import():
     T, B = 5, 3
     keras_lstm = keras.layers.LSTM(32)
     keras_lstm.build((None, T, 16))
-    ns = {"keras_lstm": keras_lstm, "torch_nn_lstm": torch.nn.LSTM(16, 32),
+    ns = {"keras_lstm": keras_lstm,
+          "torch_nn_lstm": torch.nn.LSTM(16, 32, num_layers=2, bidirectional=True),
           "x_time_major": np.random.default_rng(0).standard_normal((T, B, 16), np.float32)}
     run(block("from blockrnn import convert"), ns)
-    y = ns["y"]
-    want, _ = ns["torch_nn_lstm"](torch.from_numpy(ns["x_time_major"]))
-    np.testing.assert_allclose(y, want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    y, (h, c) = ns["y"], ns["state"]
+    want, (h_t, c_t) = ns["torch_nn_lstm"](torch.from_numpy(ns["x_time_major"]))
+    assert y.shape == (T, B, 64) and h.shape == c.shape == (4, B, 32)
+    for got, ref in ((y, want), (h, h_t), (c, c_t)):
+        np.testing.assert_allclose(got, ref.detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_jax(example):
@@ -143,7 +150,7 @@ def test_jax(example):
     ns = run(block("import jax\n"), example)
     layer, x = ns["layer"], ns["x"]
     grads = ns["grads"]
-    assert set(grads) == set(layer.params) == {"w", "b"}
+    assert set(grads) == set(layer.params) == {"w_l0", "b_l0"}
     # The gradient of mean(y ** 2), from the NumPy layer's backward.
     y, _, ctx = layer.forward(x)
     layer.backward(ctx, 2 * y / y.size)
@@ -160,10 +167,30 @@ def test_onnx_export(example, tmp_path, monkeypatch):
     lstm, x, lengths = ns["lstm"], ns["x"], ns["lengths"]
     assert (tmp_path / "lstm.onnx").is_file()
     y, (h, c), _ = lstm.forward(x, sequence_length=lengths)   # the comment's claim
-    for got, want in ((ns["y"][:, 0], y), (ns["h_n"][0], h), (ns["c_n"][0], c)):
+    for got, want in ((ns["y"][:, 0], y), (ns["h_n"], h), (ns["c_n"], c)):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
     for name, p in lstm.params.items():
         np.testing.assert_array_equal(ns["again"].params[name], p)
+    deep = ns["deep"]
+    T, B = x.shape[:2]
+    assert ns["y2"].shape == (T, 2, B, 32) and ns["h2"].shape == ns["c2"].shape == (4, B, 32)
+    y, (h, c), _ = deep.forward(x)
+    for got, want in ((ns["y2"].transpose(0, 2, 1, 3).reshape(T, B, 64), y),
+                      (ns["h2"], h), (ns["c2"], c)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_reverse_sequence_example(example):
+    ns = run(block("lengths = "), example)
+    run(block("x_rev = "), ns)
+    lengths, x, hb = ns["lengths"], ns["x"], ns["h_backward"]
+    import blockrnn
+    for row, n in enumerate(lengths):   # each row's valid prefix, run backwards, alone
+        fwd = blockrnn.block_lstm_v2(int(n), x[:n, row:row + 1][::-1], ns["cs0"][row:row + 1],
+                                     ns["h0"][row:row + 1], ns["w"], ns["wci"], ns["wcf"],
+                                     ns["wco"], ns["b"])
+        np.testing.assert_allclose(hb[:n, row], fwd.h[::-1, 0], rtol=1e-5, atol=1e-6)
+        assert not hb[n:, row].any()
 
 
 def test_server_thread_limits():

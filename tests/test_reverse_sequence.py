@@ -36,6 +36,18 @@ def test_none_reverses_all_steps_and_input_variants_agree():
         np.testing.assert_array_equal(blockrnn.reverse_sequence(variant, lengths), want)
 
 
+@pytest.mark.parametrize("shape", [(1, 3, 2), (0, 3, 2), (4, 0, 2)])
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_result_never_shares_memory_with_x(shape, with_lengths):
+    x = np.ones(shape, np.float32)
+    lengths = np.full(shape[1], shape[0]) if with_lengths else None
+    out = blockrnn.reverse_sequence(x, lengths)
+    assert not np.shares_memory(out, x) and out.flags.writeable
+    if out.size:
+        out[...] = 0
+        assert x.all()
+
+
 def test_empty_arrays():
     for shape in [(0, 3, 2), (4, 0, 2), (4, 3, 0)]:
         x = np.zeros(shape, np.float32)

@@ -27,9 +27,10 @@ def _rand(*shape, dtype=torch.float64, seed=0, requires_grad=True):
     return t.requires_grad_(requires_grad)
 
 
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 @pytest.mark.parametrize("lengths", [None, np.array([5, 0, 2])], ids=["full", "lengths"])
 @pytest.mark.parametrize("peephole", [False, True])
-def test_gradcheck_lstm(peephole, lengths):
+def test_gradcheck_lstm(peephole, lengths, reverse):
     x, h0, c0 = _rand(T, B, I, seed=1), _rand(B, H, seed=2), _rand(B, H, seed=3)
     w = _rand(I + H, 4 * H, seed=4) * (1 / np.sqrt(I + H))
     w = w.detach().requires_grad_()
@@ -37,24 +38,26 @@ def test_gradcheck_lstm(peephole, lengths):
 
     def f(x, h0, c0, w, b, wci, wcf, wco):
         h, cs = BlockLSTMFunction.apply(x, h0, c0, w, wci, wcf, wco, b, peephole, 0.0,
-                                        lengths)
-        return h, cs, bt._final(h, h0, lengths), bt._final(cs, c0, lengths)
+                                        lengths, reverse)
+        last = bt._first if reverse else bt._final
+        return h, cs, last(h, h0, lengths), last(cs, c0, lengths)
 
     inputs = (x, h0, c0, w, b) + ((wci, wcf, wco) if peephole else
                                   tuple(t.detach() for t in (wci, wcf, wco)))
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-8, rtol=1e-6)
 
 
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 @pytest.mark.parametrize("lengths", [None, np.array([5, 0, 2])], ids=["full", "lengths"])
-def test_gradcheck_gru(lengths):
+def test_gradcheck_gru(lengths, reverse):
     x, h0 = _rand(T, B, I, seed=1), _rand(B, H, seed=2)
     w_ru = (_rand(I + H, 2 * H, seed=3) / np.sqrt(I + H)).detach().requires_grad_()
     w_c = (_rand(I + H, H, seed=4) / np.sqrt(I + H)).detach().requires_grad_()
     b_ru, b_c = _rand(2 * H, seed=5), _rand(H, seed=6)
 
     def f(x, h0, w_ru, w_c, b_ru, b_c):
-        h = BlockGRUFunction.apply(x, h0, w_ru, w_c, b_ru, b_c, lengths)
-        return h, bt._final(h, h0, lengths)
+        h = BlockGRUFunction.apply(x, h0, w_ru, w_c, b_ru, b_c, lengths, reverse)
+        return h, (bt._first if reverse else bt._final)(h, h0, lengths)
 
     assert torch.autograd.gradcheck(f, (x, h0, w_ru, w_c, b_ru, b_c), eps=1e-6, atol=1e-8,
                                     rtol=1e-6)
@@ -96,7 +99,8 @@ def test_from_torch_matches_nn_lstm(dtype, tol, bias, batch_first):
     torch.manual_seed(0)
     ref = nn.LSTM(I, H, bias=bias, batch_first=batch_first).to(dtype)
     ours = bt.LSTM.from_torch(ref)
-    assert ours.w.dtype == dtype and ours.batch_first == batch_first
+    assert ours.w_l0.dtype == dtype and ours.batch_first == batch_first
+    assert ours.bias == bias and ("b_l0" in dict(ours.named_parameters())) == bias
     shape = (B, T, I) if batch_first else (T, B, I)
     xs = [_rand(*shape, dtype=dtype, seed=1) for _ in range(2)]
     h0s = [_rand(1, B, H, dtype=dtype, seed=2) for _ in range(2)]
@@ -107,11 +111,11 @@ def test_from_torch_matches_nn_lstm(dtype, tol, bias, batch_first):
         torch.testing.assert_close(a, r, rtol=tol, atol=tol)
     for a, r in ((xs[1], xs[0]), (h0s[1], h0s[0]), (c0s[1], c0s[0])):
         torch.testing.assert_close(a.grad, r.grad, rtol=tol, atol=tol)
-    torch.testing.assert_close(ours.w.grad[:I].T, ref.weight_ih_l0.grad, rtol=tol, atol=tol)
-    torch.testing.assert_close(ours.w.grad[I:].T, ref.weight_hh_l0.grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(ours.w_l0.grad[:I].T, ref.weight_ih_l0.grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(ours.w_l0.grad[I:].T, ref.weight_hh_l0.grad, rtol=tol, atol=tol)
     if bias:
-        torch.testing.assert_close(ours.b.grad, ref.bias_ih_l0.grad, rtol=tol, atol=tol)
-        torch.testing.assert_close(ours.b.grad, ref.bias_hh_l0.grad, rtol=tol, atol=tol)
+        torch.testing.assert_close(ours.b_l0.grad, ref.bias_ih_l0.grad, rtol=tol, atol=tol)
+        torch.testing.assert_close(ours.b_l0.grad, ref.bias_hh_l0.grad, rtol=tol, atol=tol)
 
 
 def test_nn_lstm_call_conventions():
@@ -144,21 +148,23 @@ def test_nn_lstm_call_conventions():
 
 def test_parameters_double_and_needs_input_grad():
     lstm = bt.LSTM(I, H)
-    assert lstm.w.dtype == torch.get_default_dtype()
-    assert [n for n, _ in lstm.named_parameters()] == ["w", "b"]
+    assert lstm.w_l0.dtype == torch.get_default_dtype()
+    assert [n for n, _ in lstm.named_parameters()] == ["w_l0", "b_l0"]
+    assert list(lstm.state_dict()) == ["w_l0", "b_l0"]       # zero peepholes: not state
     peep = bt.LSTM(I, H, use_peephole=True).double()
-    assert [n for n, _ in peep.named_parameters()] == ["w", "b", "wci", "wcf", "wco"]
+    assert [n for n, _ in peep.named_parameters()] == ["w_l0", "b_l0", "wci_l0", "wcf_l0",
+                                                       "wco_l0"]
     assert all(p.dtype == torch.float64 for p in peep.parameters())
-    assert peep.wci.shape == (H,) and peep.w.shape == (I + H, 4 * H)
+    assert peep.wci_l0.shape == (H,) and peep.w_l0.shape == (I + H, 4 * H)
     gru = bt.GRU(I, H).double()
     assert {n: tuple(p.shape) for n, p in gru.named_parameters()} == {
-        "w_ru": (I + H, 2 * H), "w_c": (I + H, H), "b_ru": (2 * H,), "b_c": (H,)}
+        "w_ru_l0": (I + H, 2 * H), "w_c_l0": (I + H, H), "b_ru_l0": (2 * H,), "b_c_l0": (H,)}
     # Frozen weights and an input without grad: only the requested gradients appear.
-    gru.w_c.requires_grad_(False)
+    gru.w_c_l0.requires_grad_(False)
     x = _rand(T, B, I, seed=3, requires_grad=False)
     y, h_n = gru(x)
     (y.sum() + h_n.sum()).backward()
-    assert x.grad is None and gru.w_c.grad is None and gru.w_ru.grad is not None
+    assert x.grad is None and gru.w_c_l0.grad is None and gru.w_ru_l0.grad is not None
     # Nothing requires grad: no graph at all.
     with torch.no_grad():
         y, _ = peep(x)
@@ -204,10 +210,6 @@ def test_errors():
         bt.GRU(I, H, dtype=torch.float16)
     with pytest.raises(ValueError, match="hidden_size must be positive"):
         bt.GRU(I, 0)
-    with pytest.raises(ValueError, match="num_layers=2"):
-        bt.LSTM.from_torch(nn.LSTM(I, H, num_layers=2))
-    with pytest.raises(ValueError, match="bidirectional"):
-        bt.LSTM.from_torch(nn.LSTM(I, H, bidirectional=True))
     with pytest.raises(ValueError, match="proj_size=2"):
         bt.LSTM.from_torch(nn.LSTM(I, H, proj_size=2))
     with pytest.raises(ValueError, match="reset gate AFTER the recurrent matmul"):

@@ -18,6 +18,12 @@ Workloads (``WORKLOADS``):
   same math written in ``jax.numpy`` with ``lax.scan`` (no peepholes), under ``jax.jit``;
   fwd+bwd is ``jax.jit(jax.vjp)`` of it with the same ones-for-every-h loss gradient.
   XLA's own CPU thread pool runs it (``--num-threads`` does not reach it).
+* ``lstm2bi_fwd`` / ``lstm2bi_fwdbwd`` -- a 2-layer bidirectional LSTM (nn.LSTM's
+  ``num_layers=2, bidirectional=True``; layer 1 reads 2H): ``blockrnn.torch.LSTM`` against
+  ``torch.nn.LSTM`` with the same configuration and weights (``LSTM.from_torch``), float32,
+  no peepholes; forward under ``no_grad``, forward + ``backward()`` of the sum of the
+  outputs (gradients of x, h0, c0 and the weights). Only these two modules have the
+  workload (no TF, ORT or JAX rows); by default it runs at ``STACKED_SHAPES`` only.
 * ``lstm_cell`` / ``gru_cell`` -- one step at B=1 (latency): blockrnn ``lstm_block_cell`` /
   ``gru_block_cell``, TF eager ``tf.raw_ops.LSTMBlockCell`` / ``GRUBlockCell``, torch
   ``nn.LSTMCell`` / ``nn.GRUCell`` under ``no_grad``.
@@ -32,7 +38,9 @@ peepholes (same weights: torch's gate order i,f,g,o is V2's IFCO; ``W_ih = w[:I]
 ``W_hh = w[I:].T``, ``b_ih = b``, ``b_hh = 0``); ORT ``LSTM`` vs blockrnn with peepholes
 (ONNX gate order i,o,f,c; ``P`` ordered i,o,f); ORT ``GRU`` vs blockrnn's GRU (``block_gru``,
 or a loop of ``gru_block_cell`` until blockrnn has ``block_gru``); torch's reset-after GRU
-vs a float64 NumPy reset-after GRU on the same weights. Forward: max |h - h_ref| <
+vs a float64 NumPy reset-after GRU on the same weights; the stacked ``nn.LSTM`` vs
+``blockrnn.torch.LSTM`` (outputs, and the gradients of x, h0, c0 and every weight mapped
+back to nn.LSTM's names). Forward: max |h - h_ref| <
 ``FWD_TOL``; gradients: max |g - g_ref| / max(1, max |g_ref|) < ``GRAD_TOL``.
 """
 import dataclasses
@@ -43,13 +51,18 @@ import numpy as np
 
 import blockrnn
 
-WORKLOADS = ("lstm_fwd", "lstm_fwdbwd", "gru_fwd", "gru_fwdbwd", "lstm_cell", "gru_cell")
-SEQUENCE_WORKLOADS = WORKLOADS[:4]
-CELL_WORKLOADS = WORKLOADS[4:]
+WORKLOADS = ("lstm_fwd", "lstm_fwdbwd", "gru_fwd", "gru_fwdbwd", "lstm2bi_fwd",
+             "lstm2bi_fwdbwd", "lstm_cell", "gru_cell")
+SEQUENCE_WORKLOADS = WORKLOADS[:6]
+STACKED_WORKLOADS = ("lstm2bi_fwd", "lstm2bi_fwdbwd")
+CELL_WORKLOADS = WORKLOADS[6:]
 WORKLOAD_TITLES = {
     "lstm_fwd": "LSTM fwd", "lstm_fwdbwd": "LSTM fwd+bwd", "gru_fwd": "GRU fwd",
-    "gru_fwdbwd": "GRU fwd+bwd", "lstm_cell": "LSTMCell B=1", "gru_cell": "GRUCell B=1",
+    "gru_fwdbwd": "GRU fwd+bwd", "lstm2bi_fwd": "LSTM 2-layer bidi fwd",
+    "lstm2bi_fwdbwd": "LSTM 2-layer bidi fwd+bwd", "lstm_cell": "LSTMCell B=1",
+    "gru_cell": "GRUCell B=1",
 }
+STACKED_LAYERS = 2   # the stacked workloads: num_layers, both directions
 IMPLS = ("blockrnn", "tf", "torch", "ort", "jax")
 IMPL_TITLES = {"blockrnn": "blockrnn", "tf": "TensorFlow", "torch": "PyTorch",
                "ort": "ONNX Runtime", "jax": "JAX"}
@@ -58,16 +71,22 @@ IMPL_TITLES = {"blockrnn": "blockrnn", "tf": "TensorFlow", "torch": "PyTorch",
 DEFAULT_SHAPES = ((100, 32, 256, 256), (100, 64, 512, 512), (50, 1, 128, 128),
                   (200, 16, 128, 256))
 CELL_SHAPE = (1, 32, 32)
+# The default shapes of the stacked workloads (every --shapes shape when given).
+STACKED_SHAPES = ((100, 32, 256, 256),)
 
 FWD_TOL = 1e-4
 GRAD_TOL = 1e-3
 
 
 def flops(workload, T, B, I, H):
-    """Matmul flops of one call: 2*T*B*(I+H)*G*H, G = 4 (LSTM) or 3 (GRU); x3 with backward."""
+    """Matmul flops of one call: 2*T*B*(I+H)*G*H, G = 4 (LSTM) or 3 (GRU); x3 with backward.
+    The stacked workloads: the sum over layers and both directions, layer k > 0 reading 2H."""
     gates = 4 if workload.startswith("lstm") else 3
     steps = 1 if workload.endswith("_cell") else T
-    fwd = 2.0 * steps * B * (I + H) * gates * H
+    rows = I + H
+    if workload in STACKED_WORKLOADS:
+        rows = 2 * ((I + H) + (STACKED_LAYERS - 1) * (2 * H + H))
+    fwd = 2.0 * steps * B * rows * gates * H
     return 3 * fwd if workload.endswith("fwdbwd") else fwd
 
 
@@ -76,7 +95,10 @@ def memory_bound(workload, T, B, I, H, itemsize=4):
     allows, one T x B x 4H buffer plus B x H for a sequence op (the backward uses
     it; the forward ops need O(B x H) plus, from 4 rows on, transposed copies of
     the recurrent weights no larger than it), and [x, h] plus the gate block for a
-    cell op."""
+    cell op. None for the stacked workloads (a torch module: its torch tensors are not
+    seen by tracemalloc, so no bound is compared)."""
+    if workload in STACKED_WORKLOADS:
+        return None
     if workload == "lstm_cell":
         return itemsize * (7 * B * H + B * (I + H) + B * 4 * H)
     if workload == "gru_cell":
@@ -135,7 +157,7 @@ class Problem:
     """Random float32 inputs of one shape; blockrnn's reference outputs are computed lazily."""
 
     def __init__(self, T, B, I, H, seed=0):
-        self.T, self.B, self.I, self.H = T, B, I, H
+        self.T, self.B, self.I, self.H, self.seed = T, B, I, H, seed
         rng = np.random.default_rng(seed)
         scale = 1.0 / np.sqrt(I + H)
 
@@ -267,6 +289,13 @@ class Peers:
 # --------------------------------------------------------------------------
 
 def _blockrnn(workload, p):
+    if workload in STACKED_WORKLOADS:
+        try:
+            import torch
+        except ImportError as exc:
+            raise Skip(f"blockrnn {WORKLOAD_TITLES[workload]} runs blockrnn.torch.LSTM, which "
+                       f"needs PyTorch ({exc}): row skipped") from exc
+        return _stacked_impl(torch, "blockrnn", workload, p)
     if workload == "lstm_fwd":
         args = p.lstm_args()
         return Impl("blockrnn", "block_lstm_v2 (peepholes)",
@@ -315,6 +344,8 @@ class Skip(Exception):
 # --------------------------------------------------------------------------
 
 def _tf(tf, workload, p):
+    if workload in STACKED_WORKLOADS:
+        raise Skip(None)   # the stacked workloads compare the two torch modules only
     c = tf.constant
     raw = tf.raw_ops
     if workload in ("gru_fwd", "gru_fwdbwd"):
@@ -392,6 +423,8 @@ def numpy_gru_reset_after(x, h0, w_ih, w_hh, b_ih, b_hh):
 
 
 def _torch(torch, workload, p):
+    if workload in STACKED_WORKLOADS:
+        return _stacked_impl(torch, "torch", workload, p)
     nn = torch.nn
     T, B, I, H = p.shape
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
@@ -505,6 +538,94 @@ def _torch(torch, workload, p):
 
 
 # --------------------------------------------------------------------------
+# The stacked bidirectional LSTM: blockrnn.torch.LSTM vs torch.nn.LSTM
+# --------------------------------------------------------------------------
+
+def _stacked_models(torch, p):
+    """(nn.LSTM, blockrnn.torch.LSTM, x, h0, c0) of the stacked workloads: an
+    ``nn.LSTM(I, H, STACKED_LAYERS, bidirectional=True)`` (float32) with weights
+    uniform in [-1/sqrt(H), 1/sqrt(H)] from the problem's seed, its copy by
+    ``blockrnn.torch.LSTM.from_torch``, x (T, B, I) and h0, c0 (2L, B, H)."""
+    def build():
+        import blockrnn.torch as bt
+        rng = np.random.default_rng(p.seed + 1)
+        k = 1.0 / np.sqrt(p.H)
+        ref = torch.nn.LSTM(p.I, p.H, STACKED_LAYERS, bidirectional=True)
+        with torch.no_grad():
+            for param in ref.parameters():
+                param.copy_(torch.from_numpy(
+                    rng.uniform(-k, k, tuple(param.shape)).astype(np.float32)))
+        states = [torch.from_numpy(rng.uniform(-0.5, 0.5, (2 * STACKED_LAYERS, p.B, p.H))
+                                   .astype(np.float32)) for _ in range(2)]
+        return ref, bt.LSTM.from_torch(ref), torch.from_numpy(p.x), *states
+    return p._cached("stacked", build)
+
+
+def _stacked_grads(torch, model, x, h0, c0):
+    """The gradients of one fwd+bwd run of ``model`` as NumPy, keyed by nn.LSTM's names
+    (blockrnn's w / b mapped back: W_ih = w[:I_k].T, W_hh = w[I_k:].T, b_ih = b_hh = b)."""
+    out = {"x": x.grad, "h0": h0.grad, "c0": c0.grad}
+    if isinstance(model, torch.nn.LSTM):
+        out.update({n: q.grad for n, q in model.named_parameters()})
+    else:
+        mine = dict(model.named_parameters())
+        for _, _, sfx, I_k in model._cells():
+            w, b = mine[f"w{sfx}"].grad, mine[f"b{sfx}"].grad
+            out.update({f"weight_ih{sfx}": w[:I_k].T, f"weight_hh{sfx}": w[I_k:].T,
+                        f"bias_ih{sfx}": b, f"bias_hh{sfx}": b})
+    return {n: g.detach().numpy() for n, g in out.items()}
+
+
+def _stacked_impl(torch, impl, workload, p):
+    """The timed call of one of the two modules (``impl`` "blockrnn" or "torch"); the
+    torch row's check compares nn.LSTM's output and gradients with blockrnn.torch.LSTM's."""
+    ref, ours, x, h0, c0 = _stacked_models(torch, p)
+    model = ours if impl == "blockrnn" else ref
+    label = (f"{'blockrnn.torch.LSTM' if impl == 'blockrnn' else 'nn.LSTM'}"
+             f"(num_layers={STACKED_LAYERS}, bidirectional=True)")
+    if workload == "lstm2bi_fwd":
+        def run():
+            with torch.no_grad():
+                return model(x, (h0, c0))[0]
+
+        def check():
+            with torch.no_grad():
+                want = ours(x, (h0, c0))[0]
+            return _combine(_fwd_parity(run().numpy(), want.numpy(), "y - y_blockrnn"))
+        return Impl(impl, f"{label} forward, no_grad", run,
+                    None if impl == "blockrnn" else check, "no peepholes")
+
+    def fwdbwd(model):
+        """run() of one fwd+bwd of ``model`` on its own copies of x, h0, c0 (inputs too)."""
+        inputs = [a.clone().requires_grad_(True) for a in (x, h0, c0)]
+        params = list(model.parameters())
+
+        def run():
+            for a in [*inputs, *params]:
+                a.grad = None
+            out = model(inputs[0], tuple(inputs[1:]))[0]
+            out.sum().backward()
+            return out
+        return run, inputs
+
+    run, inputs = fwdbwd(model)
+    if impl == "blockrnn":
+        return Impl(impl, f"{label} forward + backward(sum of outputs)", run, None,
+                    "no peepholes")
+
+    def check():
+        out = run()
+        run_ours, ours_inputs = fwdbwd(ours)
+        want = run_ours().detach().numpy()
+        got, g_want = (_stacked_grads(torch, m, *i) for m, i in ((model, inputs),
+                                                                  (ours, ours_inputs)))
+        return _combine(_fwd_parity(out.detach().numpy(), want, "y - y_blockrnn"),
+                        _grad_parity([(n, got[n], g_want[n]) for n in g_want]))
+    return Impl(impl, f"{label} forward + backward(sum of outputs)", run, check,
+                "no peepholes")
+
+
+# --------------------------------------------------------------------------
 # ONNX Runtime
 # --------------------------------------------------------------------------
 
@@ -535,6 +656,8 @@ def _ort_session(peers, node, inputs, outputs, initializers):
 
 
 def _ort(peers, workload, p):
+    if workload in STACKED_WORKLOADS:
+        raise Skip(None)
     T, B, I, H = p.shape
     if workload == "lstm_fwd":
         ifco_to_iofc = (0, 3, 1, 2)
@@ -578,7 +701,7 @@ def _ort(peers, workload, p):
 # --------------------------------------------------------------------------
 
 def _jax(jax, workload, p):
-    if workload in CELL_WORKLOADS:
+    if workload in CELL_WORKLOADS or workload in STACKED_WORKLOADS:
         raise Skip("")   # no cell rows: a jitted single step measures dispatch only
     from blockrnn import jax as bj
     jnp = jax.numpy

@@ -3,8 +3,8 @@
 Usage::
 
     python -m blockrnn bench [--quick] [--repeats N] [--shapes T,B,I,H ...]
-                             [--workloads lstm_fwd lstm_fwdbwd gru_fwd gru_fwdbwd lstm_cell
-                                          gru_cell]
+                             [--workloads lstm_fwd lstm_fwdbwd gru_fwd gru_fwdbwd lstm2bi_fwd
+                                          lstm2bi_fwdbwd lstm_cell gru_cell]
                              [--impls blockrnn tf torch ort jax] [--num-threads N]
                              [--sgemm-size N] [--json FILE] [--plot FILE.png]
     python -m blockrnn bench --threads [--thread-counts 1,2,4] [--thread-shape 50,1,128,128 ...]
@@ -21,6 +21,10 @@ What it measures (float32, see ``blockrnn.bench.peers`` for the exact calls):
   forward+backward, for blockrnn, TensorFlow raw ops, PyTorch and ONNX Runtime (each only
   where it has the op; inference-only ORT has no backward). LSTM peepholes are on for
   blockrnn, TF and ORT; torch has none.
+* A 2-layer bidirectional LSTM (``lstm2bi_fwd``, ``lstm2bi_fwdbwd``) at (100,32,256,256)
+  -- or at every ``--shapes`` shape when given --: ``blockrnn.torch.LSTM`` against
+  ``torch.nn.LSTM`` with the same configuration and weights (``LSTM.from_torch``), forward
+  and forward+backward, in the same table.
 * The batch-1 cell latency: LSTMBlockCell / GRUBlockCell at B=1, I=H=32 (blockrnn vs TF
   eager vs torch nn.LSTMCell / nn.GRUCell under no_grad).
 
@@ -69,7 +73,8 @@ import scipy
 import blockrnn
 from blockrnn.bench import measure, peers, targets, threads
 from blockrnn.bench.peers import (CELL_SHAPE, CELL_WORKLOADS, DEFAULT_SHAPES, IMPL_TITLES, IMPLS,
-                              SEQUENCE_WORKLOADS, WORKLOAD_TITLES, WORKLOADS)
+                              SEQUENCE_WORKLOADS, STACKED_SHAPES, STACKED_WORKLOADS,
+                              WORKLOAD_TITLES, WORKLOADS)
 
 CELL_TARGET_S = 0.02         # one cell-latency sample lasts about this long
 QUICK_CELL_TARGET_S = 0.005
@@ -302,7 +307,9 @@ def run(opts):
     for shape in (opts.shapes or DEFAULT_SHAPES):
         problem = peers.Problem(*shape, seed=opts.seed)
         for workload in SEQUENCE_WORKLOADS:
-            if workload in opts.workloads:
+            default_only = (workload in STACKED_WORKLOADS and opts.shapes is None
+                            and tuple(shape) not in STACKED_SHAPES)
+            if workload in opts.workloads and not default_only:
                 bench.workload(workload, problem, shape)
     cell = peers.CellProblem(*opts.cell_shape, seed=opts.seed)
     for workload in CELL_WORKLOADS:
@@ -387,6 +394,9 @@ def legend(results):
         "by an allocator from earlier calls is not counted)",
         "  tracemalloc MB: blockrnn's NumPy allocation peak during one call (exact); "
         "bound MB: blockrnn outputs + one T x B x 4H workspace + B x H",
+        "  LSTM 2-layer bidi: blockrnn.torch.LSTM vs nn.LSTM, same weights; flops summed over "
+        "layers and directions (layer 1 reads 2H); tracemalloc sees its NumPy buffers only, "
+        "no bound",
     ]
     return "\n".join(lines)
 

@@ -32,6 +32,9 @@ TARGETS = (
     ("lstm_fwd", _ONE, "ort", 0.8),
     ("gru_fwd", _ONE, "ort", 0.8),
     ("lstm_fwdbwd", _ONE, "torch", 0.5),
+    # The 2-layer bidirectional LSTM module against nn.LSTM's (issue 21).
+    ("lstm2bi_fwd", _MID, "torch", 1.0),
+    ("lstm2bi_fwdbwd", _MID, "torch", 1.0),
 )
 
 # (shape, BLAS threads -- "default" or a threadpool_limits number --, bound on the
