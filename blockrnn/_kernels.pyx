@@ -15,7 +15,9 @@
 # GRU, forward and backward) run their per-step products in blockrnn's packed
 # kernel (include/brnn_packed.h), in one OpenMP parallel region per call
 # (lstm_forward_packed, the *_packed loops); the forwards fold their input
-# projection into those steps too. Every other product (float64, batch 1, the
+# projection into those steps too. At batch 1 the float32 forwards compute the
+# input projection of all steps in the packed kernel (packed_inputs) and the
+# steps by GEMV. Every other product (float64, batch 1's steps, the
 # cells, and the backward's x_grad and weight gradients after the loop) goes
 # through blockrnn/_blas.pxd (SciPy's BLAS), and the per-timestep gate math
 # of those routes runs in OpenMP prange loops over rows.
@@ -195,6 +197,13 @@ def packed_threads_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H, i
     """packed_threads: the threads a sequence call's per-step products
     [B, K] @ [K, N] over H cells ask of the budget (for the tests)."""
     return packed_threads(B, K, N, H, limit)
+
+
+def packed_input_threads_for(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t N, Py_ssize_t H,
+                             int limit):
+    """packed_input_threads: the threads a batch-1 forward's input projection
+    [rows, I] @ [I, N] over H cells asks of the budget (for the tests)."""
+    return packed_input_threads(rows, I, N, H, limit)
 
 
 def thread_budget_take(int want, int total):
@@ -885,6 +894,54 @@ cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
     return min(H, tid * panels // nt * BRNN_NR)
 
 
+cdef enum:
+    # Multiply-adds per thread of a sequence's whole input projection below
+    # which packed_inputs stays on one thread (it is one region, no barrier).
+    PACKED_INPUT_WORK_PER_THREAD = 1 << 22
+
+
+cdef inline int packed_input_threads(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t N, Py_ssize_t H,
+                                     int limit) noexcept nogil:
+    """Threads packed_inputs asks of the budget for [rows, I] @ [I, N] over H
+    cells: one per PACKED_INPUT_WORK_PER_THREAD multiply-adds, at most one per
+    16-cell panel, at most `limit`, at least 1."""
+    cdef Py_ssize_t n = min(rows * I * N // PACKED_INPUT_WORK_PER_THREAD,
+                            (H + BRNN_NR - 1) // BRNN_NR)
+    return <int>max(1, min(n, limit))
+
+
+cdef void packed_inputs(
+        Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
+        const float* x,           # IN  [rows, I]
+        const float* packed,      # IN  nq gate blocks [I, H], block q packed at q * brnn_packed_size(I, H)
+        float** dst,              # OUT nq arrays [rows, H]: dst[q] = x @ block q
+        int max_threads) noexcept nogil:
+    """The input projection of all steps of a batch-1 forward in the packed
+    kernel (OpenBLAS's sgemm ran it at ~24 GFLOP/s at 50x128x512 on the
+    caller's thread, this at ~80), on up to max_threads threads from the
+    thread budget, each owning whole panels (unit_start). Each element is one
+    packed-kernel sum: the bits do not depend on the thread count."""
+    cdef Py_ssize_t u0 = 0, u1 = 0, psx = brnn_packed_size(I, H)
+    cdef int q, tid, nt, granted
+    if rows == 0 or H == 0:
+        return
+    granted = brnn_budget_take(packed_input_threads(rows, I, nq * H, H, max_threads),
+                               max_threads)
+    if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for q in range(nq):
+            packed_product(rows, I, x, I, packed + q * psx, 0, H, False, dst[q], H)
+    else:
+        with parallel(num_threads=granted):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            u0 = unit_start(H, tid, nt)
+            u1 = unit_start(H, tid + 1, nt)
+            if u1 > u0:
+                for q in range(nq):
+                    packed_product(rows, I, x, I, packed + q * psx, u0, u1, False, dst[q], H)
+    brnn_budget_give(granted)
+
+
 cdef void lstm_forward_packed_step(
         Py_ssize_t t, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
         const float* packed, const float* x, const float* cs_in, const float* h_in,
@@ -985,7 +1042,8 @@ cdef void block_lstm_forward_compute(
     Each g[r, j] is still one dot product over H.
 
     That is the float64 route (gate loops on n_threads), and float32's for
-    B < PACKED_MIN_ROWS. float32 from PACKED_MIN_ROWS rows on runs every
+    B < PACKED_MIN_ROWS, whose hoisted input projection runs in the packed
+    kernel instead (packed_inputs). float32 from PACKED_MIN_ROWS rows on runs every
     product in blockrnn's packed kernel instead (lstm_forward_packed): W_x's
     and W_h's four gate blocks are packed once per call, and each step
     computes x[t] @ W_x into the gate outputs and h[t-1] @ W_h into g, on up to
@@ -1006,6 +1064,7 @@ cdef void block_lstm_forward_compute(
     cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
     cdef int q, granted
     cdef Py_ssize_t ps = brnn_packed_size(H, H)
+    cdef float* dst[4]
     if floating is float and B >= PACKED_MIN_ROWS:
         for q in range(4):
             brnn_pack_f32(H, H, w_h + q * H, G4, 1, ws + B * G4 + q * ps)
@@ -1016,10 +1075,16 @@ cdef void block_lstm_forward_compute(
                             i_, cs, f, o, ci, co, h, granted)
         brnn_budget_give(granted)
     else:
-        gemm(False, False, L * B, H, I, 1, x, I, w + off.i, G4, 0, i_, H)
-        gemm(False, False, L * B, H, I, 1, x, I, w + off.c, G4, 0, ci, H)
-        gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
-        gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
+        if floating is float:   # batch 1: W_x packed after g (B < 4: no W_h^T copy)
+            for q in range(4):
+                brnn_pack_f32(I, H, w + q * H, G4, 1, ws + B * G4 + q * brnn_packed_size(I, H))
+                dst[q] = i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f else o
+            packed_inputs(L * B, I, H, 4, x, ws + B * G4, dst, max_threads)
+        else:
+            gemm(False, False, L * B, H, I, 1, x, I, w + off.i, G4, 0, i_, H)
+            gemm(False, False, L * B, H, I, 1, x, I, w + off.c, G4, 0, ci, H)
+            gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
+            gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
         if recurrent_weights_transposed(L, B, H):
             w_h_t = ws + B * G4
             g_t = w_h_t + G4 * H
@@ -1707,7 +1772,8 @@ cdef void block_gru_forward_compute(
     O(B x H), plus transposed copies of w_ru[I:] and w_c[I:] when
     recurrent_weights_transposed: the recurrent products then go through
     gemm_small_by_weights_t, as in block_lstm_forward_compute. That is the
-    float64 route (and float32's for B < PACKED_MIN_ROWS); float32 from
+    float64 route (and float32's for B < PACKED_MIN_ROWS, with the input
+    projection in the packed kernel: packed_inputs); float32 from
     PACKED_MIN_ROWS rows on runs every product of the loop in the packed
     kernel on up to max_threads threads from the thread budget
     (gru_forward_packed), the input projection folded into the steps as in
@@ -1723,6 +1789,7 @@ cdef void block_gru_forward_compute(
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     cdef floating* packed = rh + B * H
     cdef int q, granted
+    cdef float* dst[3]
     if floating is float and B >= PACKED_MIN_ROWS:
         for q in range(2):
             brnn_pack_f32(I, H, w_ru + q * H, 2 * H, 1, packed + q * ps)
@@ -1741,9 +1808,16 @@ cdef void block_gru_forward_compute(
             tmp = w_c_t + H * H
             transpose(H, 2 * H, w_ru + I * 2 * H, 2 * H, False, w_ru_t, H)
             transpose(H, H, w_c + I * H, H, False, w_c_t, H)
-        gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
-        gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
-        gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
+        if floating is float:   # batch 1: w_ru[:I]'s halves and w_c[:I] packed (B < 4)
+            brnn_pack_f32(I, H, w_ru, 2 * H, 1, packed)
+            brnn_pack_f32(I, H, w_ru + H, 2 * H, 1, packed + psx)
+            brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * psx)
+            dst[0], dst[1], dst[2] = r, u, c
+            packed_inputs(L * B, I, H, 3, x, packed, dst, max_threads)
+        else:
+            gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
+            gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
+            gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
         for t in range(L):
             h_in = h_prev if t == 0 else h + (t - 1) * BH
             gemm_small_by_weights(B, 2 * H, H, h_in, H, w_ru + I * 2 * H, 2 * H, w_ru_t, False,

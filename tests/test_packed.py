@@ -62,6 +62,25 @@ def test_transposed_weights_and_column_ranges_give_the_same_bits(path):
         np.testing.assert_array_equal(one[0], whole[r])
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rows", [5, 6, 8, 9, 10, 14, 15, 16, 17, 18, 26, 32])
+def test_row_tiling_never_changes_the_bits(path, rows):
+    """Row counts whose remainder shares the last full tile (4-row tiles: 5, 6;
+    6-row: 8, 9, 14, 15, 26, 32; 12-row: 14-18, 26) give each row the bits of
+    that row alone, and match float64."""
+    rng = np.random.default_rng(rows)
+    K, N = 29, 40
+    a = rng.standard_normal((rows, K)).astype(np.float32)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    whole = np.full((rows, N), np.nan, np.float32)
+    _kernels.packed_product_memview(a, w, False, whole, path)
+    np.testing.assert_allclose(whole, a.astype(np.float64) @ w, rtol=0, atol=1e-4)
+    for r in range(rows):
+        one = np.zeros((1, N), np.float32)
+        _kernels.packed_product_memview(a[r:r + 1], w, False, one, path)
+        np.testing.assert_array_equal(one[0], whole[r])
+
+
 def test_a_path_the_cpu_lacks_is_refused():
     for name in ("avx512", "avx2"):
         if name not in PATHS:

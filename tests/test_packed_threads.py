@@ -16,10 +16,13 @@ import blockrnn
 from blockrnn import _kernels
 
 # T, B, I, H: H not a multiple of 16, B not a multiple of the row tile, H = 1,
-# B = 1 (the BLAS route), I = 0, T = 1, and shapes large enough to run on
-# several threads.
+# B = 1 (the BLAS route with its input projection packed), I = 0, T = 1, and
+# shapes large enough to run on several threads.
 SHAPES = [(5, 3, 4, 37), (7, 9, 0, 1), (6, 1, 8, 64), (1, 2, 3, 16), (4, 7, 5, 100),
           (3, 13, 20, 200), (2, 2, 64, 600), (2, 24, 60, 200)]
+# Batch 1 with an input projection large enough for several threads (its
+# float32 error over 64 steps is above the variant test's float64 tolerance).
+THREAD_SHAPES = SHAPES + [(64, 1, 320, 160)]
 
 
 def _problem(T, B, I, H, seed, dtype=np.float32):
@@ -45,7 +48,7 @@ def _run(problem, with_lengths=True):
     return out
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", THREAD_SHAPES)
 @pytest.mark.parametrize("with_lengths", [False, True])
 def test_bits_do_not_depend_on_the_thread_count(shape, with_lengths):
     problem = _problem(*shape, seed=sum(shape))
@@ -69,10 +72,13 @@ def test_large_enough_calls_do_run_on_several_threads():
     assert _kernels.packed_threads_for(13, 20 + 200, 3 * 200, 200, 4) == 1   # GRU
     assert _kernels.packed_threads_for(24, 60 + 200, 3 * 200, 200, 4) == 3   # GRU
     assert _kernels.packed_threads_for(24, 3 * 200, 200, 200, 4) == 2   # GRU backward
+    assert _kernels.packed_input_threads_for(64, 320, 4 * 160, 160, 4) == 3   # batch 1
+    assert _kernels.packed_input_threads_for(64, 320, 3 * 160, 160, 4) == 2   # GRU
+    assert _kernels.packed_input_threads_for(50, 128, 4 * 128, 128, 4) == 1   # bench
 
 
 def test_concurrent_callers_give_the_serial_bits():
-    problems = [_problem(*shape, seed=i) for i, shape in enumerate(SHAPES * 3)]
+    problems = [_problem(*shape, seed=i) for i, shape in enumerate(THREAD_SHAPES * 3)]
     serial = [_run(p) for p in problems]
     with ThreadPoolExecutor(max_workers=6) as pool:
         threaded = list(pool.map(_run, problems))

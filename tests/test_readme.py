@@ -47,7 +47,7 @@ def test_every_block_is_run_or_named_as_not_run():
     firsts = [b.splitlines()[0] for b in python_blocks()]
     tested = ("import numpy as np", "lengths = ", "lstm = blockrnn.LSTM",
               "import blockrnn.torch", "import jax", "from blockrnn import convert",
-              "import onnxruntime", "x_rev = ")
+              "import onnxruntime", "x_rev = ", "from threadpoolctl import threadpool_limits")
     not_run = ("# torchrun",)
     unknown = [f for f in firsts if not f.startswith(tested + not_run)]
     assert not unknown, f"README python blocks this test does not know: {unknown}"
@@ -191,3 +191,37 @@ def test_reverse_sequence_example(example):
                                      ns["wco"], ns["b"])
         np.testing.assert_allclose(hb[:n, row], fwd.h[::-1, 0], rtol=1e-5, atol=1e-6)
         assert not hb[n:, row].any()
+
+
+def test_server_thread_limits():
+    """The Threads section's server recipe: a serving thread's blockrnn calls run on
+    that thread alone (its thread limit is 1) and OpenBLAS runs one thread; a limit
+    entered in another thread does not reach it (GNU OpenMP's limit is per thread)."""
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    from blockrnn import _config
+
+    def limit_in_new_thread(fn):
+        seen = []
+        t = threading.Thread(target=fn, args=(seen,))
+        t.start()
+        t.join()
+        return seen
+
+    default = limit_in_new_thread(lambda seen: seen.append(_config.thread_limit()))
+    namespace = run(block("from threadpoolctl import threadpool_limits"), {})
+    try:
+        blas = [d["num_threads"] for d in threadpool_info() if d["user_api"] == "blas"]
+        assert blas and set(blas) == {1}
+        with namespace["threadpool_limits"](limits=1, user_api="openmp"):  # this thread only
+            assert _config.thread_limit() == 1
+            assert limit_in_new_thread(lambda seen: seen.append(_config.thread_limit())) \
+                == default
+        served = limit_in_new_thread(lambda seen: namespace["serve"](
+            lambda request: seen.append((request, _config.thread_limit())), [7, 8]))
+        assert served == [(7, 1), (8, 1)]
+        assert limit_in_new_thread(lambda seen: seen.append(_config.thread_limit())) == default
+    finally:
+        namespace["blas_limit"].restore_original_limits()

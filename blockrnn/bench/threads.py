@@ -17,12 +17,17 @@ on 2 CPUs can give at most 2x). Every thread checks that its first result equals
 single-threaded one bit for bit; a mismatch is reported and makes the exit status 1.
 
 The whole measurement is repeated for each ``--blas-threads`` setting (default
-"default,1"): once with SciPy's BLAS threads as configured (OPENBLAS_NUM_THREADS or all
-CPUs) and once limited to 1 thread with threadpoolctl -- at batch 1 a threaded OpenBLAS
-makes every small GEMM pay a thread hand-off, and concurrent callers then fight over
-OpenBLAS's threads.
+"default,1"): once with the thread counts as configured (OPENBLAS_NUM_THREADS,
+OMP_NUM_THREADS or all CPUs), and once under ``threadpool_limits(n)`` -- what a server
+calling blockrnn from as many threads as it has cores sets. That limit is applied as
+threadpoolctl's limits work: OpenBLAS has one thread count per process, set from the
+main thread; OpenMP's limit (which bounds blockrnn's packed-kernel threads) is a
+per-thread setting of libgomp (omp_set_num_threads sets the calling thread's ICV only),
+so every calling thread also enters ``threadpool_limits(n, user_api="openmp")`` itself.
+A limit set in the main thread alone would leave each worker thread's calls on all CPUs.
 """
 import argparse
+import contextlib
 import json
 import sys
 import threading
@@ -50,7 +55,7 @@ def scaling(counts=DEFAULT_COUNTS, shape=DEFAULT_SHAPES[0], duration=2.0, seed=0
     results = []
     out(f"\nthread scaling: blockrnn.block_lstm_v2 (peepholes, float32), T,B,I,H = "
         f"{T},{B},{I},{H}; each thread loops for {duration:g} s on its own inputs; "
-        f"usable CPUs: {measure.usable_cpus()}; BLAS threads: {blas_threads_text(blas)}")
+        f"usable CPUs: {measure.usable_cpus()}; threads: {blas_threads_text(blas)}")
     out(f"{'threads':>8} {'calls':>8} {'seconds':>8} {'sequences/s':>12} {'speed-up':>9} "
         f"{'ms/call':>9}  result check")
     base = None
@@ -62,15 +67,16 @@ def scaling(counts=DEFAULT_COUNTS, shape=DEFAULT_SHAPES[0], duration=2.0, seed=0
 
         def worker(k):
             args = problems[k].lstm_args()
-            barrier.wait()
-            first = blockrnn.block_lstm_v2(*args, use_peephole=True).h
-            if not np.array_equal(first, reference):
-                mismatches[k] = float(np.max(np.abs(first - reference)))
-            count = 1
-            while not stop.is_set():
-                blockrnn.block_lstm_v2(*args, use_peephole=True)
-                count += 1
-            calls[k] = count
+            with openmp_limit(blas):   # OpenMP's limit is per thread: set it in each
+                barrier.wait()
+                first = blockrnn.block_lstm_v2(*args, use_peephole=True).h
+                if not np.array_equal(first, reference):
+                    mismatches[k] = float(np.max(np.abs(first - reference)))
+                count = 1
+                while not stop.is_set():
+                    blockrnn.block_lstm_v2(*args, use_peephole=True)
+                    count += 1
+                calls[k] = count
 
         threads = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
         for t in threads:
@@ -153,17 +159,27 @@ def _blas_list(text):
 
 def add_blas_argument(parser, name="--blas-threads"):
     parser.add_argument(name, type=_blas_list, default=["default", 1],
-                        help="comma-separated SciPy BLAS thread limits to measure under "
-                             "('default' = as configured; numbers use threadpoolctl); "
-                             "default: default,1")
+                        help="comma-separated thread limits to measure under ('default' "
+                             "= as configured; a number n = threadpool_limits(n): SciPy's "
+                             "BLAS, and OpenMP in every calling thread); default: default,1")
 
 
 def blas_threads_text(blas):
     if blas != "default":
-        return f"limited to {blas} (threadpoolctl)"
+        return (f"threadpool_limits({blas}) (BLAS process-wide, OpenMP in each calling "
+                f"thread)")
     pools = [d for d in (measure.threadpool_info() or []) if d["user_api"] == "blas"
              and "scipy" in (d["filepath"] or "")]
-    return "as configured" + (f" ({pools[0]['num_threads']})" if pools else "")
+    return "as configured" + (f" (BLAS {pools[0]['num_threads']})" if pools else "")
+
+
+def openmp_limit(blas_threads):
+    """threadpool_limits(n, user_api="openmp") for the calling thread (a no-op for
+    "default"): libgomp keeps the limit per thread, so each worker sets its own."""
+    if blas_threads == "default":
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits   # run_with_blas_limit checked it
+    return threadpool_limits(limits=blas_threads, user_api="openmp")
 
 
 def run_with_blas_limit(blas_threads, fn):
@@ -174,7 +190,7 @@ def run_with_blas_limit(blas_threads, fn):
     except ImportError:
         print(f"threadpoolctl not installed: BLAS thread limit {blas_threads} skipped")
         return []
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
+    with threadpool_limits(limits=blas_threads):   # BLAS for all threads, OpenMP for this one
         return fn()
 
 
