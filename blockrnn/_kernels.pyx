@@ -283,6 +283,31 @@ cdef inline void zero_rows(Py_ssize_t rows, Py_ssize_t width, const int64_t* len
             memset(a + r * width, 0, width * sizeof(floating))
 
 
+cdef inline void zero_lstm_outputs(
+        Py_ssize_t at, Py_ssize_t n, floating* i_, floating* cs, floating* f, floating* o,
+        floating* ci, floating* co, floating* h) noexcept nogil:
+    """The seven LSTM outputs' elements [at, at + n) = 0 (a finished row, or the
+    steps past seq_len_max)."""
+    cdef size_t nbytes = n * sizeof(floating)
+    memset(i_ + at, 0, nbytes)
+    memset(cs + at, 0, nbytes)
+    memset(f + at, 0, nbytes)
+    memset(o + at, 0, nbytes)
+    memset(ci + at, 0, nbytes)
+    memset(co + at, 0, nbytes)
+    memset(h + at, 0, nbytes)
+
+
+cdef inline void zero_gru_outputs(Py_ssize_t at, Py_ssize_t n, floating* r, floating* u,
+                                  floating* c, floating* h) noexcept nogil:
+    """The four GRU outputs' elements [at, at + n) = 0."""
+    cdef size_t nbytes = n * sizeof(floating)
+    memset(r + at, 0, nbytes)
+    memset(u + at, 0, nbytes)
+    memset(c + at, 0, nbytes)
+    memset(h + at, 0, nbytes)
+
+
 # ---------------------------------------------------------------------------
 # LSTM elementwise kernels (one batch row each)
 # ---------------------------------------------------------------------------
@@ -304,21 +329,14 @@ cdef void lstm_forward_block(
     H). With `accumulate`, the pre-activation of each gate is (its output's
     value + g) + bias, else g + bias. Rows past their length (`lengths`, if
     given) get zeros."""
-    cdef Py_ssize_t r, k, size
+    cdef Py_ssize_t r, k
     cdef const floating* gr
     if nu < 0:
         nu = H
-    size = nu * sizeof(floating)
     for r in range(rows):
         k = r * H + u0
         if finished(lengths, r, t):
-            memset(i_ + k, 0, size)
-            memset(cs + k, 0, size)
-            memset(f + k, 0, size)
-            memset(o + k, 0, size)
-            memset(ci + k, 0, size)
-            memset(co + k, 0, size)
-            memset(h + k, 0, size)
+            zero_lstm_outputs(k, nu, i_, cs, f, o, ci, co, h)
             continue
         gr = g + r * 4 * H + u0
         if floating is float:
@@ -1061,7 +1079,7 @@ cdef void block_lstm_forward_compute(
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef const floating* h_in
-    cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
+    cdef Py_ssize_t tail = L * BH
     cdef int q, granted
     cdef Py_ssize_t ps = brnn_packed_size(H, H)
     cdef float* dst[4]
@@ -1098,13 +1116,7 @@ cdef void block_lstm_forward_compute(
                               i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
                               ci + t * BH, co + t * BH, h + t * BH, n_threads)
     # TF leaves the gates past L uninitialised; blockrnn writes zeros.
-    memset(i_ + tail, 0, tail_size)
-    memset(cs + tail, 0, tail_size)
-    memset(f + tail, 0, tail_size)
-    memset(o + tail, 0, tail_size)
-    memset(ci + tail, 0, tail_size)
-    memset(co + tail, 0, tail_size)
-    memset(h + tail, 0, tail_size)
+    zero_lstm_outputs(tail, (T - L) * BH, i_, cs, f, o, ci, co, h)
 
 
 def block_lstm_forward(
@@ -1742,10 +1754,7 @@ cdef void gru_forward_packed_half(
     for row in range(B):
         k = row * H + u0
         if finished(lengths, row, t):
-            memset(r + t * BH + k, 0, nu * sizeof(float))
-            memset(u + t * BH + k, 0, nu * sizeof(float))
-            memset(c + t * BH + k, 0, nu * sizeof(float))
-            memset(h + t * BH + k, 0, nu * sizeof(float))
+            zero_gru_outputs(t * BH + k, nu, r, u, c, h)
         else:
             brnn_gru_output_row_f32(nu, b_c + u0, h_in + k, u + t * BH + k, c + t * BH + k,
                                     h + t * BH + k)
@@ -1780,7 +1789,7 @@ cdef void block_gru_forward_compute(
     block_lstm_forward_compute."""
     cdef Py_ssize_t t, BH = B * H
     cdef const floating* h_in
-    cdef Py_ssize_t tail = L * BH, tail_size = (T - L) * BH * sizeof(floating)
+    cdef Py_ssize_t tail = L * BH
     cdef floating* ru = ws
     cdef floating* rh = ws + B * 2 * H
     cdef floating* w_ru_t = NULL  # if recurrent_weights_transposed: w_ru[I:]^T [2H, H],
@@ -1829,10 +1838,7 @@ cdef void block_gru_forward_compute(
             zero_rows(B, H, lengths, t, u + t * BH)
             zero_rows(B, H, lengths, t, c + t * BH)
             zero_rows(B, H, lengths, t, h + t * BH)
-    memset(r + tail, 0, tail_size)
-    memset(u + tail, 0, tail_size)
-    memset(c + tail, 0, tail_size)
-    memset(h + tail, 0, tail_size)
+    zero_gru_outputs(tail, (T - L) * BH, r, u, c, h)
 
 
 def block_gru_forward(
