@@ -55,6 +55,7 @@ import sys, tarfile
 with tarfile.open(sys.argv[1]) as t:
     names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
 need = ["blockrnn/_kernels.pyx", "blockrnn/_blas.pxd", "blockrnn/_openmp.pxd",
+        "blockrnn/_packed.pxi", "blockrnn/_lstm.pxi", "blockrnn/_gru.pxi",
         "include/brnn_math.h", "include/brnn_openmp.h", "setup.py", "pyproject.toml"]
 missing = [n for n in need if n not in names]
 if missing:

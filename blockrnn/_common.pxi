@@ -1,0 +1,80 @@
+# Included by _kernels.pyx: helpers every sequence family shares (row
+# lengths, zeroing finished rows, double-accumulated column sums, the BLAS
+# route's weight-transpose rule) and gemm_memview, the tests' handle on
+# _blas.pxd's gemm.
+
+def gemm_memview(bint trans_a, bint trans_b, double alpha, const floating[:, :] a,
+                 const floating[:, :] b, double beta, floating[:, :] c):
+    """C = alpha * op(A) @ op(B) + beta * C through _blas.pxd's gemm, the one
+    routine every product of the kernels goes through (for its tests). The
+    views may be column blocks of larger arrays: their row strides are passed
+    as leading dimensions. C [m, n]; op(A) [m, k]; op(B) [k, n]."""
+    cdef Py_ssize_t size = sizeof(floating)
+    if a.strides[1] != size or b.strides[1] != size or c.strides[1] != size:
+        raise ValueError("gemm_memview: rows must be contiguous")
+    cdef Py_ssize_t m = c.shape[0], n = c.shape[1]
+    cdef Py_ssize_t k = a.shape[0] if trans_a else a.shape[1]
+    if ((a.shape[1] if trans_a else a.shape[0]) != m
+            or (b.shape[1] if trans_b else b.shape[0]) != k
+            or (b.shape[0] if trans_b else b.shape[1]) != n):
+        raise ValueError(f"gemm_memview: op(A) {(a.shape[0], a.shape[1])} (trans "
+                         f"{trans_a}) @ op(B) {(b.shape[0], b.shape[1])} (trans {trans_b}) "
+                         f"does not give C {(m, n)}")
+    if max(m, n, k) > 2**30 // 4 or min(m, n, k) == 0:
+        raise ValueError("gemm_memview: every size must be in [1, 2**28]")
+    with nogil:
+        gemm(trans_a, trans_b, m, n, k, <floating>alpha, &a[0, 0], a.strides[0] // size,
+             &b[0, 0], b.strides[0] // size, <floating>beta, &c[0, 0], c.strides[0] // size)
+
+
+
+cdef inline const int64_t* lengths_from(const int64_t* lengths,
+                                        Py_ssize_t row) noexcept nogil:
+    """The lengths of the rows from `row` on (NULL stays NULL: no lengths)."""
+    if lengths == NULL:
+        return NULL
+    return lengths + row
+
+
+cdef inline bint finished(const int64_t* lengths, Py_ssize_t row,
+                          Py_ssize_t t) noexcept nogil:
+    """Whether batch row `row` is past its sequence length at step t."""
+    return lengths != NULL and t >= lengths[row]
+
+
+cdef inline void zero_rows(Py_ssize_t rows, Py_ssize_t width, const int64_t* lengths,
+                           Py_ssize_t t, floating* a) noexcept nogil:
+    """a[r, :] = 0 for the rows (row stride `width`) past their length at step t."""
+    cdef Py_ssize_t r
+    if lengths == NULL:
+        return
+    for r in range(rows):
+        if t >= lengths[r]:
+            memset(a + r * width, 0, width * sizeof(floating))
+
+
+
+cdef void column_sums(Py_ssize_t rows, Py_ssize_t cols, const floating* a,
+                      double* acc) noexcept nogil:
+    """acc[j] += sum over rows of a[r, j] (a row-major, row stride cols)."""
+    cdef Py_ssize_t r, j
+    for r in range(rows):
+        for j in range(cols):
+            acc[j] += a[r * cols + j]
+
+
+
+cdef inline void store(Py_ssize_t n, const double* src, floating* dst) noexcept nogil:
+    cdef Py_ssize_t j
+    for j in range(n):
+        dst[j] = <floating>src[j]
+
+
+
+cdef inline bint recurrent_weights_transposed(Py_ssize_t L, Py_ssize_t B,
+                                              Py_ssize_t H) noexcept nogil:
+    """Whether a sequence forward multiplies by transposed copies of its
+    recurrent weights (see block_lstm_forward_compute): from 4 rows on, and
+    only while the copies ([4H, H] for the LSTM, [3H, H] for the GRU) are no
+    larger than the T x B x 4H buffer a call may use (H <= L * B)."""
+    return B >= 4 and H <= L * B

@@ -1,0 +1,801 @@
+# Included by _kernels.pyx: the GRU family (SPEC §6, §7): GRUBlockCell, its
+# gradient, and blockrnn's sequence GRU (block_gru) with its gradient.
+
+cdef extern from "brnn_gru.h" nogil:
+    void brnn_gru_gates_row_f32(Py_ssize_t H, const float* pre_r, const float* pre_u,
+                                const float* b_r, const float* b_u, const float* h_prev,
+                                int acc, float* r, float* u, float* rh)
+    void brnn_gru_gates_row_f64(Py_ssize_t H, const double* pre_r, const double* pre_u,
+                                const double* b_r, const double* b_u, const double* h_prev,
+                                int acc, double* r, double* u, double* rh)
+    void brnn_gru_output_row_f32(Py_ssize_t H, const float* b_c, const float* h_prev,
+                                 const float* u, float* c, float* h)
+    void brnn_gru_output_row_f64(Py_ssize_t H, const double* b_c, const double* h_prev,
+                                 const double* u, double* c, double* h)
+
+
+cdef inline void zero_gru_outputs(Py_ssize_t at, Py_ssize_t n, floating* r, floating* u,
+                                  floating* c, floating* h) noexcept nogil:
+    """The four GRU outputs' elements [at, at + n) = 0."""
+    cdef size_t nbytes = n * sizeof(floating)
+    memset(r + at, 0, nbytes)
+    memset(u + at, 0, nbytes)
+    memset(c + at, 0, nbytes)
+    memset(h + at, 0, nbytes)
+
+
+
+# ---------------------------------------------------------------------------
+# GRU (SPEC §6, §7)
+# ---------------------------------------------------------------------------
+
+cdef void gru_gates_block(
+        Py_ssize_t rows, Py_ssize_t H,
+        const floating* ru_pre,    # IN  [rows, 2H] [x, h_prev] @ w_ru (no bias)
+        const floating* b_ru,      # IN  [2H]
+        const floating* h_prev,    # IN  [rows, H]
+        bint accumulate,           # IN: r, u hold x @ w_ru[:I] (ru_pre is h_prev @ w_ru[I:])
+        floating* r, floating* u,  # OUT [rows, H]
+        floating* rh) noexcept nogil:  # OUT [rows, H] r * h_prev
+    """SPEC §6, first half: r, u = sigmoid([x, h_prev] @ w_ru + b_ru), rh =
+    r * h_prev. With `accumulate` the pre-activation is (r or u's value +
+    ru_pre) + b_ru. One fused pass per row (include/brnn_gru.h)."""
+    cdef Py_ssize_t row, k
+    cdef const floating* pre
+    for row in range(rows):
+        pre = ru_pre + row * 2 * H
+        k = row * H
+        if floating is float:
+            brnn_gru_gates_row_f32(H, pre, pre + H, b_ru, b_ru + H, h_prev + k, accumulate,
+                                   r + k, u + k, rh + k)
+        else:
+            brnn_gru_gates_row_f64(H, pre, pre + H, b_ru, b_ru + H, h_prev + k, accumulate,
+                                   r + k, u + k, rh + k)
+
+
+cdef void gru_output_block(
+        Py_ssize_t rows, Py_ssize_t H,
+        const floating* b_c,       # IN  [H]
+        const floating* h_prev,    # IN  [rows, H]
+        const floating* u,         # IN  [rows, H]
+        floating* c,               # IN/OUT [rows, H]: [x, r*h_prev] @ w_c in, tanh(. + b_c) out
+        floating* h) noexcept nogil:  # OUT [rows, H]
+    """SPEC §6, second half: c = tanh(. + b_c), h = u * (h_prev - c) + c. One
+    fused pass per row (include/brnn_gru.h)."""
+    cdef Py_ssize_t row, k
+    for row in range(rows):
+        k = row * H
+        if floating is float:
+            brnn_gru_output_row_f32(H, b_c, h_prev + k, u + k, c + k, h + k)
+        else:
+            brnn_gru_output_row_f64(H, b_c, h_prev + k, u + k, c + k, h + k)
+
+
+cdef void gru_gates_rows(Py_ssize_t B, Py_ssize_t H, const floating* ru_pre,
+                         const floating* b_ru, const floating* h_prev, bint accumulate,
+                         floating* r, floating* u, floating* rh,
+                         int n_threads) noexcept nogil:
+    """gru_gates_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    if n_threads == 1:  # no OpenMP region at all
+        gru_gates_block(B, H, ru_pre, b_ru, h_prev, accumulate, r, u, rh)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        gru_gates_block(r1 - r0, H, ru_pre + r0 * 2 * H, b_ru, h_prev + r0 * H, accumulate,
+                        r + r0 * H, u + r0 * H, rh + r0 * H)
+
+
+cdef void gru_output_rows(Py_ssize_t B, Py_ssize_t H, const floating* b_c,
+                          const floating* h_prev, const floating* u,
+                          floating* c, floating* h, int n_threads) noexcept nogil:
+    """gru_output_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    if n_threads == 1:  # no OpenMP region at all
+        gru_output_block(B, H, b_c, h_prev, u, c, h)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        gru_output_block(r1 - r0, H, b_c, h_prev + r0 * H, u + r0 * H,
+                         c + r0 * H, h + r0 * H)
+
+
+cdef void gru_backward_output_block(
+        Py_ssize_t rows, Py_ssize_t H,
+        const floating* h_prev, const floating* u, const floating* c,  # IN [rows, H]
+        const floating* d_h,       # IN [rows, H] upstream gradient of h
+        bint add_carry,
+        floating* carry,           # IN/OUT [rows, H]: d h from step t+1 (if add_carry) in,
+                                   #   d_h_total * u out (first part of d h_prev)
+        floating* d_c_bar,         # OUT [rows, H]
+        floating* d_ru,            # OUT [rows, 2H]: the u half (columns H:2H)
+        const int64_t* lengths, Py_ssize_t t,
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
+    """SPEC §7: d_c_bar = dh (1-u)(1-c^2), d_u_bar = dh (h_prev-c) u (1-u),
+    with dh = d_h (+ carry). Rows past their length get zeros (written, as
+    0 * NaN would not be 0). Cells [u0, u0 + nu) only (default: all H)."""
+    cdef Py_ssize_t row, j, k, u1 = H if nu < 0 else u0 + nu
+    cdef floating dh
+    for row in range(rows):
+        if finished(lengths, row, t):
+            for j in range(u0, u1):
+                d_c_bar[row * H + j] = 0
+                d_ru[row * 2 * H + H + j] = 0
+                carry[row * H + j] = 0
+            continue
+        for j in range(u0, u1):
+            k = row * H + j
+            dh = d_h[k] + carry[k] if add_carry else d_h[k]
+            d_c_bar[k] = dh * (1 - u[k]) * (1 - c[k] * c[k])
+            d_ru[row * 2 * H + H + j] = dh * (h_prev[k] - c[k]) * u[k] * (1 - u[k])
+            carry[k] = dh * u[k]
+
+
+cdef void gru_backward_reset_block(
+        Py_ssize_t rows, Py_ssize_t H,
+        const floating* h_prev, const floating* r,  # IN [rows, H]
+        const floating* d_hr,      # IN [rows, H] d(r * h_prev) = d_c_bar @ w_c[I:]^T
+        floating* d_ru,            # OUT [rows, 2H]: the r half (columns 0:H)
+        floating* carry,           # IN/OUT [rows, H]: += d_hr * r
+        const int64_t* lengths, Py_ssize_t t,
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
+    """SPEC §7: d_r_bar = d_hr h_prev r (1-r); d h_prev gets d_hr r. Cells
+    [u0, u0 + nu) only (default: all H)."""
+    cdef Py_ssize_t row, j, k, u1 = H if nu < 0 else u0 + nu
+    for row in range(rows):
+        if finished(lengths, row, t):
+            for j in range(u0, u1):
+                d_ru[row * 2 * H + j] = 0
+            continue
+        for j in range(u0, u1):
+            k = row * H + j
+            d_ru[row * 2 * H + j] = d_hr[k] * h_prev[k] * r[k] * (1 - r[k])
+            carry[k] = carry[k] + d_hr[k] * r[k]
+
+
+cdef void gru_backward_output_rows(
+        Py_ssize_t B, Py_ssize_t H, const floating* h_prev, const floating* u,
+        const floating* c, const floating* d_h, bint add_carry, floating* carry,
+        floating* d_c_bar, floating* d_ru, const int64_t* lengths, Py_ssize_t t,
+        int n_threads) noexcept nogil:
+    """gru_backward_output_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    if n_threads == 1:  # no OpenMP region at all
+        gru_backward_output_block(B, H, h_prev, u, c, d_h, add_carry, carry, d_c_bar, d_ru,
+                                  lengths, t)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        gru_backward_output_block(r1 - r0, H, h_prev + r0 * H, u + r0 * H, c + r0 * H,
+                                  d_h + r0 * H, add_carry, carry + r0 * H,
+                                  d_c_bar + r0 * H, d_ru + r0 * 2 * H,
+                                  lengths_from(lengths, r0), t)
+
+
+cdef void gru_backward_reset_rows(
+        Py_ssize_t B, Py_ssize_t H, const floating* h_prev, const floating* r,
+        const floating* d_hr, floating* d_ru, floating* carry,
+        const int64_t* lengths, Py_ssize_t t, int n_threads) noexcept nogil:
+    """gru_backward_reset_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    if n_threads == 1:  # no OpenMP region at all
+        gru_backward_reset_block(B, H, h_prev, r, d_hr, d_ru, carry, lengths, t)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        gru_backward_reset_block(r1 - r0, H, h_prev + r0 * H, r + r0 * H, d_hr + r0 * H,
+                                 d_ru + r0 * 2 * H, carry + r0 * H,
+                                 lengths_from(lengths, r0), t)
+
+
+cdef inline Py_ssize_t gru_cell_workspace(Py_ssize_t B, Py_ssize_t I,
+                                          Py_ssize_t H) noexcept nogil:
+    """Elements of gru_cell_compute's workspace: [B, I+H] ([x, h_prev], then
+    [x, r * h_prev]), ru [B, 2H], r * h_prev [B, H]."""
+    return B * (I + H) + B * 3 * H + 1
+
+
+cdef void gru_cell_compute(
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x, const floating* h_prev,          # IN [B, I], [B, H]
+        const floating* w_ru, const floating* w_c,          # IN [I+H, 2H], [I+H, H]
+        const floating* b_ru, const floating* b_c,          # IN [2H], [H]
+        floating* ws,      # workspace [gru_cell_workspace(B, I, H)]
+        floating* r, floating* u, floating* c, floating* h,  # OUT [B, H]
+        int n_threads) noexcept nogil:
+    """GRUBlockCell (SPEC §6), each product one GEMM over [x, .]."""
+    cdef Py_ssize_t row
+    cdef floating* xh = ws
+    cdef floating* ru = ws + B * (I + H)
+    cdef floating* rh = ru + B * 2 * H
+    for row in range(B):
+        memcpy(xh + row * (I + H), x + row * I, I * sizeof(floating))
+        memcpy(xh + row * (I + H) + I, h_prev + row * H, H * sizeof(floating))
+    gemm(False, False, B, 2 * H, I + H, 1, xh, I + H, w_ru, 2 * H, 0, ru, 2 * H)
+    gru_gates_rows(B, H, ru, b_ru, h_prev, False, r, u, rh, n_threads)
+    for row in range(B):
+        memcpy(xh + row * (I + H) + I, rh + row * H, H * sizeof(floating))
+    gemm(False, False, B, H, I + H, 1, xh, I + H, w_c, H, 0, c, H)
+    gru_output_rows(B, H, b_c, h_prev, u, c, h, n_threads)
+
+
+def gru_cell_forward(
+        const floating[:, ::1] x,        # IN  [B, I]
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w_ru,     # IN  [I+H, 2H]
+        const floating[:, ::1] w_c,      # IN  [I+H, H]
+        const floating[::1] b_ru,        # IN  [2H]
+        const floating[::1] b_c,         # IN  [H]
+        int n_threads,
+        floating[:, ::1] r, floating[:, ::1] u,   # OUT [B, H]
+        floating[:, ::1] c, floating[:, ::1] h):
+    """GRUBlockCell (SPEC §6), see gru_cell_compute."""
+    cdef Py_ssize_t B = x.shape[0], I = x.shape[1], H = h_prev.shape[1]
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] ws = np.empty(gru_cell_workspace(B, I, H), dtype=dtype)
+    with nogil:
+        gru_cell_compute(B, I, H, &x[0, 0], &h_prev[0, 0], &w_ru[0, 0], &w_c[0, 0],
+                         &b_ru[0], &b_c[0], &ws[0], &r[0, 0], &u[0, 0], &c[0, 0], &h[0, 0],
+                         n_threads)
+
+
+cdef int gru_plain_dtype(int x_rank, x, h_prev, w_ru, w_c, b_ru, b_c,
+                         void** ptr) noexcept:
+    """NPY_FLOAT32 or NPY_FLOAT64 if the GRU arguments are plain arrays of one
+    float dtype (x of rank x_rank, h_prev and the weights of rank 2, the biases
+    of rank 1) of consistent shapes, with ptr[0:6] their data in this order;
+    else -1. The caller checks x's batch size against h_prev's. An empty x or
+    h_prev is declined: the Python layer returns such calls early."""
+    if not cnp.PyArray_CheckExact(x) or cnp.PyArray_SIZE(<cnp.ndarray>x) == 0:
+        return -1
+    cdef int typenum = cnp.PyArray_TYPE(<cnp.ndarray>x)
+    if typenum != cnp.NPY_FLOAT32 and typenum != cnp.NPY_FLOAT64:
+        return -1
+    if not (plain_array(x, x_rank, typenum) and plain_array(h_prev, 2, typenum)
+            and cnp.PyArray_SIZE(<cnp.ndarray>h_prev) != 0
+            and plain_array(w_ru, 2, typenum) and plain_array(w_c, 2, typenum)
+            and plain_array(b_ru, 1, typenum) and plain_array(b_c, 1, typenum)):
+        return -1
+    cdef Py_ssize_t I = dim(x, x_rank - 1), H = dim(h_prev, 1)
+    if (I + H > 2**30 // 4 or dim(w_ru, 0) != I + H or dim(w_ru, 1) != 2 * H
+            or dim(w_c, 0) != I + H or dim(w_c, 1) != H or dim(b_ru, 0) != 2 * H
+            or dim(b_c, 0) != H):
+        return -1
+    ptr[0], ptr[1], ptr[2] = data(x), data(h_prev), data(w_ru)
+    ptr[3], ptr[4], ptr[5] = data(w_c), data(b_ru), data(b_c)
+    return typenum
+
+
+def gru_cell_fast(x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work, output_type):
+    """GRUBlockCell for the common call, or None (see lstm_cell_fast).
+
+    Returns output_type(r, u, c, h) of (B, H) arrays."""
+    cdef void* a[6]   # x, h_prev, w_ru, w_c, b_ru, b_c
+    cdef void* o[4]   # r, u, c, h
+    cdef int typenum = gru_plain_dtype(2, x, h_prev, w_ru, w_c, b_ru, b_c, a)
+    if typenum < 0:
+        return None
+    cdef Py_ssize_t B = dim(x, 0), I = dim(x, 1), H = dim(h_prev, 1)
+    if B == 0 or H == 0 or B * H >= max_serial_work or dim(h_prev, 0) != B:
+        return None
+    outs = new_outputs(output_type, 4, typenum, o, B, H)
+    cdef void* ws = new_workspace(gru_cell_workspace(B, I, H), typenum)
+    with nogil:
+        if typenum == cnp.NPY_FLOAT32:
+            gru_cell_compute[float](
+                B, I, H, <float*>a[0], <float*>a[1], <float*>a[2], <float*>a[3], <float*>a[4],
+                <float*>a[5], <float*>ws, <float*>o[0], <float*>o[1], <float*>o[2],
+                <float*>o[3], 1)
+        else:
+            gru_cell_compute[double](
+                B, I, H, <double*>a[0], <double*>a[1], <double*>a[2], <double*>a[3],
+                <double*>a[4], <double*>a[5], <double*>ws, <double*>o[0], <double*>o[1],
+                <double*>o[2], <double*>o[3], 1)
+    PyMem_RawFree(ws)
+    return outs
+
+
+def gru_cell_backward(
+        const floating[:, ::1] x,        # IN  [B, I] (used by the full gradient only)
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w_ru,     # IN  [I+H, 2H]
+        const floating[:, ::1] w_c,      # IN  [I+H, H]
+        const floating[:, ::1] r, const floating[:, ::1] u,  # IN [B, H]
+        const floating[:, ::1] c, const floating[:, ::1] d_h,
+        int n_threads,
+        floating[:, ::1] d_x,            # OUT [B, I]
+        floating[:, ::1] d_h_prev,       # OUT [B, H]
+        floating[:, ::1] d_c_bar,        # OUT [B, H]
+        floating[:, ::1] d_r_bar_u_bar,  # OUT [B, 2H]
+        bint full=False,
+        floating[:, ::1] d_w_ru=None,    # OUT [I+H, 2H] (full only)
+        floating[:, ::1] d_w_c=None,     # OUT [I+H, H]  (full only)
+        floating[::1] d_b_ru=None,       # OUT [2H]      (full only)
+        floating[::1] d_b_c=None):       # OUT [H]       (full only)
+    """GRUBlockCellGrad (SPEC §7) and, with full=True, the parameter gradients
+    d_w_ru = [x, h_prev]^T @ d_r_bar_u_bar, d_w_c = [x, r*h_prev]^T @ d_c_bar,
+    d_b_ru, d_b_c = batch sums."""
+    cdef Py_ssize_t B = x.shape[0], I = x.shape[1], H = h_prev.shape[1]
+    cdef Py_ssize_t k
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[:, ::1] d_hr = np.empty((B, H), dtype=dtype)  # workspace: d(r*h_prev)
+    cdef double[::1] acc = np.zeros(2 * H, dtype=np.float64)   # workspace
+    with nogil:
+        # d_h_prev collects d_h * u, then d_hr * r, then d_r_bar_u_bar @ w_ru[I:]^T.
+        gru_backward_output_rows(B, H, &h_prev[0, 0], &u[0, 0], &c[0, 0], &d_h[0, 0],
+                                 False, &d_h_prev[0, 0], &d_c_bar[0, 0],
+                                 &d_r_bar_u_bar[0, 0], NULL, 0, n_threads)
+        # [dx2 | d_hr] = d_c_bar @ w_c^T
+        gemm(False, True, B, I, H, 1, &d_c_bar[0, 0], H, &w_c[0, 0], H, 0, &d_x[0, 0], I)
+        gemm(False, True, B, H, H, 1, &d_c_bar[0, 0], H, &w_c[I, 0], H, 0, &d_hr[0, 0], H)
+        gru_backward_reset_rows(B, H, &h_prev[0, 0], &r[0, 0], &d_hr[0, 0],
+                                &d_r_bar_u_bar[0, 0], &d_h_prev[0, 0], NULL, 0, n_threads)
+        # [dx1 | dh1] = d_r_bar_u_bar @ w_ru^T; d_x = dx1 + dx2
+        gemm(False, True, B, I, 2 * H, 1, &d_r_bar_u_bar[0, 0], 2 * H, &w_ru[0, 0], 2 * H,
+             1, &d_x[0, 0], I)
+        gemm(False, True, B, H, 2 * H, 1, &d_r_bar_u_bar[0, 0], 2 * H, &w_ru[I, 0], 2 * H,
+             1, &d_h_prev[0, 0], H)
+        if full:
+            gemm(True, False, I, 2 * H, B, 1, &x[0, 0], I, &d_r_bar_u_bar[0, 0], 2 * H,
+                 0, &d_w_ru[0, 0], 2 * H)
+            gemm(True, False, H, 2 * H, B, 1, &h_prev[0, 0], H, &d_r_bar_u_bar[0, 0], 2 * H,
+                 0, &d_w_ru[I, 0], 2 * H)
+            gemm(True, False, I, H, B, 1, &x[0, 0], I, &d_c_bar[0, 0], H,
+                 0, &d_w_c[0, 0], H)
+            for k in range(B * H):  # d_hr is free again: reuse it for r * h_prev
+                (&d_hr[0, 0])[k] = (&r[0, 0])[k] * (&h_prev[0, 0])[k]
+            gemm(True, False, H, H, B, 1, &d_hr[0, 0], H, &d_c_bar[0, 0], H,
+                 0, &d_w_c[I, 0], H)
+            column_sums(B, 2 * H, &d_r_bar_u_bar[0, 0], &acc[0])
+            store(2 * H, &acc[0], &d_b_ru[0])
+            memset(&acc[0], 0, H * sizeof(double))
+            column_sums(B, H, &d_c_bar[0, 0], &acc[0])
+            store(H, &acc[0], &d_b_c[0])
+
+
+cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
+                                                   Py_ssize_t H, Py_ssize_t I,
+                                                   bint packed) noexcept nogil:
+    """Elements of block_gru_forward_compute's workspace: one step's recurrent
+    product ru [B, 2H], then r * h[t-1] [B, H]; float32 (packed): then w_ru's
+    two gate blocks and w_c packed, each as its x rows [I, H] then its h rows
+    [H, H] (see gru_forward_packed); float64, if recurrent_weights_transposed:
+    w_ru[I:]^T [2H, H], w_c[I:]^T [H, H] and a product transposed [2H, B]."""
+    if packed:
+        return B * 3 * H + 3 * (brnn_packed_size(I, H) + brnn_packed_size(H, H)) + 1
+    if recurrent_weights_transposed(L, B, H):
+        return B * 3 * H + 3 * H * H + 2 * H * B + 1
+    return B * 3 * H + 1
+
+
+cdef void gru_forward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed,      # IN  w_ru's r and u blocks and w_c, each [I + H, H] as
+                                  #     its rows [:I] then [I:] packed
+        const float* x, const float* h_prev, const float* b_ru, const float* b_c,
+        const int64_t* lengths,
+        float* ru, float* rh,     # workspace [B, 2H], [B, H]
+        float* r, float* u, float* c, float* h,  # OUT [T, B, H]
+        int n_threads) noexcept nogil:
+    """The time loop of the float32 GRU forward: ONE parallel region of
+    n_threads for all L steps, each thread owning a fixed slice of cells
+    [u0, u1). Per step a thread computes, for its cells, x[t] @ W_x (r, u, c
+    blocks) into the outputs and h[t-1] @ w_ru[I:] into ru, applies the r, u
+    gates (writing its part of rh = r * h[t-1]); barrier (every cell's rh is
+    needed next); c += rh @ w_c[I:] and the output; barrier (step t+1 reads
+    all of h[t]). Every product is the packed kernel's: the bits do not
+    depend on n_threads."""
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H
+    cdef int tid = 0, nt = 1
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            gru_forward_packed_half(0, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, 0, H)
+            gru_forward_packed_half(1, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L):
+            gru_forward_packed_half(0, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            gru_forward_packed_half(1, t, B, I, H, packed, ps, psx, x,
+                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                    lengths, ru, rh, r, u, c, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+
+
+cdef void gru_forward_packed_half(
+        int half, Py_ssize_t t, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed, Py_ssize_t ps, Py_ssize_t psx, const float* x,
+        const float* h_in, const float* b_ru, const float* b_c, const int64_t* lengths,
+        float* ru, float* rh, float* r, float* u, float* c, float* h,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Half 0 or 1 of step t of gru_forward_packed for the cells [u0, u1).
+    Packed block q (r, u, c) starts at packed + q * ps: its x rows, then at
+    + psx its h rows."""
+    cdef Py_ssize_t BH = B * H, row, k, nu = u1 - u0
+    cdef const float* xt = x + t * B * I
+    if nu <= 0:
+        return
+    if half == 0:
+        packed_product(B, I, xt, I, packed, u0, u1, False, r + t * BH, H)
+        packed_product(B, I, xt, I, packed + ps, u0, u1, False, u + t * BH, H)
+        packed_product(B, I, xt, I, packed + 2 * ps, u0, u1, False, c + t * BH, H)
+        packed_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
+        packed_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+        for row in range(B):
+            k = row * H + u0
+            brnn_gru_gates_row_f32(nu, ru + row * 2 * H + u0, ru + row * 2 * H + H + u0,
+                                   b_ru + u0, b_ru + H + u0, h_in + k, True,
+                                   r + t * BH + k, u + t * BH + k, rh + k)
+        return
+    packed_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, c + t * BH, H)
+    for row in range(B):
+        k = row * H + u0
+        if finished(lengths, row, t):
+            zero_gru_outputs(t * BH + k, nu, r, u, c, h)
+        else:
+            brnn_gru_output_row_f32(nu, b_c + u0, h_in + k, u + t * BH + k, c + t * BH + k,
+                                    h + t * BH + k)
+
+
+cdef void block_gru_forward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x,        # IN  [T, B, I]
+        const floating* h_prev,   # IN  [B, H]
+        const floating* w_ru,     # IN  [I+H, 2H]
+        const floating* w_c,      # IN  [I+H, H]
+        const floating* b_ru,     # IN  [2H]
+        const floating* b_c,      # IN  [H]
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* ws,             # workspace [block_gru_forward_workspace(L, B, H, I, float)]
+        floating* r, floating* u, floating* c, floating* h,  # OUT [T, B, H]
+        int n_threads, int max_threads) noexcept nogil:
+    """GRUBlockCell (SPEC §6) over L steps, zeros for t >= L (and in row b for
+    t >= lengths[b]). The input projections of all L steps are hoisted out of
+    the loop as GEMMs into the outputs: r[:L], u[:L] and c[:L] hold x[:L] @
+    w_ru[:I] (its two halves) and x[:L] @ w_c[:I] until step t overwrites
+    them. Each step computes h[t-1] @ w_ru[I:] into the B x 2H workspace and
+    adds (r * h[t-1]) @ w_c[I:] onto c[t]; memory beyond the outputs is
+    O(B x H), plus transposed copies of w_ru[I:] and w_c[I:] when
+    recurrent_weights_transposed: the recurrent products then go through
+    gemm_small_by_weights_t, as in block_lstm_forward_compute. That is the
+    float64 route (and float32's for B < PACKED_MIN_ROWS, with the input
+    projection in the packed kernel: packed_inputs); float32 from
+    PACKED_MIN_ROWS rows on runs every product of the loop in the packed
+    kernel on up to max_threads threads from the thread budget
+    (gru_forward_packed), the input projection folded into the steps as in
+    block_lstm_forward_compute."""
+    cdef Py_ssize_t t, BH = B * H
+    cdef const floating* h_in
+    cdef Py_ssize_t tail = L * BH
+    cdef floating* ru = ws
+    cdef floating* rh = ws + B * 2 * H
+    cdef floating* w_ru_t = NULL  # if recurrent_weights_transposed: w_ru[I:]^T [2H, H],
+    cdef floating* w_c_t = NULL   # w_c[I:]^T [H, H]
+    cdef floating* tmp = NULL     # and a product transposed [2H, B]
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef floating* packed = rh + B * H
+    cdef int q, granted
+    cdef float* dst[3]
+    if floating is float and B >= PACKED_MIN_ROWS:
+        for q in range(2):
+            brnn_pack_f32(I, H, w_ru + q * H, 2 * H, 1, packed + q * ps)
+            brnn_pack_f32(H, H, w_ru + I * 2 * H + q * H, 2 * H, 1, packed + q * ps + psx)
+        brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * ps)
+        brnn_pack_f32(H, H, w_c + I * H, H, 1, packed + 2 * ps + psx)
+        granted = brnn_budget_take(packed_threads(B, I + H, 3 * H, H, max_threads),
+                                   max_threads)
+        gru_forward_packed(L, B, I, H, packed, x, h_prev, b_ru, b_c, lengths, ru, rh,
+                           r, u, c, h, granted)
+        brnn_budget_give(granted)
+    else:
+        if recurrent_weights_transposed(L, B, H):
+            w_ru_t = rh + B * H
+            w_c_t = w_ru_t + 2 * H * H
+            tmp = w_c_t + H * H
+            transpose(H, 2 * H, w_ru + I * 2 * H, 2 * H, False, w_ru_t, H)
+            transpose(H, H, w_c + I * H, H, False, w_c_t, H)
+        if floating is float:   # batch 1: w_ru[:I]'s halves and w_c[:I] packed (B < 4)
+            brnn_pack_f32(I, H, w_ru, 2 * H, 1, packed)
+            brnn_pack_f32(I, H, w_ru + H, 2 * H, 1, packed + psx)
+            brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * psx)
+            dst[0], dst[1], dst[2] = r, u, c
+            packed_inputs(L * B, I, H, 3, x, packed, dst, max_threads)
+        else:
+            gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
+            gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
+            gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
+        for t in range(L):
+            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            gemm_small_by_weights(B, 2 * H, H, h_in, H, w_ru + I * 2 * H, 2 * H, w_ru_t, False,
+                                  ru, 2 * H, tmp)
+            gru_gates_rows(B, H, ru, b_ru, h_in, True, r + t * BH, u + t * BH, rh, n_threads)
+            gemm_small_by_weights(B, H, H, rh, H, w_c + I * H, H, w_c_t, True, c + t * BH, H, tmp)
+            gru_output_rows(B, H, b_c, h_in, u + t * BH, c + t * BH, h + t * BH, n_threads)
+            zero_rows(B, H, lengths, t, r + t * BH)
+            zero_rows(B, H, lengths, t, u + t * BH)
+            zero_rows(B, H, lengths, t, c + t * BH)
+            zero_rows(B, H, lengths, t, h + t * BH)
+    zero_gru_outputs(tail, (T - L) * BH, r, u, c, h)
+
+
+def block_gru_forward(
+        Py_ssize_t L,
+        const floating[:, :, ::1] x,     # IN  [T, B, I]
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w_ru,     # IN  [I+H, 2H]
+        const floating[:, ::1] w_c,      # IN  [I+H, H]
+        const floating[::1] b_ru,        # IN  [2H]
+        const floating[::1] b_c,         # IN  [H]
+        int n_threads, int max_threads,
+        floating[:, :, ::1] r, floating[:, :, ::1] u,   # OUT [T, B, H]
+        floating[:, :, ::1] c, floating[:, :, ::1] h,
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """See block_gru_forward_compute."""
+    cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] ws = np.empty(
+        block_gru_forward_workspace(L, B, H, I, floating is float), dtype=dtype)
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
+    with nogil:
+        block_gru_forward_compute(L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0],
+                                  &w_c[0, 0], &b_ru[0], &b_c[0], lens, &ws[0],
+                                  &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0], &h[0, 0, 0],
+                                  n_threads, max_threads)
+
+
+def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_serial_work,
+                   output_type, int max_threads=1):
+    """block_gru for the common call (no sequence_length), or None (see
+    block_lstm_fast).
+
+    Returns output_type(r, u, c, h) of (T, B, H) arrays."""
+    cdef void* a[6]   # x, h_prev, w_ru, w_c, b_ru, b_c
+    cdef void* o[4]   # r, u, c, h
+    if not plain_int(seq_len_max):
+        return None
+    cdef int typenum = gru_plain_dtype(3, x, h_prev, w_ru, w_c, b_ru, b_c, a)
+    if typenum < 0:
+        return None
+    cdef Py_ssize_t T = dim(x, 0), B = dim(x, 1), I = dim(x, 2), H = dim(h_prev, 1)
+    if (not 0 <= seq_len_max <= T or B * H >= max_serial_work or T * B > 2**30
+            or dim(h_prev, 0) != B):
+        return None
+    cdef Py_ssize_t L = int(seq_len_max)
+    outs = new_outputs(output_type, 4, typenum, o, T, B, H)
+    cdef void* ws = new_workspace(
+        block_gru_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32), typenum)
+    with nogil:
+        if typenum == cnp.NPY_FLOAT32:
+            block_gru_forward_compute[float](
+                L, T, B, I, H, <float*>a[0], <float*>a[1], <float*>a[2], <float*>a[3],
+                <float*>a[4], <float*>a[5], NULL, <float*>ws, <float*>o[0], <float*>o[1],
+                <float*>o[2], <float*>o[3], 1, max_threads)
+        else:
+            block_gru_forward_compute[double](
+                L, T, B, I, H, <double*>a[0], <double*>a[1], <double*>a[2], <double*>a[3],
+                <double*>a[4], <double*>a[5], NULL, <double*>ws, <double*>o[0],
+                <double*>o[1], <double*>o[2], <double*>o[3], 1, max_threads)
+    PyMem_RawFree(ws)
+    return outs
+
+
+cdef inline Py_ssize_t block_gru_backward_workspace(Py_ssize_t L, Py_ssize_t B,
+                                                    Py_ssize_t H, bint packed) noexcept nogil:
+    """Elements of block_gru_backward_compute's workspace: [L*B, 4H] (see there),
+    then d(r * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and
+    w_ru[I:]^T packed. Its double accumulator `acc` has 2H + 1 elements."""
+    if packed:
+        return (L * B * 4 * H + B * H + brnn_packed_size(H, H) + brnn_packed_size(2 * H, H)
+                + 1)
+    return L * B * 4 * H + B * H + 1
+
+
+cdef void gru_backward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H,
+        const float* w_c_t, const float* w_ru_t,  # IN w_c[I:]^T [H, H], w_ru[I:]^T [2H, H]
+                                                  #    packed
+        const float* h_prev, const float* r, const float* u, const float* c,
+        const float* h, const float* h_grad, const int64_t* lengths,
+        float* d_ru, float* d_c,  # OUT [L*B, 2H], [L*B, H]
+        float* d_hr,              # workspace [B, H]
+        float* h_prev_grad,       # IN/OUT [B, H] the carry
+        int n_threads) noexcept nogil:
+    """The reverse loop of the float32 GRU backward: ONE parallel region of
+    n_threads for all L steps, each thread owning the cells [u0, u1). Per step:
+    the output part of SPEC §7 for its cells; barrier (d_hr needs all of
+    dC[t]); d_hr = dC[t] @ w_c[I:]^T and the reset part for its cells; barrier
+    (the carry needs all of dRU[t]); carry += dRU[t] @ w_ru[I:]^T for its
+    cells. The bits do not depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H
+    cdef int tid = 0, nt = 1
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L - 1, -1, -1):
+            gru_backward_packed_part(0, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
+            gru_backward_packed_part(1, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
+            gru_backward_packed_part(2, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L - 1, -1, -1):
+            gru_backward_packed_part(0, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            gru_backward_packed_part(1, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            gru_backward_packed_part(2, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
+
+
+cdef void gru_backward_packed_part(
+        int part, Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, const float* w_c_t,
+        const float* w_ru_t, const float* h_prev, const float* r, const float* u,
+        const float* c, const float* h, const float* h_grad, const int64_t* lengths,
+        float* d_ru, float* d_c, float* d_hr, float* h_prev_grad,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Part 0, 1 or 2 of step t of gru_backward_packed for the cells [u0, u1)."""
+    cdef Py_ssize_t BH = B * H
+    cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
+    if u1 <= u0:
+        return
+    if part == 0:
+        gru_backward_output_block[float](B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
+                                         True, h_prev_grad, d_c + t * BH, d_ru + t * 2 * BH,
+                                         lengths, t, u0, u1 - u0)
+    elif part == 1:
+        packed_product(B, H, d_c + t * BH, H, w_c_t, u0, u1, False, d_hr, H)
+        gru_backward_reset_block[float](B, H, h_in, r + t * BH, d_hr, d_ru + t * 2 * BH,
+                                        h_prev_grad, lengths, t, u0, u1 - u0)
+    else:
+        packed_product(B, 2 * H, d_ru + t * 2 * BH, 2 * H, w_ru_t, u0, u1, True,
+                       h_prev_grad, H)
+
+
+cdef void block_gru_backward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x,        # IN  [T, B, I]
+        const floating* h_prev,   # IN  [B, H]
+        const floating* w_ru,     # IN  [I+H, 2H]
+        const floating* w_c,      # IN  [I+H, H]
+        const floating* r, const floating* u,  # IN [T, B, H] forward outputs
+        const floating* c, const floating* h,
+        const floating* h_grad,   # IN  [T, B, H]
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* ws,             # workspace [block_gru_backward_workspace(L, B, H, float)]
+        double* acc,              # workspace [2H]
+        floating* x_grad,         # OUT [T, B, I]
+        floating* h_prev_grad,    # OUT [B, H]
+        floating* w_ru_grad,      # OUT [I+H, 2H]
+        floating* w_c_grad,       # OUT [I+H, H]
+        floating* b_ru_grad,      # OUT [2H]
+        floating* b_c_grad,       # OUT [H]
+        int n_threads, int max_threads) noexcept nogil:
+    """Backward of block_gru_forward_compute: SPEC §7 at every step, in reverse.
+
+    The loop keeps the gate gradients of every step in the workspace: dRU
+    (d_r_bar_u_bar, [L*B, 2H]), dC (d_c_bar, [L*B, H]), and [L*B, H] that hold
+    r[t] * h[t-1] once the loop is done (their first B*H are the scratch of the
+    recurrent products while it runs). h_prev_grad carries d h[t-1] while
+    the loop runs. After it, x_grad and the weight gradients are single GEMMs
+    over all steps:
+      x_grad[:L] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
+      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC.
+    float32 from PACKED_MIN_ROWS rows on runs the loop's two products in the
+    packed kernel, on up to max_threads threads from the thread budget
+    (gru_backward_packed); float64 keeps a per-step dgemm."""
+    cdef Py_ssize_t t, k, BH = B * H, H2 = 2 * H
+    cdef floating* d_ru = ws                    # [L*B, 2H]
+    cdef floating* d_c = ws + L * B * H2        # [L*B, H]
+    cdef floating* rh = d_c + L * BH            # [L*B, H]
+    cdef floating* d_hr = rh + L * BH           # [B, H]
+    cdef const floating* h_in
+    cdef floating* w_c_t = d_hr + BH            # float32: w_c[I:]^T packed,
+    cdef floating* w_ru_t = w_c_t + brnn_packed_size(H, H)   # w_ru[I:]^T packed
+    cdef int granted
+    memset(h_prev_grad, 0, BH * sizeof(floating))
+    if floating is float and B >= PACKED_MIN_ROWS:
+        brnn_pack_f32(H, H, w_c + I * H, 1, H, w_c_t)
+        brnn_pack_f32(H2, H, w_ru + I * H2, 1, H2, w_ru_t)
+        granted = brnn_budget_take(packed_threads(B, 3 * H, H, H, max_threads), max_threads)
+        gru_backward_packed(L, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad, lengths,
+                            d_ru, d_c, d_hr, h_prev_grad, granted)
+        brnn_budget_give(granted)
+    else:
+        for t in range(L - 1, -1, -1):
+            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            gru_backward_output_rows(B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
+                                     True, h_prev_grad, d_c + t * BH, d_ru + t * B * H2,
+                                     lengths, t, n_threads)
+            gemm_small_by_weights_t(B, H, H, d_c + t * BH, H, w_c + I * H, H, False, d_hr,
+                                    H, rh)
+            gru_backward_reset_rows(B, H, h_in, r + t * BH, d_hr, d_ru + t * B * H2,
+                                    h_prev_grad, lengths, t, n_threads)
+            gemm_small_by_weights_t(B, H, H2, d_ru + t * B * H2, H2, w_ru + I * H2, H2,
+                                    True, h_prev_grad, H, rh)
+
+    gemm(False, True, L * B, I, H2, 1, d_ru, H2, w_ru, H2, 0, x_grad, I)
+    gemm(False, True, L * B, I, H, 1, d_c, H, w_c, H, 1, x_grad, I)
+    memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
+    gemm(True, False, I, H2, L * B, 1, x, I, d_ru, H2, 0, w_ru_grad, H2)
+    gemm(True, False, H, H2, B if L > 0 else 0, 1, h_prev, H, d_ru, H2,
+         0, w_ru_grad + I * H2, H2)
+    if L > 1:
+        gemm(True, False, H, H2, (L - 1) * B, 1, h, H, d_ru + B * H2, H2,
+             1, w_ru_grad + I * H2, H2)
+    gemm(True, False, I, H, L * B, 1, x, I, d_c, H, 0, w_c_grad, H)
+    if L > 0:  # r[t] * h[t-1], step 0 sees h_prev
+        for k in range(BH):
+            rh[k] = r[k] * h_prev[k]
+        for k in range(BH, L * BH):
+            rh[k] = r[k] * h[k - BH]
+    gemm(True, False, H, H, L * B, 1, rh, H, d_c, H, 0, w_c_grad + I * H, H)
+    memset(acc, 0, H2 * sizeof(double))
+    column_sums(L * B, H2, d_ru, acc)
+    store(H2, acc, b_ru_grad)
+    memset(acc, 0, H * sizeof(double))
+    column_sums(L * B, H, d_c, acc)
+    store(H, acc, b_c_grad)
+
+
+def block_gru_backward(
+        Py_ssize_t L,
+        const floating[:, :, ::1] x,     # IN  [T, B, I]
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w_ru,     # IN  [I+H, 2H]
+        const floating[:, ::1] w_c,      # IN  [I+H, H]
+        const floating[:, :, ::1] r, const floating[:, :, ::1] u,  # IN [T, B, H] forward
+        const floating[:, :, ::1] c, const floating[:, :, ::1] h,
+        const floating[:, :, ::1] h_grad,  # IN [T, B, H]
+        int n_threads, int max_threads,
+        floating[:, :, ::1] x_grad,      # OUT [T, B, I]
+        floating[:, ::1] h_prev_grad,    # OUT [B, H]
+        floating[:, ::1] w_ru_grad,      # OUT [I+H, 2H]
+        floating[:, ::1] w_c_grad,       # OUT [I+H, H]
+        floating[::1] b_ru_grad,         # OUT [2H]
+        floating[::1] b_c_grad,          # OUT [H]
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """See block_gru_backward_compute."""
+    cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] ws = np.empty(block_gru_backward_workspace(L, B, H, floating is float),
+                                     dtype=dtype)
+    cdef double[::1] acc = np.empty(2 * H + 1, dtype=np.float64)
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
+    with nogil:
+        block_gru_backward_compute(
+            L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ru[0, 0], &w_c[0, 0],
+            &r[0, 0, 0], &u[0, 0, 0], &c[0, 0, 0], &h[0, 0, 0], &h_grad[0, 0, 0], lens,
+            &ws[0], &acc[0], &x_grad[0, 0, 0], &h_prev_grad[0, 0],
+            &w_ru_grad[0, 0], &w_c_grad[0, 0], &b_ru_grad[0], &b_c_grad[0], n_threads,
+            max_threads)

@@ -1,0 +1,814 @@
+# Included by _kernels.pyx: the LSTM family (SPEC §3-§5): LSTMBlockCell,
+# its gradient, BlockLSTM/BlockLSTMV2 and their gradients.
+
+cdef extern from "brnn_lstm.h" nogil:
+    void brnn_lstm_forward_row_f32(
+        Py_ssize_t H, const float* gi, const float* gc, const float* gf, const float* go,
+        const float* bi, const float* bc, const float* bf, const float* bo,
+        const float* wci, const float* wcf, const float* wco, float forget_bias,
+        float cell_clip, int peep, int acc, const float* cs_prev,
+        float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h)
+    void brnn_lstm_forward_row_f64(
+        Py_ssize_t H, const double* gi, const double* gc, const double* gf, const double* go,
+        const double* bi, const double* bc, const double* bf, const double* bo,
+        const double* wci, const double* wcf, const double* wco, double forget_bias,
+        double cell_clip, int peep, int acc, const double* cs_prev,
+        double* i_, double* cs, double* f, double* o, double* ci, double* co, double* h)
+
+    void brnn_lstm_backward_row_f32(
+        Py_ssize_t H, const float* cs_prev, const float* i_, const float* f, const float* o,
+        const float* ci, const float* co, const float* cs_grad, const float* h_grad,
+        const float* dh_carry, const float* wci, const float* wcf, const float* wco,
+        int peep, int carry, float* d_i, float* d_c, float* d_f, float* d_o,
+        float* cs_prev_grad)
+    void brnn_lstm_backward_row_f64(
+        Py_ssize_t H, const double* cs_prev, const double* i_, const double* f,
+        const double* o, const double* ci, const double* co, const double* cs_grad,
+        const double* h_grad, const double* dh_carry, const double* wci, const double* wcf,
+        const double* wco, int peep, int carry, double* d_i, double* d_c, double* d_f,
+        double* d_o, double* cs_prev_grad)
+
+# Column offsets of the four gate blocks (SPEC §2).
+ctypedef struct GateOffsets:
+    Py_ssize_t i, c, f, o
+
+cpdef enum GateLayout:
+    ICFO = 0  # LSTMBlockCell, BlockLSTM
+    IFCO = 1  # BlockLSTMV2
+
+
+
+
+cdef GateOffsets gate_offsets(int layout, Py_ssize_t H) noexcept nogil:
+    cdef GateOffsets off
+    off.i = 0
+    off.o = 3 * H
+    if layout == IFCO:
+        off.f = H
+        off.c = 2 * H
+    else:
+        off.c = H
+        off.f = 2 * H
+    return off
+
+
+cdef inline void zero_lstm_outputs(
+        Py_ssize_t at, Py_ssize_t n, floating* i_, floating* cs, floating* f, floating* o,
+        floating* ci, floating* co, floating* h) noexcept nogil:
+    """The seven LSTM outputs' elements [at, at + n) = 0 (a finished row, or the
+    steps past seq_len_max)."""
+    cdef size_t nbytes = n * sizeof(floating)
+    memset(i_ + at, 0, nbytes)
+    memset(cs + at, 0, nbytes)
+    memset(f + at, 0, nbytes)
+    memset(o + at, 0, nbytes)
+    memset(ci + at, 0, nbytes)
+    memset(co + at, 0, nbytes)
+    memset(h + at, 0, nbytes)
+
+
+
+# ---------------------------------------------------------------------------
+# LSTM elementwise kernels (one batch row each)
+# ---------------------------------------------------------------------------
+
+cdef void lstm_forward_block(
+        Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
+        const floating* g,        # IN  [rows, 4H] x@Wx + h_prev@Wh (no bias yet)
+        const floating* bias,     # IN  [4H]
+        const floating* cs_prev,  # IN  [rows, H]
+        const floating* wci, const floating* wcf, const floating* wco,  # IN [H], if peephole
+        floating forget_bias, floating cell_clip, bint use_peephole,
+        const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
+        bint accumulate,          # IN: i, ci, f, o hold x @ Wx (g is h_prev @ Wh)
+        floating* i_, floating* cs, floating* f, floating* o,  # OUT [rows, H] each
+        floating* ci, floating* co, floating* h,
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
+    """SPEC §3 for a block of rows, one fused pass per row (include/brnn_lstm.h
+    has the math and its order), over the cells [u0, u0 + nu) (default: all
+    H). With `accumulate`, the pre-activation of each gate is (its output's
+    value + g) + bias, else g + bias. Rows past their length (`lengths`, if
+    given) get zeros."""
+    cdef Py_ssize_t r, k
+    cdef const floating* gr
+    if nu < 0:
+        nu = H
+    for r in range(rows):
+        k = r * H + u0
+        if finished(lengths, r, t):
+            zero_lstm_outputs(k, nu, i_, cs, f, o, ci, co, h)
+            continue
+        gr = g + r * 4 * H + u0
+        if floating is float:
+            brnn_lstm_forward_row_f32(
+                nu, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i + u0,
+                bias + off.c + u0, bias + off.f + u0, bias + off.o + u0, wci + u0, wcf + u0,
+                wco + u0, forget_bias, cell_clip, use_peephole, accumulate, cs_prev + k,
+                i_ + k, cs + k, f + k, o + k, ci + k, co + k, h + k)
+        else:
+            brnn_lstm_forward_row_f64(
+                nu, gr + off.i, gr + off.c, gr + off.f, gr + off.o, bias + off.i + u0,
+                bias + off.c + u0, bias + off.f + u0, bias + off.o + u0, wci + u0, wcf + u0,
+                wco + u0, forget_bias, cell_clip, use_peephole, accumulate, cs_prev + k,
+                i_ + k, cs + k, f + k, o + k, ci + k, co + k, h + k)
+
+
+cdef void lstm_backward_block(
+        Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
+        const floating* cs_prev,  # IN [rows, H]
+        const floating* i_, const floating* f, const floating* o,  # IN [rows, H] forward
+        const floating* ci, const floating* co,
+        const floating* cs_grad, const floating* h_grad,  # IN [rows, H] upstream gradients
+        const floating* dh_carry,  # IN [rows, H] gradient of h from step t+1 (if add_carry)
+        const floating* wci, const floating* wcf, const floating* wco,  # IN [H], if peephole
+        bint use_peephole, bint add_carry,
+        const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
+        floating* dg,              # OUT [rows, 4H] gradient of the pre-activation gates
+        floating* cs_prev_grad,    # IN/OUT [rows, H], see below
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
+    """SPEC §4 for a block of rows (clipping ignored, as in TensorFlow).
+
+    The sequence backward (SPEC §5) sets add_carry: the gradients of h and cs
+    flowing back from step t+1 (dh_carry, and cs_prev_grad as it is on entry)
+    are added to h_grad and cs_grad. cs_prev_grad is then overwritten, element
+    by element after its read, with the gradient of cs_prev. Rows past their
+    length get zero gradients (their upstream gradients are not used). One
+    fused pass per row: include/brnn_lstm.h has the math and its order. Only
+    the cells [u0, u0 + nu) (default: all H) are computed."""
+    cdef Py_ssize_t r, k, size
+    cdef floating* dgr
+    if nu < 0:
+        nu = H
+    size = nu * sizeof(floating)
+    for r in range(rows):
+        dgr = dg + r * 4 * H + u0
+        k = r * H + u0
+        if finished(lengths, r, t):
+            memset(dgr + off.i, 0, size)
+            memset(dgr + off.c, 0, size)
+            memset(dgr + off.f, 0, size)
+            memset(dgr + off.o, 0, size)
+            memset(cs_prev_grad + k, 0, size)
+            continue
+        if floating is float:
+            brnn_lstm_backward_row_f32(
+                nu, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
+                h_grad + k, dh_carry + k if add_carry else NULL, wci + u0, wcf + u0,
+                wco + u0, use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f,
+                dgr + off.o, cs_prev_grad + k)
+        else:
+            brnn_lstm_backward_row_f64(
+                nu, cs_prev + k, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
+                h_grad + k, dh_carry + k if add_carry else NULL, wci + u0, wcf + u0,
+                wco + u0, use_peephole, add_carry, dgr + off.i, dgr + off.c, dgr + off.f,
+                dgr + off.o, cs_prev_grad + k)
+
+
+cdef void lstm_forward_rows(
+        Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        const floating* g, const floating* bias, const floating* cs_prev,
+        const floating* wci, const floating* wcf, const floating* wco,
+        floating forget_bias, floating cell_clip, bint use_peephole,
+        const int64_t* lengths, Py_ssize_t t, bint accumulate,
+        floating* i_, floating* cs, floating* f, floating* o,
+        floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
+    """lstm_forward_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        lstm_forward_block(B, H, off, g, bias, cs_prev, wci, wcf, wco, forget_bias,
+                           cell_clip, use_peephole, lengths, t, accumulate,
+                           i_, cs, f, o, ci, co, h)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        lstm_forward_block(r1 - r0, H, off, g + r0 * 4 * H, bias, cs_prev + r0 * H,
+                           wci, wcf, wco, forget_bias, cell_clip, use_peephole,
+                           lengths_from(lengths, r0), t, accumulate,
+                           i_ + r0 * H, cs + r0 * H, f + r0 * H, o + r0 * H,
+                           ci + r0 * H, co + r0 * H, h + r0 * H)
+
+
+cdef void lstm_backward_rows(
+        Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        const floating* cs_prev,
+        const floating* i_, const floating* f, const floating* o,
+        const floating* ci, const floating* co,
+        const floating* cs_grad, const floating* h_grad, const floating* dh_carry,
+        const floating* wci, const floating* wcf, const floating* wco,
+        bint use_peephole, bint add_carry, const int64_t* lengths, Py_ssize_t t,
+        floating* dg, floating* cs_prev_grad, int n_threads) noexcept nogil:
+    """lstm_backward_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    if n_threads == 1:  # no OpenMP region at all
+        lstm_backward_block(B, H, off, cs_prev, i_, f, o, ci, co, cs_grad, h_grad, dh_carry,
+                            wci, wcf, wco, use_peephole, add_carry, lengths, t, dg,
+                            cs_prev_grad)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        lstm_backward_block(
+            r1 - r0, H, off, cs_prev + r0 * H, i_ + r0 * H, f + r0 * H, o + r0 * H,
+            ci + r0 * H, co + r0 * H, cs_grad + r0 * H, h_grad + r0 * H,
+            dh_carry + r0 * H, wci, wcf, wco, use_peephole, add_carry,
+            lengths_from(lengths, r0), t,
+            dg + r0 * 4 * H, cs_prev_grad + r0 * H)
+
+
+
+
+cdef void peephole_sums(Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
+                        const floating* dg, const floating* cs_prev,
+                        const floating* cs, double* acc_ci, double* acc_cf,
+                        double* acc_co) noexcept nogil:
+    """SPEC §4: wci_grad += sum_b di*cs_prev, wcf_grad += sum_b df*cs_prev,
+    wco_grad += sum_b do*cs, over `rows` rows (dg row stride 4H, others H)."""
+    cdef Py_ssize_t r, j
+    for r in range(rows):
+        for j in range(H):
+            acc_ci[j] += dg[r * 4 * H + off.i + j] * cs_prev[r * H + j]
+            acc_cf[j] += dg[r * 4 * H + off.f + j] * cs_prev[r * H + j]
+            acc_co[j] += dg[r * 4 * H + off.o + j] * cs[r * H + j]
+
+
+
+# ---------------------------------------------------------------------------
+# LSTM entry points
+# ---------------------------------------------------------------------------
+
+cdef inline Py_ssize_t lstm_cell_workspace(Py_ssize_t B, Py_ssize_t I,
+                                           Py_ssize_t H) noexcept nogil:
+    """Elements of lstm_cell_compute's workspace: [x, h_prev] [B, I+H], g [B, 4H]."""
+    return B * (I + H) + B * 4 * H + 1
+
+
+cdef void lstm_cell_compute(
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
+        const floating* x, const floating* cs_prev, const floating* h_prev,  # IN
+        const floating* w, const floating* wci, const floating* wcf,       # IN
+        const floating* wco, const floating* b,
+        floating forget_bias, floating cell_clip, bint use_peephole,
+        floating* ws,      # workspace [lstm_cell_workspace(B, I, H)]
+        floating* i_, floating* cs, floating* f, floating* o,  # OUT [B, H]
+        floating* ci, floating* co, floating* h, int n_threads) noexcept nogil:
+    """LSTMBlockCell (SPEC §3): g = [x, h_prev] @ w (one GEMM), then the gates."""
+    cdef Py_ssize_t r
+    cdef floating* xh = ws
+    cdef floating* g = ws + B * (I + H)
+    for r in range(B):
+        memcpy(xh + r * (I + H), x + r * I, I * sizeof(floating))
+        memcpy(xh + r * (I + H) + I, h_prev + r * H, H * sizeof(floating))
+    gemm(False, False, B, 4 * H, I + H, 1, xh, I + H, w, 4 * H, 0, g, 4 * H)
+    lstm_forward_rows(B, H, off, g, b, cs_prev, wci, wcf, wco, forget_bias, cell_clip,
+                      use_peephole, NULL, 0, False, i_, cs, f, o, ci, co, h, n_threads)
+
+
+def lstm_cell_forward(
+        const floating[:, ::1] x,        # IN  [B, I]
+        const floating[:, ::1] cs_prev,  # IN  [B, H]
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w,        # IN  [I+H, 4H]
+        const floating[::1] wci, const floating[::1] wcf, const floating[::1] wco,  # IN
+        const floating[::1] b,           # IN  [4H]
+        double forget_bias, double cell_clip, bint use_peephole, int layout,
+        int n_threads,
+        floating[:, ::1] i_, floating[:, ::1] cs, floating[:, ::1] f,   # OUT [B, H]
+        floating[:, ::1] o, floating[:, ::1] ci, floating[:, ::1] co,
+        floating[:, ::1] h):
+    """LSTMBlockCell (SPEC §3), see lstm_cell_compute."""
+    cdef Py_ssize_t B = x.shape[0], I = x.shape[1], H = cs_prev.shape[1]
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] ws = np.empty(lstm_cell_workspace(B, I, H), dtype=dtype)
+    with nogil:
+        lstm_cell_compute(B, I, H, gate_offsets(layout, H), &x[0, 0], &cs_prev[0, 0],
+                          &h_prev[0, 0], &w[0, 0], &wci[0], &wcf[0], &wco[0], &b[0],
+                          <floating>forget_bias, <floating>cell_clip, use_peephole,
+                          &ws[0], &i_[0, 0], &cs[0, 0], &f[0, 0],
+                          &o[0, 0], &ci[0, 0], &co[0, 0], &h[0, 0], n_threads)
+
+
+def lstm_cell_fast(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
+                   use_peephole, Py_ssize_t max_serial_work, output_type):
+    """LSTMBlockCell (ICFO) for the common call, or None (see above).
+
+    Returns output_type(i, cs, f, o, ci, co, h) of (B, H) arrays."""
+    cdef void* a[8]   # x, cs_prev, h_prev, w, wci, wcf, wco, b
+    cdef void* o[7]   # i, cs, f, o, ci, co, h
+    if not (plain_float(forget_bias) and plain_float(cell_clip)
+            and type(use_peephole) is bool):
+        return None
+    cdef int typenum = lstm_plain_dtype(2, x, cs_prev, h_prev, w, wci, wcf, wco, b, a)
+    if typenum < 0:
+        return None
+    cdef Py_ssize_t B = dim(x, 0), I = dim(x, 1), H = dim(cs_prev, 1)
+    cdef bint peep = use_peephole
+    if (B == 0 or H == 0 or B * H >= max_serial_work or I + H > 2**30 // 4
+            or dim(cs_prev, 0) != B or dim(h_prev, 0) != B or dim(h_prev, 1) != H
+            or dim(w, 0) != I + H or dim(w, 1) != 4 * H or dim(b, 0) != 4 * H
+            or (peep and (dim(wci, 0) != H or dim(wcf, 0) != H or dim(wco, 0) != H))):
+        return None
+    outs = new_outputs(output_type, 7, typenum, o, B, H)
+    cdef void* ws = new_workspace(lstm_cell_workspace(B, I, H), typenum)
+    cdef double fb = forget_bias, clip_ = cell_clip
+    cdef GateOffsets off = gate_offsets(ICFO, H)
+    with nogil:
+        if typenum == cnp.NPY_FLOAT32:
+            lstm_cell_compute[float](
+                B, I, H, off, <float*>a[0], <float*>a[1], <float*>a[2], <float*>a[3],
+                <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7], <float>fb,
+                <float>clip_, peep, <float*>ws, <float*>o[0],
+                <float*>o[1], <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5],
+                <float*>o[6], 1)
+        else:
+            lstm_cell_compute[double](
+                B, I, H, off, <double*>a[0], <double*>a[1], <double*>a[2], <double*>a[3],
+                <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7], fb, clip_, peep,
+                <double*>ws, <double*>o[0], <double*>o[1],
+                <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1)
+    PyMem_RawFree(ws)
+    return outs
+
+
+def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias,
+                    cell_clip, use_peephole, int layout, Py_ssize_t max_serial_work,
+                    output_type, int max_threads=1):
+    """BlockLSTM / BlockLSTMV2 for the common call (no sequence_length), or None.
+    float32 runs on up to max_threads threads (see block_lstm_forward_compute).
+
+    Returns output_type(i, cs, f, o, ci, co, h) of (T, B, H) arrays."""
+    cdef void* a[8]   # x, cs_prev, h_prev, w, wci, wcf, wco, b
+    cdef void* o[7]   # i, cs, f, o, ci, co, h
+    if not (plain_int(seq_len_max) and plain_float(forget_bias)
+            and plain_float(cell_clip) and type(use_peephole) is bool):
+        return None
+    cdef int typenum = lstm_plain_dtype(3, x, cs_prev, h_prev, w, wci, wcf, wco, b, a)
+    if typenum < 0:
+        return None
+    cdef Py_ssize_t T = dim(x, 0), B = dim(x, 1), I = dim(x, 2), H = dim(cs_prev, 1)
+    if not 0 <= seq_len_max <= T:
+        return None
+    cdef Py_ssize_t L = int(seq_len_max)
+    if (B * H >= max_serial_work or T * B > 2**30 or I + H > 2**30 // 4
+            or dim(cs_prev, 0) != B or dim(h_prev, 0) != B or dim(h_prev, 1) != H
+            or dim(w, 0) != I + H or dim(w, 1) != 4 * H or dim(b, 0) != 4 * H
+            or dim(wci, 0) != H or dim(wcf, 0) != H or dim(wco, 0) != H):
+        return None
+    outs = new_outputs(output_type, 7, typenum, o, T, B, H)
+    cdef void* g = new_workspace(
+        block_lstm_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32), typenum)
+    cdef double fb = forget_bias, clip_ = cell_clip
+    cdef bint peep = use_peephole
+    with nogil:
+        if typenum == cnp.NPY_FLOAT32:
+            block_lstm_forward_compute[float](
+                L, T, B, I, H, layout, <float*>a[0], <float*>a[1], <float*>a[2],
+                <float*>a[3], <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7],
+                <float>fb, <float>clip_, peep, NULL, <float*>g, <float*>o[0], <float*>o[1],
+                <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5], <float*>o[6], 1,
+                max_threads)
+        else:
+            block_lstm_forward_compute[double](
+                L, T, B, I, H, layout, <double*>a[0], <double*>a[1], <double*>a[2],
+                <double*>a[3], <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7],
+                fb, clip_, peep, NULL, <double*>g, <double*>o[0], <double*>o[1],
+                <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1,
+                max_threads)
+    PyMem_RawFree(g)
+    return outs
+
+
+def lstm_cell_backward(
+        const floating[:, ::1] x,        # IN  [B, I] (used by the full gradient only)
+        const floating[:, ::1] cs_prev,  # IN  [B, H]
+        const floating[:, ::1] h_prev,   # IN  [B, H] (used by the full gradient only)
+        const floating[:, ::1] w,        # IN  [I+H, 4H] (used by the full gradient only)
+        const floating[::1] wci, const floating[::1] wcf, const floating[::1] wco,  # IN
+        const floating[:, ::1] i_, const floating[:, ::1] cs,   # IN [B, H] forward outputs
+        const floating[:, ::1] f, const floating[:, ::1] o,
+        const floating[:, ::1] ci, const floating[:, ::1] co,
+        const floating[:, ::1] cs_grad, const floating[:, ::1] h_grad,  # IN [B, H]
+        bint use_peephole, int layout, int n_threads,
+        floating[:, ::1] cs_prev_grad,   # OUT [B, H]
+        floating[:, ::1] dgates,         # OUT [B, 4H] (dicfo)
+        floating[::1] wci_grad, floating[::1] wcf_grad, floating[::1] wco_grad,  # OUT [H]
+        bint full=False,
+        floating[:, ::1] x_grad=None,       # OUT [B, I]      (full only)
+        floating[:, ::1] h_prev_grad=None,  # OUT [B, H]      (full only)
+        floating[:, ::1] w_grad=None,       # OUT [I+H, 4H]   (full only)
+        floating[::1] b_grad=None):         # OUT [4H]        (full only)
+    """LSTMBlockCellGrad (SPEC §4) and, with full=True, the parameter gradients
+    TensorFlow 1.x completed in Python: xh_grad = dicfo @ w^T,
+    w_grad = [x, h_prev]^T @ dicfo, b_grad = sum_b dicfo.
+    Peephole gradients are written only when use_peephole."""
+    cdef Py_ssize_t B = cs_prev.shape[0], H = cs_prev.shape[1], I = x.shape[1]
+    cdef GateOffsets off = gate_offsets(layout, H)
+    cdef double[:, ::1] acc = np.zeros((3, 4 * H), dtype=np.float64)  # workspace
+    with nogil:
+        # No carry (add_carry=False): h_grad only fills the unused dh_carry slot.
+        lstm_backward_rows(B, H, off, &cs_prev[0, 0], &i_[0, 0], &f[0, 0], &o[0, 0],
+                           &ci[0, 0], &co[0, 0], &cs_grad[0, 0], &h_grad[0, 0],
+                           &h_grad[0, 0], &wci[0], &wcf[0], &wco[0], use_peephole, False,
+                           NULL, 0, &dgates[0, 0], &cs_prev_grad[0, 0], n_threads)
+        if use_peephole:
+            peephole_sums(B, H, off, &dgates[0, 0], &cs_prev[0, 0], &cs[0, 0],
+                          &acc[0, 0], &acc[1, 0], &acc[2, 0])
+            store(H, &acc[0, 0], &wci_grad[0])
+            store(H, &acc[1, 0], &wcf_grad[0])
+            store(H, &acc[2, 0], &wco_grad[0])
+        if full:
+            gemm(False, True, B, I, 4 * H, 1, &dgates[0, 0], 4 * H, &w[0, 0], 4 * H,
+                 0, &x_grad[0, 0], I)
+            gemm(False, True, B, H, 4 * H, 1, &dgates[0, 0], 4 * H, &w[I, 0], 4 * H,
+                 0, &h_prev_grad[0, 0], H)
+            gemm(True, False, I, 4 * H, B, 1, &x[0, 0], I, &dgates[0, 0], 4 * H,
+                 0, &w_grad[0, 0], 4 * H)
+            gemm(True, False, H, 4 * H, B, 1, &h_prev[0, 0], H, &dgates[0, 0], 4 * H,
+                 0, &w_grad[I, 0], 4 * H)
+            memset(&acc[0, 0], 0, 4 * H * sizeof(double))
+            column_sums(B, 4 * H, &dgates[0, 0], &acc[0, 0])
+            store(4 * H, &acc[0, 0], &b_grad[0])
+
+
+cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
+                                                    Py_ssize_t H, Py_ssize_t I,
+                                                    bint packed) noexcept nogil:
+    """Elements of block_lstm_forward_compute's workspace: one step's gates
+    [B, 4H], then for float32 (packed) W_h's four gate blocks packed
+    [4, brnn_packed_size(H, H)]; for float64, if recurrent_weights_transposed,
+    the copy W_h^T [4H, H] and the step's gates transposed [4H, B]."""
+    if packed:
+        return B * 4 * H + 4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1
+    if recurrent_weights_transposed(L, B, H):
+        return 2 * B * 4 * H + 4 * H * H + 1
+    return B * 4 * H + 1
+
+
+cdef void lstm_forward_packed_step(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
+        const float* packed, const float* x, const float* cs_in, const float* h_in,
+        const float* b, const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
+        float* g, float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t of the float32 forward for the cells [u0, u1): their four gate
+    columns of x[t] @ W_x into the gate outputs and of g = h_in @ W_h, both by
+    the packed kernel, then their gates."""
+    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H), BH = B * H
+    cdef float* dst
+    if u1 <= u0:
+        return
+    for q in range(4):
+        dst = (i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f
+               else o) + t * BH
+        packed_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+                       dst, H)
+        packed_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, 4 * H)
+    lstm_forward_block[float](B, H, off, g, b, cs_in, wci, wcf, wco, forget_bias, cell_clip,
+                              use_peephole, lengths, t, True, i_ + t * BH, cs + t * BH,
+                              f + t * BH, o + t * BH, ci + t * BH, co + t * BH, h + t * BH,
+                              u0, u1 - u0)
+
+
+cdef void lstm_forward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
+        const float* packed,      # IN  W_h's then W_x's four gate blocks packed
+        const float* x, const float* cs_prev, const float* h_prev, const float* b,
+        const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
+        float* g,                 # workspace [B, 4H]
+        float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
+        int n_threads) noexcept nogil:
+    """The time loop of the float32 forward: ONE parallel region of n_threads
+    for all L steps. Each thread owns a fixed slice of cells (unit_start: every
+    gate column of those cells) and computes their input projection,
+    recurrent product and gates at every step; one barrier per step, since
+    step t+1 reads all of h[t]. No BLAS call inside. Each product element is
+    one packed-kernel sum: the bits do not depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    cdef int tid, nt
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            lstm_forward_packed_step(
+                t, B, I, H, off, packed, x, cs_prev if t == 0 else cs + (t - 1) * BH,
+                h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L):
+            lstm_forward_packed_step(
+                t, B, I, H, off, packed, x, cs_prev if t == 0 else cs + (t - 1) * BH,
+                h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+
+
+cdef void block_lstm_forward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
+        const floating* x,        # IN  [T, B, I]
+        const floating* cs_prev, const floating* h_prev,  # IN [B, H]
+        const floating* w,        # IN  [I+H, 4H]
+        const floating* wci, const floating* wcf, const floating* wco,  # IN [H]
+        const floating* b,        # IN  [4H]
+        floating forget_bias, floating cell_clip, bint use_peephole,
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* ws,             # workspace [block_lstm_forward_workspace(L, B, H, I, float)]
+        floating* i_, floating* cs, floating* f, floating* o,  # OUT [T, B, H]
+        floating* ci, floating* co, floating* h, int n_threads,
+        int max_threads) noexcept nogil:
+    """BlockLSTM / BlockLSTMV2 (SPEC §3, sequence): L steps, zeros for t >= L
+    (and, with `lengths`, zeros in row b for t >= lengths[b]).
+
+    The input projection of all L steps is hoisted out of the time loop as one
+    GEMM per gate, written straight into that gate's output: i[:L] holds
+    x[:L] @ w[:I, i-columns] until step t's gate pass overwrites i[t] (same for
+    ci, f, o). Each step then computes only its recurrent product
+    g = h[t-1] @ w[I:] into the B x 4H workspace, so the call needs no
+    T x B x 4H buffer: its memory beyond the outputs is O(B x H), plus the
+    4H x H copy below when that is no larger than T x B x 4H.
+
+    From 4 rows on, OpenBLAS computes the recurrent product faster with the
+    weights as its second column-major operand, unpacked as stored: that is
+    g^T = W_h^T @ h^T with a copy W_h^T made once per call, transposed back
+    into g in tiles (gemm_small_by_weights_t). Measured on the whole forward,
+    float32, 2 threads, 40-60 alternated calls each, median (best): 185.6
+    (169.9) vs 197.2 (177.9) ms at 100,64,512,512; 36.0 (32.5) vs 39.4 (34.3)
+    ms at 100,32,256,256; 37.0 (34.8) vs 38.2 (36.0) ms at 200,16,128,256.
+    Each g[r, j] is still one dot product over H.
+
+    That is the float64 route (gate loops on n_threads), and float32's for
+    B < PACKED_MIN_ROWS, whose hoisted input projection runs in the packed
+    kernel instead (packed_inputs). float32 from PACKED_MIN_ROWS rows on runs every
+    product in blockrnn's packed kernel instead (lstm_forward_packed): W_x's
+    and W_h's four gate blocks are packed once per call, and each step
+    computes x[t] @ W_x into the gate outputs and h[t-1] @ W_h into g, on up to
+    max_threads threads taken from the process's thread budget
+    (brnn_budget_take) and given back after the loop. Folding the input
+    projection into the steps keeps OpenBLAS out of the forward: its workers
+    spin (sched_yield) for about 0.1 s after each GEMM, on the cores the
+    region's threads need (measured: 101 ms of CPU burnt in the 200 ms after
+    a call whose only BLAS call was the hoisted input GEMM)."""
+    cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
+    cdef floating* g = ws
+    cdef const floating* w_h = w + I * G4   # [H, 4H]
+    cdef floating* w_h_t = NULL  # if recurrent_weights_transposed: W_h^T [4H, H]
+    cdef floating* g_t = NULL    # and g^T [4H, B]
+    cdef GateOffsets off = gate_offsets(layout, H)
+    cdef const floating* cs_in
+    cdef const floating* h_in
+    cdef Py_ssize_t tail = L * BH
+    cdef int q, granted
+    cdef Py_ssize_t ps = brnn_packed_size(H, H)
+    cdef float* dst[4]
+    if floating is float and B >= PACKED_MIN_ROWS:
+        for q in range(4):
+            brnn_pack_f32(H, H, w_h + q * H, G4, 1, ws + B * G4 + q * ps)
+            brnn_pack_f32(I, H, w + q * H, G4, 1, ws + B * G4 + 4 * ps + q * brnn_packed_size(I, H))
+        granted = brnn_budget_take(packed_threads(B, I + H, G4, H, max_threads), max_threads)
+        lstm_forward_packed(L, B, I, H, off, ws + B * G4, x, cs_prev, h_prev, b, wci, wcf,
+                            wco, forget_bias, cell_clip, use_peephole, lengths, g,
+                            i_, cs, f, o, ci, co, h, granted)
+        brnn_budget_give(granted)
+    else:
+        if floating is float:   # batch 1: W_x packed after g (B < 4: no W_h^T copy)
+            for q in range(4):
+                brnn_pack_f32(I, H, w + q * H, G4, 1, ws + B * G4 + q * brnn_packed_size(I, H))
+                dst[q] = i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f else o
+            packed_inputs(L * B, I, H, 4, x, ws + B * G4, dst, max_threads)
+        else:
+            gemm(False, False, L * B, H, I, 1, x, I, w + off.i, G4, 0, i_, H)
+            gemm(False, False, L * B, H, I, 1, x, I, w + off.c, G4, 0, ci, H)
+            gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
+            gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
+        if recurrent_weights_transposed(L, B, H):
+            w_h_t = ws + B * G4
+            g_t = w_h_t + G4 * H
+            transpose(H, G4, w_h, G4, False, w_h_t, H)
+        for t in range(L):
+            cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
+            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            gemm_small_by_weights(B, G4, H, h_in, H, w_h, G4, w_h_t, False, g, G4, g_t)
+            lstm_forward_rows(B, H, off, g, b, cs_in, wci, wcf, wco,
+                              forget_bias, cell_clip, use_peephole, lengths, t, True,
+                              i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
+                              ci + t * BH, co + t * BH, h + t * BH, n_threads)
+    # TF leaves the gates past L uninitialised; blockrnn writes zeros.
+    zero_lstm_outputs(tail, (T - L) * BH, i_, cs, f, o, ci, co, h)
+
+
+def block_lstm_forward(
+        Py_ssize_t L,
+        const floating[:, :, ::1] x,     # IN  [T, B, I]
+        const floating[:, ::1] cs_prev,  # IN  [B, H]
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w,        # IN  [I+H, 4H]
+        const floating[::1] wci, const floating[::1] wcf, const floating[::1] wco,  # IN
+        const floating[::1] b,           # IN  [4H]
+        double forget_bias, double cell_clip, bint use_peephole, int layout,
+        int n_threads, int max_threads,
+        floating[:, :, ::1] i_, floating[:, :, ::1] cs, floating[:, :, ::1] f,  # OUT
+        floating[:, :, ::1] o, floating[:, :, ::1] ci, floating[:, :, ::1] co,  # [T, B, H]
+        floating[:, :, ::1] h,
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """See block_lstm_forward_compute."""
+    cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] g = np.empty(block_lstm_forward_workspace(L, B, H, I, floating is float),
+                                    dtype=dtype)
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
+    with nogil:
+        block_lstm_forward_compute(
+            L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w[0, 0],
+            &wci[0], &wcf[0], &wco[0], &b[0], <floating>forget_bias, <floating>cell_clip,
+            use_peephole, lens, &g[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
+            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads, max_threads)
+
+
+cdef inline Py_ssize_t block_lstm_backward_workspace(Py_ssize_t L, Py_ssize_t B,
+                                                     Py_ssize_t H, bint packed) noexcept nogil:
+    """Elements of block_lstm_backward_compute's workspace: the gate gradients of
+    every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B]
+    (float64) or W_h^T packed [brnn_packed_size(4H, H)] (float32). Its
+    double accumulator `acc` has 3 * 4H + 1 elements."""
+    if packed:
+        return L * B * 4 * H + brnn_packed_size(4 * H, H) + 1
+    return L * B * 4 * H + B * H + 1
+
+
+cdef void lstm_backward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        const float* packed_t,    # IN  W_h^T [4H, H] packed
+        const float* cs_prev, const float* i_, const float* cs, const float* f,
+        const float* o, const float* ci, const float* co, const float* cs_grad,
+        const float* h_grad, const float* wci, const float* wcf, const float* wco,
+        bint use_peephole, const int64_t* lengths,
+        float* dg,                # OUT [L*B, 4H]
+        float* cs_prev_grad, float* h_prev_grad,  # IN/OUT [B, H] the carries
+        int n_threads) noexcept nogil:
+    """The reverse time loop of the float32 backward: ONE parallel region of
+    n_threads for all L steps, each thread owning a fixed slice of cells
+    [u0, u1). At step t a thread computes dG[t] for its cells (all four gate
+    columns), then, after the step's one barrier (dh needs every column of
+    dG[t]), dh[:, u0:u1] = dG[t] @ W_h^T[:, u0:u1] in the packed kernel. Its
+    next step reads only its own cells' carries, and dG has one buffer per
+    step, so one barrier per step is enough. The bits do not depend on
+    n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H, G4 = 4 * H
+    cdef int tid = 0, nt = 1
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L - 1, -1, -1):
+            lstm_backward_block[float](
+                B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
+                f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
+                h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
+                dg + t * B * G4, cs_prev_grad)
+            packed_product(B, G4, dg + t * B * G4, G4, packed_t, 0, H, False, h_prev_grad, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L - 1, -1, -1):
+            if u1 > u0:
+                lstm_backward_block[float](
+                    B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
+                    f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
+                    h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths,
+                    t, dg + t * B * G4, cs_prev_grad, u0, u1 - u0)
+            brnn_barrier_wait(&bar, nt)
+            if u1 > u0:
+                packed_product(B, G4, dg + t * B * G4, G4, packed_t, u0, u1, False,
+                               h_prev_grad, H)
+
+
+cdef void block_lstm_backward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
+        const floating* x,        # IN  [T, B, I]
+        const floating* cs_prev, const floating* h_prev,  # IN [B, H]
+        const floating* w,        # IN  [I+H, 4H]
+        const floating* wci, const floating* wcf, const floating* wco,  # IN [H]
+        const floating* i_, const floating* cs, const floating* f,     # IN [T, B, H]
+        const floating* o, const floating* ci, const floating* co, const floating* h,
+        const floating* cs_grad, const floating* h_grad,  # IN [T, B, H]
+        bint use_peephole,
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* ws,             # workspace [block_lstm_backward_workspace(L, B, H, float)]
+        double* acc,              # workspace [3, 4H]
+        floating* x_grad,         # OUT [T, B, I]
+        floating* cs_prev_grad, floating* h_prev_grad,  # OUT [B, H]
+        floating* w_grad,         # OUT [I+H, 4H]
+        floating* wci_grad, floating* wcf_grad, floating* wco_grad,  # OUT [H] (if peephole)
+        floating* b_grad,         # OUT [4H]
+        int n_threads, int max_threads) noexcept nogil:
+    """BlockLSTMGrad / BlockLSTMGradV2 (SPEC §5); with `lengths`, row b's
+    gradients at t >= lengths[b] are zero (its upstream gradients there unused).
+
+    The reverse time loop does only the gate gradients of step t (kept in the
+    workspace dG[t]) and the recurrent product dh = dG[t] @ w[I:]^T. The
+    carries live in the outputs: cs_prev_grad holds d cs[t-1] and h_prev_grad
+    holds d h[t-1] while the loop runs. After the loop, x_grad, w_grad, b_grad
+    and the peephole gradients are single GEMMs / reductions over all steps:
+      x_grad[:L] = dG @ w[:I]^T,  w_grad[:I] = x[:L]^T @ dG,
+      w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG.
+    float32 (B >= PACKED_MIN_ROWS) runs the reverse loop in the packed
+    kernel, on up to max_threads
+    threads from the thread budget (lstm_backward_packed); float64 keeps the
+    per-step dgemm, with gate loops on n_threads."""
+    cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
+    cdef GateOffsets off = gate_offsets(layout, H)
+    cdef const floating* cs_in
+    cdef floating* dg = ws
+    cdef floating* dh_t = ws + L * B * G4   # float32: W_h^T packed instead
+    memset(cs_prev_grad, 0, BH * sizeof(floating))
+    memset(h_prev_grad, 0, BH * sizeof(floating))
+    memset(acc, 0, 3 * G4 * sizeof(double))
+    cdef int granted
+    if floating is float and B >= PACKED_MIN_ROWS:
+        brnn_pack_f32(G4, H, w + I * G4, 1, G4, dh_t)   # W_h^T packed
+        granted = brnn_budget_take(packed_threads(B, G4, H, H, max_threads), max_threads)
+        lstm_backward_packed(L, B, H, off, dh_t, cs_prev, i_, cs, f, o, ci, co, cs_grad,
+                             h_grad, wci, wcf, wco, use_peephole, lengths, dg,
+                             cs_prev_grad, h_prev_grad, granted)
+        brnn_budget_give(granted)
+    else:
+        for t in range(L - 1, -1, -1):
+            cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
+            lstm_backward_rows(B, H, off, cs_in, i_ + t * BH, f + t * BH, o + t * BH,
+                               ci + t * BH, co + t * BH, cs_grad + t * BH, h_grad + t * BH,
+                               h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
+                               dg + t * B * G4, cs_prev_grad, n_threads)
+            gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w + I * G4, G4,
+                                    False, h_prev_grad, H, dh_t)
+
+    gemm(False, True, L * B, I, G4, 1, dg, G4, w, G4, 0, x_grad, I)
+    memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
+    gemm(True, False, I, G4, L * B, 1, x, I, dg, G4, 0, w_grad, G4)
+    gemm(True, False, H, G4, B if L > 0 else 0, 1, h_prev, H, dg, G4, 0, w_grad + I * G4, G4)
+    if L > 1:
+        gemm(True, False, H, G4, (L - 1) * B, 1, h, H, dg + B * G4, G4,
+             1, w_grad + I * G4, G4)
+    column_sums(L * B, G4, dg, acc)
+    store(G4, acc, b_grad)
+    if use_peephole:
+        memset(acc, 0, G4 * sizeof(double))
+        if L > 0:  # step 0 sees cs_prev, step t > 0 sees cs[t-1]
+            peephole_sums(B, H, off, dg, cs_prev, cs, acc, acc + G4, acc + 2 * G4)
+        if L > 1:
+            peephole_sums((L - 1) * B, H, off, dg + B * G4, cs, cs + BH,
+                          acc, acc + G4, acc + 2 * G4)
+        store(H, acc, wci_grad)
+        store(H, acc + G4, wcf_grad)
+        store(H, acc + 2 * G4, wco_grad)
+
+
+def block_lstm_backward(
+        Py_ssize_t L,
+        const floating[:, :, ::1] x,     # IN  [T, B, I]
+        const floating[:, ::1] cs_prev,  # IN  [B, H]
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w,        # IN  [I+H, 4H]
+        const floating[::1] wci, const floating[::1] wcf, const floating[::1] wco,  # IN
+        const floating[:, :, ::1] i_, const floating[:, :, ::1] cs,   # IN [T, B, H]
+        const floating[:, :, ::1] f, const floating[:, :, ::1] o,
+        const floating[:, :, ::1] ci, const floating[:, :, ::1] co,
+        const floating[:, :, ::1] h,
+        const floating[:, :, ::1] cs_grad, const floating[:, :, ::1] h_grad,  # IN [T, B, H]
+        bint use_peephole, int layout, int n_threads, int max_threads,
+        floating[:, :, ::1] x_grad,      # OUT [T, B, I]
+        floating[:, ::1] cs_prev_grad,   # OUT [B, H]
+        floating[:, ::1] h_prev_grad,    # OUT [B, H]
+        floating[:, ::1] w_grad,         # OUT [I+H, 4H]
+        floating[::1] wci_grad, floating[::1] wcf_grad, floating[::1] wco_grad,  # OUT [H]
+        floating[::1] b_grad,            # OUT [4H]
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """See block_lstm_backward_compute."""
+    cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] ws = np.empty(block_lstm_backward_workspace(L, B, H, floating is float),
+                                     dtype=dtype)
+    cdef double[::1] acc = np.empty(3 * 4 * H + 1, dtype=np.float64)
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
+    with nogil:
+        block_lstm_backward_compute(
+            L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w[0, 0],
+            &wci[0], &wcf[0], &wco[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
+            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], &cs_grad[0, 0, 0],
+            &h_grad[0, 0, 0], use_peephole, lens, &ws[0], &acc[0],
+            &x_grad[0, 0, 0],
+            &cs_prev_grad[0, 0], &h_prev_grad[0, 0], &w_grad[0, 0], &wci_grad[0],
+            &wcf_grad[0], &wco_grad[0], &b_grad[0], n_threads, max_threads)

@@ -1,0 +1,202 @@
+# Included by _kernels.pyx: the packed product and its threads.
+# The packed-weight kernel of include/brnn_packed.h (variant chosen once at
+# import), the thread budget every parallel region draws from, and the rules
+# that split a product's panels between threads (unit_start) so that no
+# thread count changes a bit.
+
+cdef extern from "brnn_packed.h" nogil:
+    ctypedef void (*brnn_packed_fn)(Py_ssize_t rows, Py_ssize_t K, const float* A,
+                                    Py_ssize_t lda, const float* P, Py_ssize_t n0,
+                                    Py_ssize_t n1, int accumulate, float* C, Py_ssize_t ldc)
+    enum:
+        BRNN_NR
+        BRNN_PACKED_PORTABLE
+        BRNN_PACKED_AVX2
+        BRNN_PACKED_AVX512
+    Py_ssize_t brnn_packed_size(Py_ssize_t K, Py_ssize_t N)
+    void brnn_pack_f32(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
+                       Py_ssize_t sn, float* P)
+    int brnn_packed_path_supported(int path)
+    int brnn_packed_best_path()
+    brnn_packed_fn brnn_packed_kernel(int path)
+    int brnn_budget_take(int want, int total)
+    void brnn_budget_give(int n)
+    int brnn_budget_in_use()
+    ctypedef struct brnn_barrier:
+        int count
+        int gen
+    void brnn_barrier_wait(brnn_barrier* b, int n)
+
+
+
+PACKED_PATHS = {"portable": BRNN_PACKED_PORTABLE, "avx2": BRNN_PACKED_AVX2,
+                "avx512": BRNN_PACKED_AVX512}
+
+
+def packed_paths_supported():
+    """Names of the packed-kernel variants this CPU can run, fastest first."""
+    return [name for name in ("avx512", "avx2", "portable")
+            if brnn_packed_path_supported(PACKED_PATHS[name])]
+
+
+cdef int choose_packed_path() except -1:
+    """BLOCKRNN_KERNEL = auto (default) | avx512 | avx2 | portable. Forcing a
+    variant this CPU lacks is refused here (it would die of SIGILL)."""
+    import os
+    name = os.environ.get("BLOCKRNN_KERNEL", "auto").strip().lower() or "auto"
+    if name == "auto":
+        return brnn_packed_best_path()
+    if name not in PACKED_PATHS:
+        raise ValueError(f"BLOCKRNN_KERNEL must be one of auto, avx512, avx2, portable; "
+                         f"got {name!r}")
+    if not brnn_packed_path_supported(PACKED_PATHS[name]):
+        raise RuntimeError(f"BLOCKRNN_KERNEL={name}, but this CPU cannot run it (it can "
+                           f"run: {', '.join(packed_paths_supported())}); unset it or "
+                           f"choose one of those")
+    return PACKED_PATHS[name]
+
+
+# Set once at import, read-only afterwards (like an ifunc resolution).
+cdef int packed_path = choose_packed_path()
+cdef brnn_packed_fn packed_product = brnn_packed_kernel(packed_path)
+
+
+def packed_kernel_name():
+    """The packed-kernel variant this process runs (avx512, avx2 or portable)."""
+    return {v: k for k, v in PACKED_PATHS.items()}[packed_path]
+
+
+def packed_product_memview(const float[:, ::1] a, const float[:, :] w, bint accumulate,
+                           float[:, ::1] c, str path=None, Py_ssize_t n0=0,
+                           Py_ssize_t n1=-1, int repeat=1):
+    """C[:, n0:n1] (+)= A @ W[:, n0:n1] through the packed kernel (for its tests):
+    W [K, N] (any strides) packed, then one call of the variant `path` (this
+    process's by default; one the CPU cannot run raises ValueError).
+    A [rows, K], C [rows, N]; n0 a multiple of 16. `repeat` runs the
+    product that many times on the one packing (to time the kernel alone)."""
+    cdef Py_ssize_t rows = a.shape[0], K = a.shape[1], N = w.shape[1]
+    cdef int p = packed_path if path is None else PACKED_PATHS.get(path, -1)
+    if p < 0 or not brnn_packed_path_supported(p):
+        raise ValueError(f"packed_product_memview: path {path!r} is not one of "
+                         f"{packed_paths_supported()}")
+    if n1 < 0:
+        n1 = N
+    if (w.shape[0] != K or c.shape[0] != rows or c.shape[1] != N or rows == 0
+            or not 0 <= n0 <= n1 <= N or n0 % BRNN_NR):
+        raise ValueError("packed_product_memview: inconsistent shapes or column range")
+    cdef float[::1] packed = np.empty(brnn_packed_size(K, N) + 1, dtype=np.float32)
+    cdef brnn_packed_fn fn = brnn_packed_kernel(p)
+    cdef Py_ssize_t sk = w.strides[0] // 4, sn = w.strides[1] // 4
+    with nogil:
+        brnn_pack_f32(K, N, &w[0, 0] if K > 0 and N > 0 else NULL, sk, sn, &packed[0])
+        for _ in range(repeat):
+            fn(rows, K, &a[0, 0] if K > 0 else NULL, K, &packed[0], n0, n1, accumulate,
+               &c[0, 0], N)
+
+
+def packed_threads_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H, int limit):
+    """packed_threads: the threads a sequence call's per-step products
+    [B, K] @ [K, N] over H cells ask of the budget (for the tests)."""
+    return packed_threads(B, K, N, H, limit)
+
+
+def packed_input_threads_for(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t N, Py_ssize_t H,
+                             int limit):
+    """packed_input_threads: the threads a batch-1 forward's input projection
+    [rows, I] @ [I, N] over H cells asks of the budget (for the tests)."""
+    return packed_input_threads(rows, I, N, H, limit)
+
+
+def thread_budget_take(int want, int total):
+    """brnn_budget_take (for the thread-budget tests; give the grant back)."""
+    return brnn_budget_take(want, total)
+
+
+def thread_budget_give(int n):
+    """brnn_budget_give (for the thread-budget tests)."""
+    brnn_budget_give(n)
+
+
+def thread_budget_in_use():
+    """blockrnn's threads in use by running sequence calls in this process."""
+    return brnn_budget_in_use()
+
+
+
+cdef enum:
+    # Multiply-adds of one step's products per thread below which a further
+    # thread costs more (its share of the step's barrier) than it saves
+    # (measured on a loaded 2-core machine: LSTM forward 50,1,128,128 0.69 ms
+    # on 1 thread, 15.6 ms on 2 with 2^17 multiply-adds per step and thread;
+    # 50,4,128,128 1.06 ms on 1, 12.3 ms on 2 with 2^18).
+    PACKED_WORK_PER_THREAD = 1 << 20
+    # Sequence calls of fewer rows keep the BLAS route (at one row, a GEMV per
+    # step: 0.60 vs 0.82 ms for the LSTM forward at 50,1,128,128, GRU 0.32 vs
+    # 0.41, LSTM backward 0.54 vs 0.70; at two rows the packed kernel won,
+    # LSTM forward 1.0 vs 11 ms, GRU 0.7 vs 10.8, on a loaded machine).
+    PACKED_MIN_ROWS = 2
+
+
+cdef inline int packed_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
+                               int limit) noexcept nogil:
+    """Threads a sequence call's per-step products [B, K] @ [K, N] over H
+    cells can use: one per PACKED_WORK_PER_THREAD multiply-adds, at most one
+    per 16-cell panel, at most `limit`, at least 1."""
+    cdef Py_ssize_t n = min(B * K * N // PACKED_WORK_PER_THREAD, (H + BRNN_NR - 1) // BRNN_NR)
+    return <int>max(1, min(n, limit))
+
+
+cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
+    """First cell of thread tid of nt (thread nt ends at H): whole 16-column
+    panels, split evenly. (A function of the arguments only: values assigned
+    inside a Cython parallel block are what makes them thread-private.)"""
+    cdef Py_ssize_t panels = (H + BRNN_NR - 1) // BRNN_NR
+    return min(H, tid * panels // nt * BRNN_NR)
+
+
+cdef enum:
+    # Multiply-adds per thread of a sequence's whole input projection below
+    # which packed_inputs stays on one thread (it is one region, no barrier).
+    PACKED_INPUT_WORK_PER_THREAD = 1 << 22
+
+
+cdef inline int packed_input_threads(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t N, Py_ssize_t H,
+                                     int limit) noexcept nogil:
+    """Threads packed_inputs asks of the budget for [rows, I] @ [I, N] over H
+    cells: one per PACKED_INPUT_WORK_PER_THREAD multiply-adds, at most one per
+    16-cell panel, at most `limit`, at least 1."""
+    cdef Py_ssize_t n = min(rows * I * N // PACKED_INPUT_WORK_PER_THREAD,
+                            (H + BRNN_NR - 1) // BRNN_NR)
+    return <int>max(1, min(n, limit))
+
+
+cdef void packed_inputs(
+        Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
+        const float* x,           # IN  [rows, I]
+        const float* packed,      # IN  nq gate blocks [I, H], block q packed at q * brnn_packed_size(I, H)
+        float** dst,              # OUT nq arrays [rows, H]: dst[q] = x @ block q
+        int max_threads) noexcept nogil:
+    """The input projection of all steps of a batch-1 forward in the packed
+    kernel (OpenBLAS's sgemm ran it at ~24 GFLOP/s at 50x128x512 on the
+    caller's thread, this at ~80), on up to max_threads threads from the
+    thread budget, each owning whole panels (unit_start). Each element is one
+    packed-kernel sum: the bits do not depend on the thread count."""
+    cdef Py_ssize_t u0 = 0, u1 = 0, psx = brnn_packed_size(I, H)
+    cdef int q, tid, nt, granted
+    if rows == 0 or H == 0:
+        return
+    granted = brnn_budget_take(packed_input_threads(rows, I, nq * H, H, max_threads),
+                               max_threads)
+    if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for q in range(nq):
+            packed_product(rows, I, x, I, packed + q * psx, 0, H, False, dst[q], H)
+    else:
+        with parallel(num_threads=granted):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            u0 = unit_start(H, tid, nt)
+            u1 = unit_start(H, tid + 1, nt)
+            if u1 > u0:
+                for q in range(nq):
+                    packed_product(rows, I, x, I, packed + q * psx, u0, u1, False, dst[q], H)
+    brnn_budget_give(granted)

@@ -1,0 +1,24 @@
+# --------------------------------------------------------------------------
+# Row-wise reversal of valid prefixes (the reverse direction of bidirectional
+# layers; tf.reverse_sequence with seq_axis=0, batch_axis=1)
+# --------------------------------------------------------------------------
+
+def reverse_prefixes(const unsigned char[:, :, ::1] src, const int64_t[::1] lengths,
+                     unsigned char[:, :, ::1] dst):
+    """dst[t, b] = src[n_b - 1 - t, b] for t < n_b = lengths[b], and src[t, b]
+    for t >= n_b: a permutation of the steps of each row, its own inverse.
+
+    src and dst (T, B, row_bytes) are the bytes of two distinct C-contiguous
+    arrays (T, B, ...) of any dtype; lengths (B,) int64 in [0, T], validated by
+    the caller (blockrnn/sequence.py). One memcpy per (t, b) row, serial: the
+    copy is bound by memory bandwidth, not by a core."""
+    cdef Py_ssize_t T = src.shape[0], B = src.shape[1], row = src.shape[2]
+    cdef Py_ssize_t t, b, n, s
+    if T == 0 or B == 0 or row == 0:
+        return
+    with nogil:
+        for t in range(T):
+            for b in range(B):
+                n = lengths[b]
+                s = n - 1 - t if t < n else t
+                memcpy(&dst[t, b, 0], &src[s, b, 0], row)
