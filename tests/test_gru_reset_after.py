@@ -397,3 +397,55 @@ def test_bad_lengths_and_gradient_shapes():
         blockrnn.gru_cell_reset_after_grad(
             np.zeros((2, 4)), np.zeros((2, 5)), np.zeros((15, 4)), np.zeros((15, 5)),
             np.zeros(15), np.zeros(15), *[np.zeros((2, 5))] * 4, np.zeros((2, 4)))
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-5)],
+                         ids=["float64", "float32"])
+@pytest.mark.parametrize("lengths", [None, [5, 0, 1, 3]], ids=["full", "lengths"])
+def test_stacked_bidirectional_layer_matches_nn_gru(dtype, tol, lengths, parity_record):
+    """blockrnn.GRU (reset_after=True, 2 layers, bidirectional) with nn.GRU's
+    parameters (the same names) gives nn.GRU's output, final state and
+    gradients (x, h0, every parameter); rows by themselves when lengths are
+    given (nn.GRU has no length-0 rows: such a row's output is zero, its final
+    state h0)."""
+    T, B, I, H, NL = 5, 4, 3, 6, 2
+    layer = blockrnn.GRU(I, H, NL, bidirectional=True, dtype=dtype, seed=0)
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
+    gru = nn.GRU(I, H, NL, bidirectional=True).to(tdtype)
+    with torch.no_grad():
+        for name, p in gru.named_parameters():
+            p.copy_(torch.tensor(layer.params[name]))
+    assert sorted(layer.params) == sorted(n for n, _ in gru.named_parameters())
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, (T, B, I)).astype(dtype)
+    h0 = rng.uniform(-1, 1, (2 * NL, B, H)).astype(dtype)
+    wy = rng.uniform(-1, 1, (T, B, 2 * H)).astype(dtype)
+    wh = rng.uniform(-1, 1, (2 * NL, B, H)).astype(dtype)
+    lens = None if lengths is None else np.array(lengths)
+    y, h_n, ctx = layer.forward(x, h0, sequence_length=lens)
+    dx, dh0 = layer.backward(ctx, wy, wh)
+
+    tx = torch.tensor(x, requires_grad=True)
+    th = torch.tensor(h0, requires_grad=True)
+    ty, th_n = torch.zeros(T, B, 2 * H, dtype=tdtype), th.detach().clone()
+    loss = 0
+    for b in range(B):
+        m = T if lens is None else int(lens[b])
+        if m == 0:
+            loss = loss + (th[:, b] * torch.tensor(wh[:, b])).sum()   # h_n = h0
+            continue
+        o, hb = gru(tx[:m, b:b + 1], th[:, b:b + 1])
+        loss = (loss + (o * torch.tensor(wy[:m, b:b + 1])).sum()
+                + (hb * torch.tensor(wh[:, b:b + 1])).sum())
+        ty[:m, b] = o[:, 0].detach()
+        th_n[:, b] = hb[:, 0].detach()
+    names = [n for n, _ in gru.named_parameters()]
+    grads = torch.autograd.grad(loss, [tx, th] + list(gru.parameters()))
+    checks = [("y", y, ty), ("h_n", h_n, th_n), ("x_grad", dx, grads[0]),
+              ("h0_grad", dh0, grads[1])]
+    checks += [(n, layer.grads[n], g) for n, g in zip(names, grads[2:])]
+    for what, got, expected in checks:
+        assert got.dtype == dtype, what
+        err = relerr(got, expected.numpy())
+        parity_record(f"nn.GRU stacked bidirectional {np.dtype(dtype).name} {what}", err)
+        assert err <= tol, (what, err)
