@@ -56,8 +56,8 @@ def torch_gru(args, h_grad, lengths=None, dtype=torch.float64):
     x, h0, w_ih, w_hh, b_ih, b_hh = args
     T, B, I = x.shape
     H = h0.shape[1]
-    gru = nn.GRU(max(I, 1), H).to(dtype)
-    with torch.no_grad():
+    gru = nn.GRU(max(I, 1), H).to(dtype)   # nn.GRU refuses input_size 0: build it with 1,
+    with torch.no_grad():                  # then give it the (3H, I) weight (I = 0 runs)
         gru.weight_ih_l0 = nn.Parameter(torch.tensor(w_ih, dtype=dtype))
         gru.weight_hh_l0.copy_(torch.tensor(w_hh))
         gru.bias_ih_l0.copy_(torch.tensor(b_ih))
