@@ -264,6 +264,19 @@ def test_bits_do_not_depend_on_the_thread_count(shape, with_lengths):
     assert _kernels.thread_budget_in_use() == 0
 
 
+def test_concurrent_callers_give_the_serial_bits():
+    from concurrent.futures import ThreadPoolExecutor
+    jobs = [(shape, k, None if k % 2 else np.arange(shape[1]) % (shape[0] + 1))
+            for k, shape in enumerate(THREAD_SHAPES * 2)]
+    serial = [_run32(*job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        threaded = list(pool.map(lambda job: _run32(*job), jobs))
+    for expected, got in zip(serial, threaded):
+        for e, g in zip(expected, got):
+            np.testing.assert_array_equal(g, e)
+    assert _kernels.thread_budget_in_use() == 0
+
+
 VARIANT_CHECK = textwrap.dedent("""
     import sys
     import numpy as np, blockrnn
