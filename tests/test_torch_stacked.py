@@ -430,7 +430,10 @@ def test_numpy_layers_equal_torch_modules(kind, lengths):
                               dtype=np.float64)
     else:
         mod = bt.GRU(I, H, 2, bidirectional=True, dtype=torch.float64)
-        layer = blockrnn.GRU(I, H, 2, bidirectional=True, dtype=np.float64)
+        # the NumPy GRU of the module's math: nn.GRU's parameter names are the reset-after GRU
+        reset_after = any(n.startswith("weight_ih") for n, _ in mod.named_parameters())
+        layer = blockrnn.GRU(I, H, 2, bidirectional=True, reset_after=reset_after,
+                             dtype=np.float64)
     assert list(layer.params) == [n for n, _ in mod.named_parameters()]
     for n, p in mod.named_parameters():
         layer.params[n][...] = p.detach().numpy()
