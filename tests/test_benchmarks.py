@@ -220,7 +220,11 @@ def test_options():
     quick = run.Run(run.parse_args(["--quick"]), None)
     assert (quick.rounds, quick.reps) == (2, 2)
     full = run.Run(run.parse_args([]), None)
-    assert (full.rounds, full.reps) == (7, 5)
+    assert (full.rounds, full.big_rounds, full.reps) == (7, 5, 5)
+    assert full.rounds_of("lstm_fwdbwd", (100, 64, 512, 512)) == 5
+    assert full.rounds_of("gru_fwd", (100, 32, 256, 256)) == 7
+    assert full.rounds_of("gru_cell", (1, 32, 32)) == 7
+    assert run.Run(run.parse_args(["--rounds", "3"]), None).big_rounds == 3
     assert run.main(["--rounds", "0"]) == 2
 
 

@@ -2,7 +2,8 @@
 
 Usage::
 
-    python -m blockrnn bench [--quick] [--rounds N] [--reps N] [--cores all|one|both]
+    python -m blockrnn bench [--quick] [--rounds N] [--big-rounds N] [--reps N]
+                             [--cores all|one|both]
                              [--shapes T,B,I,H ...] [--only blockrnn,torch,...]
                              [--workloads lstm_fwd lstm_fwdbwd gru_fwd gru_fwdbwd lstm2bi_fwd
                                           lstm2bi_fwdbwd lstm_model lstm_cell gru_cell]
@@ -35,7 +36,9 @@ Method:
 2. Timing, each implementation in its OWN fresh process (``blockrnn.bench.worker``, which
    imports only the implementation it times): rounds alternate the implementations --
    blockrnn, TensorFlow, PyTorch, ONNX Runtime, JAX, then again -- ``--rounds`` rounds
-   (default 7, --quick 2). In a round, the worker of one implementation runs all its
+   (default 7, --quick 2; ``--big-rounds``, default 5, at the shapes with >= BIG_FLOPS
+   LSTM forward flops, i.e. 100,64,512,512, so that a default run fits in ~15 minutes on
+   2 cores). In a round, the worker of one implementation runs all its
    workloads: each is called once to warm up, then timed up to ``--reps`` times (default
    5) but no longer than REP_BUDGET_S (at least once); the round's value is the best of
    those. The table shows per implementation the MEDIAN over the rounds and the best, and
@@ -90,12 +93,17 @@ from blockrnn.bench.peers import (CELL_SHAPE, CELL_WORKLOADS, DEFAULT_SHAPES, IM
 
 CELL_TARGET_S = 0.02         # one cell-latency sample lasts about this long
 QUICK_CELL_TARGET_S = 0.005
-REP_BUDGET_S = 0.3           # a round's timed calls of one workload stop after this long
+REP_BUDGET_S = 0.2           # a round's timed calls of one workload stop after this long
 QUICK_REP_BUDGET_S = 0.05
 # Pause in a worker before each workload: the previous workload's spinning threads (of
 # the same library) go idle. Between implementations there is none to wait for: each
 # one's process has ended.
 SETTLE_S = 0.05
+# Shapes whose LSTM forward has at least this many matmul flops (100,64,512,512: 26.8e9)
+# run --big-rounds rounds (default 5) instead of --rounds: they take most of the time of
+# a default run, which fits in ~15 minutes on 2 cores that way.
+BIG_FLOPS = 1e10
+BIG_ROUNDS = 5
 MODES = ("all", "one")
 MODE_TITLES = {"all": "all cores", "one": "one core"}
 # --only accepts the names of IMPLS and these
@@ -125,6 +133,9 @@ def parse_args(argv):
                              "of 1 (CI smoke)")
     parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=None,
                         help="fresh-process rounds per implementation (default 7, --quick 2)")
+    parser.add_argument("--big-rounds", type=int, default=None,
+                        help=f"rounds of the shapes with >= {BIG_FLOPS:.0e} LSTM forward flops "
+                             f"(100,64,512,512) (default {BIG_ROUNDS}, at most --rounds)")
     parser.add_argument("--reps", type=int, default=None,
                         help="at most this many timed calls per workload in a round, the "
                              f"round keeping the best (default 5, --quick 2; they stop after "
@@ -246,6 +257,7 @@ class Run:
         self.rows, self.parity, self.messages = [], [], []
         self.failed = False
         self.rounds = opts.rounds or (2 if opts.quick else 7)
+        self.big_rounds = min(self.rounds, opts.big_rounds or BIG_ROUNDS)
         self.reps = opts.reps or (2 if opts.quick else 5)
         self.budget = QUICK_REP_BUDGET_S if opts.quick else REP_BUDGET_S
         self.cell_target = QUICK_CELL_TARGET_S if opts.quick else CELL_TARGET_S
@@ -254,6 +266,7 @@ class Run:
         self.calls = {}          # (workload, shape, impl) -> Impl label, note
         self.workers = []        # (mode, round, impl, pid, affinity, thread_settings, ...)
         self.roofline = {}
+        self.round_seconds = []
 
     def say(self, text, loud=False):
         if loud:
@@ -294,6 +307,12 @@ class Run:
 
     # -- 2. timing, one fresh process per implementation per round --
 
+    def rounds_of(self, workload, shape):
+        """Rounds of a (workload, shape): --big-rounds for the big shapes."""
+        big = (workload not in CELL_WORKLOADS
+               and peers.flops("lstm_fwd", *shape) >= BIG_FLOPS)
+        return self.big_rounds if big else self.rounds
+
     def spec(self, impl, mode, tasks, memory):
         return {"impl": impl, "tasks": [{"workload": w, "shape": list(s)} for w, s in tasks],
                 "seed": self.opts.seed, "reps": self.reps, "budget_s": self.budget,
@@ -326,7 +345,10 @@ class Run:
         for r in range(self.rounds):
             began = time.perf_counter()
             for impl in order:
-                spec = self.spec(impl, mode, self.tasks[impl], memory and r == 0)
+                tasks = [t for t in self.tasks[impl] if r < self.rounds_of(*t)]
+                if not tasks:
+                    continue
+                spec = self.spec(impl, mode, tasks, memory and r == 0)
                 try:
                     out = worker.launch(spec)
                 except Exception as exc:  # noqa: BLE001
@@ -353,6 +375,8 @@ class Run:
                                      res["error"])
                         continue
                     samples.setdefault(key, []).append(dict(res, pid=out["pid"]))
+            self.round_seconds.append({"mode": mode, "round": r,
+                                       "seconds": time.perf_counter() - began})
             print(f"  {MODE_TITLES[mode]}: round {r + 1} of {self.rounds} done "
                   f"({time.perf_counter() - began:.1f} s)")
         end = self.sgemm(mode)
@@ -426,8 +450,11 @@ def run(opts):
     print(f"\nparity checks (in this process, not timed):")
     for workload, shape in plan(opts):
         bench.check(workload, shape)
+    big = sorted({",".join(map(str, s)) for w, s in plan(opts)
+                  if bench.rounds_of(w, s) != bench.rounds})
     print(f"\ntiming: each implementation in its own process per round, {bench.rounds} "
-          f"rounds alternating {', '.join(IMPL_TITLES[i] for i in IMPLS if i in bench.tasks)};"
+          + (f"rounds ({bench.big_rounds} at {' '.join(big)}) " if big else "rounds ")
+          + f"alternating {', '.join(IMPL_TITLES[i] for i in IMPLS if i in bench.tasks)};"
           f" per workload and round: 1 warm-up call, then up to {bench.reps} timed calls "
           f"(at most {bench.budget:g} s), the best kept; MEDIAN over rounds reported (best "
           "and spread also shown)\n")
@@ -437,6 +464,7 @@ def run(opts):
     info["worker_threads"] = {f"{w['mode']} {w['impl']}": w["thread_settings"]
                               for w in bench.workers if w["round"] == 0}
     return {"header": info, "roofline": bench.roofline, "rounds": bench.rounds,
+            "big_rounds": bench.big_rounds, "round_seconds": bench.round_seconds,
             "reps": bench.reps, "statistic": "median", "rows": bench.rows,
             "parity": bench.parity, "workers": bench.workers,
             "messages": found.skipped + found.notes + bench.messages,
@@ -567,7 +595,8 @@ def legend(results):
                      for m, v in results["roofline"].items())
     lines += [
         "notes:",
-        f"  times: each implementation in its own process, {results['rounds']} rounds; a "
+        f"  times: each implementation in its own process, {results['rounds']} rounds ("
+        f"{results['big_rounds']} at shapes with >= {BIG_FLOPS:.0e} LSTM forward flops); a "
         f"round keeps the best of up to {results['reps']} calls after a warm-up; median "
         "and best over the rounds, spread = median / best - 1; cell rows: mean per call",
         "  blockrnn/peer = blockrnn median time / that peer's median time (< 1: blockrnn "
@@ -635,9 +664,9 @@ def main(argv=None):
             print("error: --plot needs matplotlib, which is not installed "
                   "(pip install matplotlib)", file=sys.stderr)
             return 2
-    for name in ("rounds", "reps"):
+    for name in ("rounds", "big_rounds", "reps"):
         if getattr(opts, name) is not None and getattr(opts, name) < 1:
-            print(f"error: --{name} must be >= 1", file=sys.stderr)
+            print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
     if opts.threads:
         if opts.num_threads:
