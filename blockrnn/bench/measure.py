@@ -4,7 +4,6 @@ import ctypes.util
 import gc
 import os
 import platform
-import statistics
 import time
 import tracemalloc
 
@@ -23,11 +22,6 @@ def calibrate(fn, target):
     fn()
     single = time.perf_counter() - start
     return max(1, min(100_000, int(target / max(single, 1e-9))))
-
-
-def summarize(times):
-    return {"best_s": min(times), "median_s": statistics.median(times), "n": len(times),
-            "samples_s": list(times)}
 
 
 # --------------------------------------------------------------------------

@@ -349,6 +349,7 @@ class Run:
                 if not tasks:
                     continue
                 spec = self.spec(impl, mode, tasks, memory and r == 0)
+                launched = time.perf_counter()
                 try:
                     out = worker.launch(spec)
                 except Exception as exc:  # noqa: BLE001
@@ -356,6 +357,7 @@ class Run:
                     continue
                 self.workers.append({
                     "mode": mode, "round": r, "impl": impl, "pid": out["pid"],
+                    "seconds": time.perf_counter() - launched,
                     "affinity": out["affinity"], "modules": out["modules"],
                     "thread_settings": out.get("thread_settings"),
                     "threadpools": out.get("threadpools")})
