@@ -80,6 +80,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -267,6 +268,7 @@ class Run:
         self.workers = []        # (mode, round, impl, pid, affinity, thread_settings, ...)
         self.roofline = {}
         self.round_seconds = []
+        self.cache_dir = None    # JAX's compilation cache of the run (see worker)
 
     def say(self, text, loud=False):
         if loud:
@@ -318,7 +320,9 @@ class Run:
                 "seed": self.opts.seed, "reps": self.reps, "budget_s": self.budget,
                 "cell_target_s": self.cell_target, "one_core": mode == "one",
                 "num_threads": self.opts.num_threads if mode == "all" else None,
-                "memory": memory, "settle_s": self.opts.settle}
+                "memory": memory, "settle_s": self.opts.settle,
+                "jax_cache_dir": os.path.join(self.cache_dir, mode) if self.cache_dir
+                else None}
 
     def sgemm(self, mode):
         spec = self.spec("sgemm", mode, [("sgemm", (self.opts.sgemm_size,))], False)
@@ -460,9 +464,11 @@ def run(opts):
           f" per workload and round: 1 warm-up call, then up to {bench.reps} timed calls "
           f"(at most {bench.budget:g} s), the best kept; MEDIAN over rounds reported (best "
           "and spread also shown)\n")
-    for k, mode in enumerate(modes_of(opts)):
-        samples = bench.time_mode(mode, memory=k == 0)
-        bench.add_rows(mode, samples)
+    with tempfile.TemporaryDirectory(prefix="blockrnn-bench-jax-") as cache_dir:
+        bench.cache_dir = cache_dir
+        for k, mode in enumerate(modes_of(opts)):
+            samples = bench.time_mode(mode, memory=k == 0)
+            bench.add_rows(mode, samples)
     info["worker_threads"] = {f"{w['mode']} {w['impl']}": w["thread_settings"]
                               for w in bench.workers if w["round"] == 0}
     return {"header": info, "roofline": bench.roofline, "rounds": bench.rounds,
@@ -597,8 +603,9 @@ def legend(results):
                      for m, v in results["roofline"].items())
     lines += [
         "notes:",
-        f"  times: each implementation in its own process, {results['rounds']} rounds ("
-        f"{results['big_rounds']} at shapes with >= {BIG_FLOPS:.0e} LSTM forward flops); a "
+        f"  times: each implementation in its own process, {results['rounds']} rounds"
+        + (f" ({results['big_rounds']} at shapes with >= {BIG_FLOPS:.0e} LSTM forward flops)"
+           if results["big_rounds"] != results["rounds"] else "") + "; a "
         f"round keeps the best of up to {results['reps']} calls after a warm-up; median "
         "and best over the rounds, spread = median / best - 1; cell rows: mean per call",
         "  blockrnn/peer = blockrnn median time / that peer's median time (< 1: blockrnn "

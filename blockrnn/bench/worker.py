@@ -20,6 +20,9 @@ The spec (a JSON object)::
     num_threads     all cores: None for each runtime's defaults, else that many threads
     memory     also measure the peak memory of one more call per task
     settle_s   pause before each task (the previous task's spinning threads go idle)
+    jax_cache_dir   JAX's persistent compilation cache (the parent gives one per mode):
+               later rounds load the executables instead of compiling them again (the
+               same code; compilation is not timed, it only lengthens the run)
 
 Each task is built (``blockrnn.bench.peers.build``), called once to warm up, then timed.
 The output file holds one JSON object: the pid, the CPU affinity, the runtimes' thread
@@ -107,6 +110,9 @@ def run_spec(spec):
         wanted = ("blockrnn", "torch")   # blockrnn.torch runs in torch: set its threads
     found = peers.Peers(wanted, threads=spec.get("num_threads"),
                         one_core=bool(spec.get("one_core"))) if impl != "sgemm" else None
+    if found is not None and found.jax is not None and spec.get("jax_cache_dir"):
+        found.jax.config.update("jax_compilation_cache_dir", spec["jax_cache_dir"])
+        found.jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if found is not None:
         out["messages"] += found.skipped + found.notes
         out["thread_settings"] = found.thread_settings()
