@@ -341,7 +341,7 @@ def test_targets_are_judged_from_the_rows():
     assert "sgemm share >= 75%" in text and "74.0%  MISSED" in text
     assert "one core -> all cores, LSTM fwd+bwd 100,32,256,256: blockrnn one core / all " \
            "cores >= 1.8x" in text and "1.67x  MISSED" in text
-    assert "1.20x  MISSED  (worst: LSTM fwd+bwd 100,32,256,256; 1 rows over)" in text
+    assert "1.200x  MISSED  (worst: LSTM fwd+bwd 100,32,256,256; 1 rows over)" in text
     assert "not measured" in text and "2 of 8 measured targets met" in text
 
     results["header"]["usable_cpus"] = 1       # one CPU: no scaling to judge

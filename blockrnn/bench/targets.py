@@ -135,8 +135,10 @@ def format_verdicts(verdicts):
             continue
         if v["peer"] == "sgemm":
             value = f"{100 * v['value']:.1f}%"
-        elif v["peer"] in ("scaling", "spread"):
+        elif v["peer"] == "scaling":
             value = f"{v['value']:.2f}x"
+        elif v["peer"] == "spread":
+            value = f"{v['value']:.3f}x"      # 1.104 is not within 1.10
         else:
             value = f"{v['value']:.3f}"   # 3 decimals: 0.053 is not 0.05
         line = f"  {text:<{width}}  {value:>6}  {'met' if v['met'] else 'MISSED'}"
