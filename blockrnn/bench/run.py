@@ -158,7 +158,8 @@ def parse_args(argv):
                         help="the same as --impls, comma-separated")
     parser.add_argument("--num-threads", type=int, default=None,
                         help="all-cores mode: threads for every library instead of each "
-                             "one's defaults (also limits SciPy's BLAS)")
+                             "one's defaults (BLAS and OpenMP -- blockrnn's threads -- too, "
+                             "with threadpoolctl)")
     parser.add_argument("--settle", type=float, default=SETTLE_S, metavar="S",
                         help="pause in a worker before each workload, so that the previous "
                              "workload's spinning threads are idle (default %(default)s s)")

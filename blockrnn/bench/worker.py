@@ -18,6 +18,7 @@ The spec (a JSON object)::
     one_core   pin every thread of this process to CPU ``cpu`` and set every runtime to 1
                thread (the parent sets OMP_NUM_THREADS, XLA_FLAGS, ... in our environment)
     num_threads     all cores: None for each runtime's defaults, else that many threads
+               (torch, TF, ORT as Peers sets them; BLAS and OpenMP by threadpoolctl)
     memory     also measure the peak memory of one more call per task
     settle_s   pause before each task (the previous task's spinning threads go idle)
     jax_cache_dir   JAX's persistent compilation cache (the parent gives one per mode):
@@ -101,9 +102,11 @@ def run_spec(spec):
     if spec.get("num_threads") and not spec.get("one_core"):
         try:
             from threadpoolctl import threadpool_limits
-            limit = threadpool_limits(limits=spec["num_threads"], user_api="blas")
+            # BLAS and OpenMP (blockrnn's threads; torch's too, when it shares libgomp)
+            limit = threadpool_limits(limits=spec["num_threads"])
         except ImportError:
-            out["messages"].append("threadpoolctl not installed: BLAS threads not limited")
+            out["messages"].append("threadpoolctl not installed: BLAS and OpenMP threads "
+                                   "not limited")
     workloads = {t["workload"] for t in spec["tasks"]}
     wanted = (impl,)
     if impl == "blockrnn" and workloads & {*peers.STACKED_WORKLOADS, *peers.MODEL_WORKLOADS}:
