@@ -3,15 +3,16 @@ assertions. They pass whichever peers (TF, torch, ONNX Runtime, matplotlib) are 
 a missing peer must give its "not importable" line instead of rows."""
 import json
 import math
+import os
 from collections import namedtuple
 
 import numpy as np
 
 import blockrnn
 
-from blockrnn.bench import peers, run, targets, threads
+from blockrnn.bench import measure, peers, run, targets, threads, worker
 
-TINY = ["--quick", "--repeats", "1", "--shapes", "5,2,4,6", "--cell-shape", "1,4,4",
+TINY = ["--quick", "--rounds", "1", "--shapes", "5,2,4,6", "--cell-shape", "1,4,4",
         "--sgemm-size", "64", "--settle", "0"]
 
 # The rows each peer must produce when installed (blockrnn: every workload).
@@ -20,7 +21,8 @@ EXPECTED = {
     "tf": {"lstm_fwd", "lstm_fwdbwd", "lstm_cell", "gru_cell"},
     "torch": set(peers.WORKLOADS),
     "ort": {"lstm_fwd", "gru_fwd"},
-    "jax": set(peers.SEQUENCE_WORKLOADS) - set(peers.STACKED_WORKLOADS),
+    "jax": set(peers.SEQUENCE_WORKLOADS) - set(peers.STACKED_WORKLOADS)
+    - set(peers.MODEL_WORKLOADS),
 }
 VERSION_KEY = {"tf": "tensorflow", "torch": "torch", "ort": "onnxruntime", "jax": "jax"}
 
@@ -57,26 +59,35 @@ def _with_gru(monkeypatch):
 
 
 def test_table_rows_columns_and_ratios(tmp_path, capsys, monkeypatch):
+    """One round on all cores and one core: every installed peer's rows in both tables,
+    each implementation timed in its own process, the one-core workers pinned."""
     _with_gru(monkeypatch)
     path = tmp_path / "bench.json"
     assert run.main(TINY + ["--json", str(path)]) == 0
     out = capsys.readouterr().out
     results = json.loads(path.read_text())
 
-    # Header and table layout.
+    # Header and table layout: two tables, the scaling table, the model lines.
     assert f"blockrnn {blockrnn.__version__}" in out
-    assert "sgemm roofline" in out and "threads per library" in out
-    assert "\ntargets (roofline floor" in out and "issue" not in out
-    assert len(results["targets"]) == len(targets.TARGETS)
-    header = [line for line in out.splitlines() if line.startswith("workload  ")]
-    assert len(header) == 1
+    assert "sgemm roofline (all cores)" in out and "sgemm roofline (one core)" in out
+    assert "\ntargets (medians" in out and "issue" not in out
+    assert "scaling, one core -> all cores" in out
+    assert "LSTM in a torch model, train step (per step" in out
+    assert results["header"]["modes"] == ["all", "one"]
+    n_spread = 2
+    assert len(results["targets"]) == len(targets.TARGETS) + n_spread
+    headers = [line for line in out.splitlines() if line.startswith("workload  ")]
+    assert len(headers) == 3       # all cores, one core, scaling
     for column in run.COLUMNS:
-        assert column in header[0]
-    table = out[out.index(header[0]):].splitlines()
-    body = [line for line in table[2:] if line.strip()][:len(results["rows"])]
-    assert len(body) == len(results["rows"])
+        assert column in headers[0]
+    assert "peak RSS +MB" not in headers[1]    # memory: measured in the first mode only
+    table = out[out.index(headers[0]):].splitlines()
+    rows_all = [r for r in results["rows"] if r["mode"] == "all"]
+    body = [line for line in table[2:] if line.strip()][:len(rows_all)]
+    assert len(body) == len(rows_all)
 
-    # Rows: every installed peer where it has the op; a missing peer says so in one line.
+    # Rows: every installed peer where it has the op, in both modes; a missing peer
+    # says so in one line.
     rows = results["rows"]
     shapes = {(5, 2, 4, 6)}
     for impl, workloads in EXPECTED.items():
@@ -87,42 +98,134 @@ def test_table_rows_columns_and_ratios(tmp_path, capsys, monkeypatch):
                        for m in results["messages"]), impl
             assert not any(r["impl"] == impl for r in rows)
             continue
-        for workload in workloads:
-            wanted = [(1, 4, 4)] if workload in peers.CELL_WORKLOADS else shapes
-            got = {tuple(r["shape"]) for r in rows
-                   if r["impl"] == impl and r["workload"] == workload}
-            assert got == set(wanted), (impl, workload, got)
+        for mode in ("all", "one"):
+            for workload in workloads:
+                wanted = [(1, 4, 4)] if workload in peers.CELL_WORKLOADS else shapes
+                got = {tuple(r["shape"]) for r in rows if r["impl"] == impl
+                       and r["workload"] == workload and r["mode"] == mode}
+                assert got == set(wanted), (impl, workload, mode, got)
     assert all(p["ok"] for p in results["parity"]), results["parity"]
+    assert ("lstm_model", "torch") in {(p["workload"], p["impl"]) for p in results["parity"]}
     assert not results["failed"]
 
-    # Derived columns come from the measured times.
-    peak = results["roofline"]["gflops"]
-    assert peak > 0
+    # Each implementation in its own process, none of them this one; one-core workers
+    # pinned to one CPU with every runtime at 1 thread; a peer's worker imports no
+    # other peer (TensorFlow may import JAX itself; blockrnn.torch needs torch).
+    workers = results["workers"]
+    assert {w["impl"] for w in workers} == {r["impl"] for r in rows}
+    pids = [w["pid"] for w in workers]
+    assert len(set(pids)) == len(pids) and os.getpid() not in pids
+    modules = {"tf": "tensorflow", "torch": "torch", "ort": "onnxruntime", "jax": "jax"}
+    for w in workers:
+        if w["mode"] == "one":
+            assert len(w["affinity"]) == 1
+            assert all(v == 1 for v in w["thread_settings"].values() if isinstance(v, int)), w
+        for peer, module in modules.items():
+            if peer != w["impl"] and not (w["impl"] == "tf" and module == "jax") \
+                    and not (w["impl"] == "blockrnn" and module == "torch"):
+                assert not w["modules"][module], (w["impl"], module)
     for r in rows:
-        assert r["best_ms"] > 0 and r["best_ms"] <= r["median_ms"]
-        assert len(r["samples_ms"]) == 1 and r["samples_ms"][0] == r["best_ms"]
+        assert set(r["pids"]) <= {w["pid"] for w in workers
+                                  if w["impl"] == r["impl"] and w["mode"] == r["mode"]}
+
+    # Derived columns come from the measured times (medians).
+    for r in rows:
+        peak = results["roofline"][r["mode"]]["gflops"]
+        assert peak > 0
+        assert 0 < r["best_ms"] <= r["median_ms"]
+        assert len(r["rounds_ms"]) == 1 and r["rounds_ms"][0] == r["best_ms"]
+        assert math.isclose(r["spread"], r["median_ms"] / r["best_ms"] - 1)
         T, B, I, H = ((1, *r["shape"]) if r["workload"] in peers.CELL_WORKLOADS
                       else r["shape"])
         assert r["flops"] == peers.flops(r["workload"], T, B, I, H)
-        assert math.isclose(r["gflops"], r["flops"] / (r["best_ms"] * 1e-3) / 1e9)
+        assert math.isclose(r["gflops"], r["flops"] / (r["median_ms"] * 1e-3) / 1e9)
         assert math.isclose(r["sgemm_share"], r["gflops"] / peak)
+        assert r["cpu_per_wall"] >= 0 and r["threads"] >= 1
         base = [b for b in rows if b["impl"] == "blockrnn" and b["workload"] == r["workload"]
-                and b["shape"] == r["shape"]]
+                and b["shape"] == r["shape"] and b["mode"] == r["mode"]]
         if r["impl"] == "blockrnn":
             assert r["ratio_blockrnn_over_peer"] is None
-            assert r["tracemalloc_peak_bytes"] > 0
+            if r["mode"] == "all":
+                assert r["tracemalloc_peak_bytes"] > 0
             assert r["memory_bound_bytes"] == peers.memory_bound(r["workload"], T, B, I, H)
         else:
             assert math.isclose(r["ratio_blockrnn_over_peer"],
-                                base[0]["best_ms"] / r["best_ms"])
+                                base[0]["median_ms"] / r["median_ms"])
             assert r["tracemalloc_peak_bytes"] is None
+    scaling = run.scaling_rows(results)
+    assert len(scaling) == len(rows_all)
+    for s in scaling:
+        assert math.isclose(s["scaling"], s["one_ms"] / s["all_ms"])
 
 
-def test_quick_keeps_the_pause_between_samples():
-    """--quick shortens the run but still lets the previous implementation's spinning
-    threads go idle before each sample; --settle sets the pause."""
-    assert run.Run(run.parse_args(["--quick"]), None, None).settle == run.measure.SETTLE_S > 0
-    assert run.Run(run.parse_args(["--quick", "--settle", "0.05"]), None, None).settle == 0.05
+def test_worker_output_and_one_core_pinning():
+    """A worker's output: its pid, affinity, thread settings, imported libraries and per
+    task the timed samples; a one-core worker is pinned to one CPU and every runtime it
+    loads (blockrnn's OpenMP, the BLAS libraries, torch) uses one thread."""
+    spec = {"impl": "blockrnn", "tasks": [{"workload": "lstm_fwd", "shape": [4, 2, 3, 5]},
+                                          {"workload": "lstm_model", "shape": [4, 2, 3, 5]},
+                                          {"workload": "gru_cell", "shape": [1, 3, 5]}],
+            "reps": 3, "budget_s": 10.0, "cell_target_s": 0.001, "one_core": True,
+            "memory": True}
+    out = worker.launch(spec)
+    assert out["pid"] != os.getpid() and out["impl"] == "blockrnn" and out["one_core"]
+    assert out["affinity"] == [worker.one_core_cpu()]
+    settings = out["thread_settings"]
+    assert settings["torch num_threads"] == settings["torch num_interop_threads"] == 1
+    assert any(k.startswith("openmp") for k in settings)
+    assert all(v == 1 for v in settings.values()), settings
+    assert out["modules"] == {"tensorflow": False, "torch": True, "onnxruntime": False,
+                              "jax": False}
+    for res, task in zip(out["results"], spec["tasks"]):
+        assert res["error"] is None and res["workload"] == task["workload"]
+        assert len(res["times_s"]) == len(res["cpu_s"]) == 3      # reps, within the budget
+        assert all(t > 0 for t in res["times_s"])
+        assert res["threads"] == 1
+        assert res["tracemalloc_peak_bytes"] >= 0
+    assert out["results"][2]["calls_per_sample"] >= 1
+
+    # The sgemm worker imports no peer; on all cores it keeps every usable CPU; a
+    # workload it cannot build is reported as that task's error.
+    spec = {"impl": "sgemm", "tasks": [{"workload": "sgemm", "shape": [32]}], "reps": 2,
+            "budget_s": 0.0, "one_core": False}
+    out = worker.launch(spec)
+    assert len(out["results"][0]["times_s"]) == 1      # budget 0: one sample
+    assert not any(out["modules"].values())
+    assert len(out["affinity"]) == measure.usable_cpus()
+    out = worker.launch({"impl": "ort", "tasks": [{"workload": "lstm_fwdbwd",
+                                                    "shape": [4, 2, 3, 5]}]})
+    assert out["results"][0]["error"]
+
+
+def test_worker_environment_and_timing_loop():
+    env = worker.child_env(True)
+    for key, value in worker.ONE_CORE_ENV.items():
+        assert env[key] == value or (key == "XLA_FLAGS" and env[key].endswith(value))
+    assert "--xla_cpu_multi_thread_eigen=false" in env["XLA_FLAGS"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(blockrnn.__file__)))
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == root
+    assert worker.child_env(False).get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")
+    calls = []
+    walls, cpus = worker.time_task(lambda: calls.append(1), reps=4, budget=60.0, calls=3)
+    assert len(walls) == len(cpus) == 4 and len(calls) == 12
+    walls, _ = worker.time_task(lambda: None, reps=4, budget=0.0)
+    assert len(walls) == 1
+
+
+def test_options():
+    opts = run.parse_args(["--only", "blockrnn,pytorch,onnxruntime", "--repeats", "3"])
+    assert opts.impls == ["blockrnn", "torch", "ort"] and opts.rounds == 3
+    assert run.modes_of(opts) == ("all", "one")
+    assert run.modes_of(run.parse_args(["--cores", "one"])) == ("one",)
+    quick = run.Run(run.parse_args(["--quick"]), None)
+    assert (quick.rounds, quick.reps) == (2, 2)
+    full = run.Run(run.parse_args([]), None)
+    assert (full.rounds, full.big_rounds, full.reps) == (7, 5, 5)
+    assert full.rounds_of("lstm_fwdbwd", (100, 64, 512, 512)) == 5
+    assert full.rounds_of("gru_fwd", (100, 32, 256, 256)) == 7
+    assert full.rounds_of("gru_cell", (1, 32, 32)) == 7
+    assert run.Run(run.parse_args(["--rounds", "3"]), None).big_rounds == 3
+    assert run.main(["--rounds", "0"]) == 2
 
 
 def test_flops_and_memory_bound_formulas():
@@ -145,7 +248,8 @@ def test_a_failed_parity_check_excludes_the_row_loudly(capsys, monkeypatch):
         return impls + [wrong], messages
 
     monkeypatch.setattr(peers, "build", build)
-    assert run.main(TINY + ["--impls", "blockrnn", "--workloads", "lstm_fwd"]) == 1
+    assert run.main(TINY + ["--impls", "blockrnn", "--workloads", "lstm_fwd",
+                            "--cores", "one"]) == 1
     out = capsys.readouterr().out
     assert "!!! PARITY FAILURE LSTM fwd" in out
     assert "ONNX Runtime" not in out.split("workload  ")[-1].split("implementations:")[0]
@@ -177,7 +281,7 @@ def test_thread_scaling_mode(tmp_path, capsys):
 def test_plot_or_a_clear_error(tmp_path, capsys):
     png = tmp_path / "bench.png"
     status = run.main(TINY + ["--impls", "blockrnn", "--workloads", "lstm_fwd",
-                              "--plot", str(png)])
+                              "--cores", "all", "--plot", str(png)])
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -188,36 +292,62 @@ def test_plot_or_a_clear_error(tmp_path, capsys):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _row(workload, shape, impl, best_ms, flops=None):
-    return {"workload": workload, "shape": list(shape), "impl": impl, "best_ms": best_ms,
-            "flops": flops, "sgemm_share": None}
+def _row(workload, shape, impl, median_ms, flops=None, mode="all", best_ms=None):
+    return {"mode": mode, "workload": workload, "shape": list(shape), "impl": impl,
+            "median_ms": median_ms, "best_ms": best_ms or median_ms, "flops": flops,
+            "sgemm_share": None, "shape_label": ",".join(map(str, shape))}
 
 
 def test_targets_are_judged_from_the_rows():
-    """Each target is met, missed or not measured from the same rows as the table;
-    the floor is the ratio at the sgemm peak."""
+    """Each target is met, missed or not measured from the medians of the same rows as
+    the tables; the floor is the ratio at the mode's sgemm peak; scaling is one core /
+    all cores (n/a on one CPU); the spread target names the worst blockrnn row."""
     shape = (100, 32, 256, 256)
     flops = peers.flops("lstm_fwdbwd", *shape)
-    own = _row("lstm_fwdbwd", shape, "blockrnn", 60.0, flops)
+    own = _row("lstm_fwdbwd", shape, "blockrnn", 60.0, flops, best_ms=50.0)
     own["sgemm_share"] = 0.74
-    results = {"roofline": {"gflops": 200.0}, "rows": [
+    results = {"header": {"usable_cpus": 2},
+               "roofline": {"all": {"gflops": 200.0}, "one": {"gflops": 100.0}}, "rows": [
         own, _row("lstm_fwdbwd", shape, "tf", 250.0), _row("lstm_fwdbwd", shape, "torch", 90.0),
+        _row("lstm_fwdbwd", shape, "blockrnn", 100.0, flops, "one", best_ms=95.0),
+        _row("lstm_fwdbwd", shape, "torch", 110.0, flops, "one"),
         _row("lstm_cell", (1, 32, 32), "blockrnn", 0.002),
         _row("lstm_cell", (1, 32, 32), "tf", 0.02)]}
-    wanted = (("lstm_fwdbwd", shape, "tf", 0.2), ("lstm_fwdbwd", shape, "torch", 0.67),
-              ("lstm_fwdbwd", shape, "sgemm", 0.75), ("lstm_fwd", shape, "ort", 1.5),
-              ("lstm_cell", (1, 32, 32), "tf", 0.05))
+    wanted = (("all", "lstm_fwdbwd", shape, "tf", 0.2),
+              ("all", "lstm_fwdbwd", shape, "torch", 0.67),
+              ("all", "lstm_fwdbwd", shape, "sgemm", 0.75),
+              ("all", "lstm_fwd", shape, "ort", 1.5),
+              ("all", "lstm_cell", (1, 32, 32), "tf", 0.05),
+              ("one", "lstm_fwdbwd", shape, "torch", 0.85),
+              ("scaling", "lstm_fwdbwd", shape, "scaling", 1.8),
+              ("scaling", "lstm_fwd", shape, "scaling", 1.8))
     v = targets.evaluate(results, wanted)
-    assert [x["met"] for x in v] == [False, True, False, None, False]
+    assert [x["met"] for x in v] == [False, True, False, None, False, False, False, None,
+                                     False, True]
     assert math.isclose(v[0]["value"], 60 / 250) and math.isclose(v[1]["value"], 60 / 90)
     assert math.isclose(v[0]["floor"], flops / 200e9 / 0.250)
     assert v[2]["value"] == 0.74 and v[2]["floor"] is None
     assert v[3]["value"] is None and v[4]["floor"] is None and math.isclose(v[4]["value"], 0.1)
+    assert math.isclose(v[5]["value"], 100 / 110)
+    assert math.isclose(v[5]["floor"], flops / 100e9 / 0.110)     # the one-core peak
+    assert math.isclose(v[6]["value"], 100 / 60)
+    # spread: all cores 60 / 50 = 1.2 (the worst row), one core 100 / 95
+    assert v[8]["peer"] == "spread" and v[8]["mode"] == "all"
+    assert math.isclose(v[8]["value"], 1.2) and v[8]["over"] == 1 and v[8]["rows"] == 2
+    assert math.isclose(v[9]["value"], 100 / 95)
     text = targets.format_verdicts(v)
-    assert "LSTM fwd+bwd 100,32,256,256: blockrnn / TensorFlow <= 0.2" in text
+    assert "all cores, LSTM fwd+bwd 100,32,256,256: blockrnn / TensorFlow <= 0.2" in text
     assert "0.240  MISSED  (roofline floor" in text and "0.667  met" in text
     assert "sgemm share >= 75%" in text and "74.0%  MISSED" in text
-    assert "not measured" in text and "1 of 4 measured targets met" in text
+    assert "one core -> all cores, LSTM fwd+bwd 100,32,256,256: blockrnn one core / all " \
+           "cores >= 1.8x" in text and "1.67x  MISSED" in text
+    assert "1.200x  MISSED  (worst: LSTM fwd+bwd 100,32,256,256; 1 rows over)" in text
+    assert "not measured" in text and "2 of 8 measured targets met" in text
+
+    results["header"]["usable_cpus"] = 1       # one CPU: no scaling to judge
+    v = targets.evaluate(results, wanted)
+    assert v[6]["met"] is None and "n/a (1 usable CPU)" in targets.format_verdicts(v)
+    assert targets.evaluate(results, wanted, spread_bound=1.25)[8]["met"] is True
 
     rows = [{"threads": 1, "sequences_per_s": 100.0}, {"threads": 2, "sequences_per_s": 179.0}]
     one, mid = (50, 1, 128, 128), (100, 32, 256, 256)
@@ -231,49 +361,78 @@ def test_targets_are_judged_from_the_rows():
     assert targets.thread_verdict(rows, mid, 1).endswith("1.80x, met")
     assert targets.thread_verdict(rows, one, 1) is None        # no target there
     assert targets.thread_verdict(rows[:1], one) is None
-    assert all(t[2] == "sgemm" or t[2] in peers.IMPLS for t in targets.TARGETS)
+    assert all(t[3] in ("sgemm", "scaling") or t[3] in peers.IMPLS for t in targets.TARGETS)
+
+
+def test_scaling_table_from_the_rows():
+    shape = (100, 32, 256, 256)
+    results = {"header": {"usable_cpus": 2}, "rows": [
+        dict(_row("lstm_fwd", shape, "blockrnn", 30.0), workload_title="LSTM fwd",
+             impl_title="blockrnn"),
+        dict(_row("lstm_fwd", shape, "blockrnn", 57.0, mode="one"), workload_title="LSTM fwd",
+             impl_title="blockrnn"),
+        dict(_row("lstm_fwd", shape, "ort", 20.0), workload_title="LSTM fwd",
+             impl_title="ONNX Runtime")]}
+    rows = run.scaling_rows(results)
+    assert len(rows) == 1 and math.isclose(rows[0]["scaling"], 1.9)
+    assert "1.90x" in run.format_scaling(results)
+    results["header"]["usable_cpus"] = 1
+    assert "n/a (1 core)" in run.format_scaling(results)
 
 
 def test_the_targets_table():
-    """The performance targets, as the project states them (ratios: blockrnn / peer)."""
-    got = {(w, s, p): b for w, s, p, b in targets.TARGETS}
-    assert len(got) == len(targets.TARGETS) == 19
+    """The performance targets of issue 25 (ratios of medians: blockrnn / peer)."""
+    got = {(m, w, s, p): b for m, w, s, p, b in targets.TARGETS}
+    assert len(got) == len(targets.TARGETS) == 27
     big, mid, long_, one = (100, 64, 512, 512), (100, 32, 256, 256), (200, 16, 128, 256), \
         (50, 1, 128, 128)
-    assert got[("lstm_fwd", big, "ort")] == 1.0
-    assert got[("lstm_fwd", mid, "ort")] == got[("lstm_fwd", long_, "ort")] == 1.1
-    for s in (mid, big, long_):
-        assert got[("gru_fwd", s, "ort")] == 1.0
-    for s in (mid, big, long_, one):
-        assert got[("lstm_fwdbwd", s, "torch")] == (1.0 if s != one else 0.5)
-        assert got[("gru_fwdbwd", s, "torch")] == 0.7
-    assert got[("lstm_fwdbwd", big, "sgemm")] == 0.85
-    assert got[("lstm_fwd", one, "ort")] == got[("gru_fwd", one, "ort")] == 0.8
-    # issue 21: the 2-layer bidirectional LSTM module against nn.LSTM's
-    assert got[("lstm2bi_fwd", mid, "torch")] == got[("lstm2bi_fwdbwd", mid, "torch")] == 1.0
+    for s in (mid, long_, big):
+        assert got[("all", "lstm_fwd", s, "ort")] == 0.95
+        assert got[("all", "gru_fwd", s, "ort")] == 0.8
+        assert got[("all", "lstm_fwdbwd", s, "torch")] == 0.9
+        assert got[("all", "gru_fwdbwd", s, "torch")] == 0.6
+    assert got[("all", "lstm_fwd", one, "ort")] == got[("all", "gru_fwd", one, "ort")] == 0.6
+    assert got[("all", "lstm_fwdbwd", one, "torch")] == 0.5
+    for s in (mid, big):
+        assert got[("one", "lstm_fwd", s, "ort")] == 0.9
+        assert got[("one", "lstm_fwdbwd", s, "torch")] == 0.85
+        assert got[("one", "gru_fwdbwd", s, "torch")] == 0.6
+    for w in ("lstm_fwd", "lstm_fwdbwd", "gru_fwd", "gru_fwdbwd"):
+        assert got[("scaling", w, mid, "scaling")] == 1.8
+    assert got[("scaling", "lstm_fwdbwd", big, "scaling")] == 1.8
+    assert got[("all", "lstm_fwdbwd", big, "sgemm")] == 0.85
+    assert targets.SPREAD_BOUND == 1.10
     assert set(targets.THREAD_TARGETS) == {(one, "default", 1.8), (mid, "default", 0.95),
                                            (mid, 1, 1.8)}
 
 
-def test_stacked_rows_default_shape_and_flops(tmp_path, capsys, monkeypatch):
-    """The 2-layer bidirectional rows (blockrnn.torch.LSTM vs nn.LSTM) run at
-    STACKED_SHAPES only unless --shapes is given; their flops sum both layers (layer 1
-    reads 2H) and both directions."""
+def test_stacked_and_model_rows_default_shape_and_flops(tmp_path, capsys, monkeypatch):
+    """The 2-layer bidirectional rows (blockrnn.torch.LSTM vs nn.LSTM) and the model rows
+    run at STACKED_SHAPES / MODEL_SHAPES only unless --shapes is given; the stacked flops
+    sum both layers (layer 1 reads 2H) and both directions, the model's add the head's."""
     assert peers.flops("lstm2bi_fwd", 100, 32, 256, 256) == \
         2 * 2.0 * 100 * 32 * 4 * 256 * ((256 + 256) + (512 + 256))
     assert peers.flops("lstm2bi_fwdbwd", 5, 2, 4, 6) == 3 * peers.flops("lstm2bi_fwd", 5, 2,
                                                                        4, 6)
+    assert peers.flops("lstm_model", 5, 2, 4, 6) == \
+        3 * (peers.flops("lstm_fwd", 5, 2, 4, 6) + 2.0 * 5 * 2 * 6 * peers.MODEL_VOCAB)
     monkeypatch.setattr(run, "DEFAULT_SHAPES", ((5, 2, 4, 6), (4, 3, 4, 6)))
     monkeypatch.setattr(run, "STACKED_SHAPES", ((4, 3, 4, 6),))
+    monkeypatch.setattr(run, "MODEL_SHAPES", ((5, 2, 4, 6),))
     path = tmp_path / "bench.json"
-    assert run.main(["--quick", "--repeats", "1", "--sgemm-size", "64", "--settle", "0",
-                     "--workloads", "lstm_fwd", "lstm2bi_fwd", "lstm2bi_fwdbwd",
-                     "--impls", "blockrnn", "torch", "--json", str(path)]) == 0
+    assert run.main(["--quick", "--rounds", "1", "--sgemm-size", "64", "--settle", "0",
+                     "--cores", "one", "--workloads", "lstm_fwd", "lstm2bi_fwd",
+                     "lstm2bi_fwdbwd", "lstm_model", "--only", "blockrnn,pytorch",
+                     "--json", str(path)]) == 0
     results = json.loads(path.read_text())
-    got = {(r["workload"], tuple(r["shape"]), r["impl"]) for r in results["rows"]}
-    assert got == {(w, s, i) for i in ("blockrnn", "torch") for w, s in (
+    got = {(r["workload"], tuple(r["shape"]), r["impl"], r["mode"]) for r in results["rows"]}
+    assert got == {(w, s, i, "one") for i in ("blockrnn", "torch") for w, s in (
         ("lstm_fwd", (5, 2, 4, 6)), ("lstm_fwd", (4, 3, 4, 6)),
-        ("lstm2bi_fwd", (4, 3, 4, 6)), ("lstm2bi_fwdbwd", (4, 3, 4, 6)))}
+        ("lstm2bi_fwd", (4, 3, 4, 6)), ("lstm2bi_fwdbwd", (4, 3, 4, 6)),
+        ("lstm_model", (5, 2, 4, 6)))}
     checked = {(p["workload"], p["impl"]) for p in results["parity"] if p["ok"]}
-    assert {("lstm2bi_fwd", "torch"), ("lstm2bi_fwdbwd", "torch")} <= checked
-    assert "LSTM 2-layer bidi fwd+bwd" in capsys.readouterr().out
+    assert {("lstm2bi_fwd", "torch"), ("lstm2bi_fwdbwd", "torch"),
+            ("lstm_model", "torch")} <= checked
+    out = capsys.readouterr().out
+    assert "LSTM 2-layer bidi fwd+bwd" in out and "scaling, one core" not in out
+    assert "one core  5,2,4,6" in out and "ms/step" in out

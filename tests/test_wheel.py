@@ -45,6 +45,7 @@ PACKAGE_FILES = [
     "blockrnn/onnx.py", "blockrnn/jax.py",
     "blockrnn/bench/__init__.py", "blockrnn/bench/run.py", "blockrnn/bench/peers.py",
     "blockrnn/bench/measure.py", "blockrnn/bench/targets.py", "blockrnn/bench/threads.py",
+    "blockrnn/bench/worker.py",
     "blockrnn/data/shakespeare.txt",
     "blockrnn/_blas.pxd", "blockrnn/_openmp.pxd", "blockrnn/_kernels.pxd", "blockrnn/capi.pxd",
 ]
@@ -253,7 +254,10 @@ def test_installed_wheel_runs_the_benchmark(venv, tmp_path):
     assert {(r["workload"], tuple(r["shape"])) for r in results["rows"]
             if r["impl"] == "blockrnn"} >= {("lstm_fwd", (6, 2, 4, 8)),
                                             ("gru_fwdbwd", (6, 2, 4, 8))}
-    assert "\ntargets (roofline floor" in proc.stdout, proc.stdout[-2000:]
+    assert "\ntargets (medians" in proc.stdout, proc.stdout[-2000:]
+    # every implementation timed in a worker process of the installed package
+    assert {w["impl"] for w in results["workers"]} == impls
+    assert len({w["pid"] for w in results["workers"]}) == len(results["workers"])
     where = _run([str(venv), "-c", "import blockrnn.bench, os; "
                   "print(os.path.realpath(blockrnn.bench.__file__))"],
                  timeout=120, cwd=tmp_path, env=_clean_env()).stdout.strip()

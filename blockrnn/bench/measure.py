@@ -1,10 +1,9 @@
-"""Measurement helpers: round-robin timing, peak memory, the sgemm roofline, the header."""
+"""Measurement helpers: cell-loop calibration, peak memory, the sgemm roofline, the header."""
 import ctypes
 import ctypes.util
 import gc
 import os
 import platform
-import statistics
 import time
 import tracemalloc
 
@@ -23,47 +22,6 @@ def calibrate(fn, target):
     fn()
     single = time.perf_counter() - start
     return max(1, min(100_000, int(target / max(single, 1e-9))))
-
-
-# Pause before each sample. Every library here leaves worker threads spinning
-# after a call (OpenBLAS's pool, libgomp's team in PyTorch, ONNX Runtime's and
-# TensorFlow's pools); without a pause the next implementation in the round
-# shares the cores with the previous one's spinners (measured: blockrnn's
-# forward at 100,32,256,256 took 56 ms right after the peers, 30 ms alone).
-SETTLE_S = 0.2
-
-
-def round_robin(fns, repeats, numbers, on_error, settle=SETTLE_S):
-    """Time ``fns`` (dict name -> callable) in turn, ``repeats`` rounds.
-
-    Each round times every function once (``numbers[name]`` calls per sample, the sample
-    being the mean per call), so slow drifts of the machine hit every implementation
-    alike; each sample starts ``settle`` seconds after the previous one ended, on idle
-    cores. A function that raises is dropped (``on_error(name, exc)``).
-    Returns dict name -> list of per-call seconds, one per round.
-    """
-    samples = {name: [] for name in fns}
-    live = dict(fns)
-    for _ in range(repeats):
-        for name, fn in list(live.items()):
-            n = numbers.get(name, 1)
-            if settle and len(live) > 1:
-                time.sleep(settle)
-            try:
-                start = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                samples[name].append((time.perf_counter() - start) / n)
-            except Exception as exc:  # noqa: BLE001 - reported, the run goes on
-                on_error(name, exc)
-                del live[name]
-                samples.pop(name)
-    return samples
-
-
-def summarize(times):
-    return {"best_s": min(times), "median_s": statistics.median(times), "n": len(times),
-            "samples_s": list(times)}
 
 
 # --------------------------------------------------------------------------

@@ -52,17 +52,21 @@ import numpy as np
 import blockrnn
 
 WORKLOADS = ("lstm_fwd", "lstm_fwdbwd", "gru_fwd", "gru_fwdbwd", "lstm2bi_fwd",
-             "lstm2bi_fwdbwd", "lstm_cell", "gru_cell")
-SEQUENCE_WORKLOADS = WORKLOADS[:6]
+             "lstm2bi_fwdbwd", "lstm_model", "lstm_cell", "gru_cell")
+SEQUENCE_WORKLOADS = WORKLOADS[:7]
 STACKED_WORKLOADS = ("lstm2bi_fwd", "lstm2bi_fwdbwd")
-CELL_WORKLOADS = WORKLOADS[6:]
+MODEL_WORKLOADS = ("lstm_model",)
+CELL_WORKLOADS = WORKLOADS[7:]
 WORKLOAD_TITLES = {
     "lstm_fwd": "LSTM fwd", "lstm_fwdbwd": "LSTM fwd+bwd", "gru_fwd": "GRU fwd",
     "gru_fwdbwd": "GRU fwd+bwd", "lstm2bi_fwd": "LSTM 2-layer bidi fwd",
-    "lstm2bi_fwdbwd": "LSTM 2-layer bidi fwd+bwd", "lstm_cell": "LSTMCell B=1",
+    "lstm2bi_fwdbwd": "LSTM 2-layer bidi fwd+bwd",
+    "lstm_model": "LSTM in a torch model, train step", "lstm_cell": "LSTMCell B=1",
     "gru_cell": "GRUCell B=1",
 }
 STACKED_LAYERS = 2   # the stacked workloads: num_layers, both directions
+MODEL_VOCAB = 1000   # the model workload: Embedding(V, I) -> LSTM(I, H) -> Linear(H, V)
+MODEL_LR = 0.01
 IMPLS = ("blockrnn", "tf", "torch", "ort", "jax")
 IMPL_TITLES = {"blockrnn": "blockrnn", "tf": "TensorFlow", "torch": "PyTorch",
                "ort": "ONNX Runtime", "jax": "JAX"}
@@ -71,8 +75,9 @@ IMPL_TITLES = {"blockrnn": "blockrnn", "tf": "TensorFlow", "torch": "PyTorch",
 DEFAULT_SHAPES = ((100, 32, 256, 256), (100, 64, 512, 512), (50, 1, 128, 128),
                   (200, 16, 128, 256))
 CELL_SHAPE = (1, 32, 32)
-# The default shapes of the stacked workloads (every --shapes shape when given).
+# The default shapes of the stacked and model workloads (every --shapes shape when given).
 STACKED_SHAPES = ((100, 32, 256, 256),)
+MODEL_SHAPES = ((100, 32, 256, 256),)
 
 FWD_TOL = 1e-4
 GRAD_TOL = 1e-3
@@ -84,6 +89,8 @@ def flops(workload, T, B, I, H):
     gates = 4 if workload.startswith("lstm") else 3
     steps = 1 if workload.endswith("_cell") else T
     rows = I + H
+    if workload in MODEL_WORKLOADS:   # the LSTM and the Linear(H, V) head, x3 (training)
+        return 3 * (2.0 * T * B * rows * gates * H + 2.0 * T * B * H * MODEL_VOCAB)
     if workload in STACKED_WORKLOADS:
         rows = 2 * ((I + H) + (STACKED_LAYERS - 1) * (2 * H + H))
     fwd = 2.0 * steps * B * rows * gates * H
@@ -97,7 +104,7 @@ def memory_bound(workload, T, B, I, H, itemsize=4):
     the recurrent weights no larger than it), and [x, h] plus the gate block for a
     cell op. None for the stacked workloads (a torch module: its torch tensors are not
     seen by tracemalloc, so no bound is compared)."""
-    if workload in STACKED_WORKLOADS:
+    if workload in STACKED_WORKLOADS or workload in MODEL_WORKLOADS:
         return None
     if workload == "lstm_cell":
         return itemsize * (7 * B * H + B * (I + H) + B * 4 * H)
@@ -217,10 +224,19 @@ class Problem:
 # --------------------------------------------------------------------------
 
 class Peers:
-    """The importable peers. ``skipped`` holds one line per missing peer."""
+    """The importable peers among ``wanted`` (only those are imported). ``skipped`` holds
+    one line per missing peer.
 
-    def __init__(self, wanted=IMPLS, threads=None):
-        self.threads = threads or 1
+    ``threads``: None leaves every runtime at its defaults (the all-cores mode); a number
+    sets TF's intra-op threads, ``torch.set_num_threads`` and ORT's
+    ``intra_op_num_threads`` to it. ``one_core`` also sets the inter-op pools to 1 (TF,
+    ``torch.set_num_interop_threads``; ORT's is 1 always); the one-core worker sets the
+    environment of the other pools (OMP_NUM_THREADS, XLA_FLAGS, ...) before it starts.
+    """
+
+    def __init__(self, wanted=IMPLS, threads=None, one_core=False):
+        self.threads = 1 if one_core else threads
+        self.one_core = one_core
         self.tf = self.torch = self.ort = self.onnx = self.jax = None
         self.skipped = []
         self.notes = []
@@ -229,9 +245,12 @@ class Peers:
                 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
                 import tensorflow as tf
                 try:
-                    tf.config.threading.set_intra_op_parallelism_threads(self.threads)
+                    if self.threads:
+                        tf.config.threading.set_intra_op_parallelism_threads(self.threads)
+                    if one_core:
+                        tf.config.threading.set_inter_op_parallelism_threads(1)
                 except RuntimeError as exc:  # TF already initialised in this process
-                    self.notes.append(f"TensorFlow intra-op threads not set: {exc}")
+                    self.notes.append(f"TensorFlow threads not set: {exc}")
                 self.tf = tf
             except Exception as exc:  # noqa: BLE001 - any import failure means "missing"
                 self.skipped.append(
@@ -240,7 +259,10 @@ class Peers:
         if "torch" in wanted:
             try:
                 import torch
-                torch.set_num_threads(self.threads)
+                if self.threads:
+                    torch.set_num_threads(self.threads)
+                if one_core:
+                    torch.set_num_interop_threads(1)
                 self.torch = torch
             except Exception as exc:  # noqa: BLE001
                 self.skipped.append(
@@ -273,14 +295,20 @@ class Peers:
         return out
 
     def thread_settings(self):
+        """Each runtime's thread setting as it reports it (0 = the runtime's default)."""
         out = {}
         if self.tf is not None:
             out["tensorflow intra_op"] = \
                 self.tf.config.threading.get_intra_op_parallelism_threads()
+            out["tensorflow inter_op"] = \
+                self.tf.config.threading.get_inter_op_parallelism_threads()
         if self.torch is not None:
             out["torch num_threads"] = self.torch.get_num_threads()
+            out["torch num_interop_threads"] = self.torch.get_num_interop_threads()
         if self.ort is not None:
-            out["onnxruntime intra_op_num_threads"] = self.threads
+            out["onnxruntime intra_op_num_threads"] = self.threads or 0
+        if self.jax is not None:
+            out["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
         return out
 
 
@@ -296,6 +324,13 @@ def _blockrnn(workload, p):
             raise Skip(f"blockrnn {WORKLOAD_TITLES[workload]} runs blockrnn.torch.LSTM, which "
                        f"needs PyTorch ({exc}): row skipped") from exc
         return _stacked_impl(torch, "blockrnn", workload, p)
+    if workload in MODEL_WORKLOADS:
+        try:
+            import torch
+        except ImportError as exc:
+            raise Skip(f"the blockrnn model row runs blockrnn.torch.LSTM, which needs "
+                       f"PyTorch ({exc}): row skipped") from exc
+        return _model_impl(torch, "blockrnn", p)
     if workload == "lstm_fwd":
         args = p.lstm_args()
         return Impl("blockrnn", "block_lstm_v2 (peepholes)",
@@ -344,7 +379,7 @@ class Skip(Exception):
 # --------------------------------------------------------------------------
 
 def _tf(tf, workload, p):
-    if workload in STACKED_WORKLOADS:
+    if workload in STACKED_WORKLOADS or workload in MODEL_WORKLOADS:
         raise Skip(None)   # the stacked workloads compare the two torch modules only
     c = tf.constant
     raw = tf.raw_ops
@@ -377,16 +412,17 @@ def _tf(tf, workload, p):
         kw = {n: c(a) for n, a in zip(names, p.cell_lstm_args)}
         run = lambda: raw.LSTMBlockCell(**kw, forget_bias=1.0, cell_clip=3.0,  # noqa: E731
                                         use_peephole=True)
-        want = blockrnn.lstm_block_cell(*p.cell_lstm_args, use_peephole=True).h
+        want = lambda: blockrnn.lstm_block_cell(  # noqa: E731  (parity only)
+            *p.cell_lstm_args, use_peephole=True).h
         return Impl("tf", "tf.raw_ops.LSTMBlockCell (eager, peepholes)", run,
-                    lambda: _combine(_fwd_parity(run()[6], want, "h - h_blockrnn")))
+                    lambda: _combine(_fwd_parity(run()[6], want(), "h - h_blockrnn")))
     if workload == "gru_cell":
         names = ("x", "h_prev", "w_ru", "w_c", "b_ru", "b_c")
         kw = {n: c(a) for n, a in zip(names, p.cell_gru_args)}
         run = lambda: raw.GRUBlockCell(**kw)  # noqa: E731
-        want = blockrnn.gru_block_cell(*p.cell_gru_args).h
+        want = lambda: blockrnn.gru_block_cell(*p.cell_gru_args).h  # noqa: E731
         return Impl("tf", "tf.raw_ops.GRUBlockCell (eager)", run,
-                    lambda: _combine(_fwd_parity(run()[3], want, "h - h_blockrnn")))
+                    lambda: _combine(_fwd_parity(run()[3], want(), "h - h_blockrnn")))
     raise ValueError(workload)
 
 
@@ -425,6 +461,8 @@ def numpy_gru_reset_after(x, h0, w_ih, w_hh, b_ih, b_hh):
 def _torch(torch, workload, p):
     if workload in STACKED_WORKLOADS:
         return _stacked_impl(torch, "torch", workload, p)
+    if workload in MODEL_WORKLOADS:
+        return _model_impl(torch, "torch", p)
     nn = torch.nn
     T, B, I, H = p.shape
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
@@ -513,10 +551,11 @@ def _torch(torch, workload, p):
         def run():
             with torch.no_grad():
                 return cell(xt, (ht, ct))
-        want = blockrnn.lstm_block_cell(x, cs, h, w, wci, wcf, wco, b, forget_bias=0.0,
-                                        cell_clip=0.0, use_peephole=False).h
+        want = lambda: blockrnn.lstm_block_cell(  # noqa: E731  (parity only)
+            x, cs, h, w, wci, wcf, wco, b, forget_bias=0.0, cell_clip=0.0,
+            use_peephole=False).h
         return Impl("torch", "nn.LSTMCell, no_grad", run, lambda: _combine(_fwd_parity(
-            run()[0].numpy(), want, "h - h_blockrnn(no peep., forget_bias 0, no clip)")),
+            run()[0].numpy(), want(), "h - h_blockrnn(no peep., forget_bias 0, no clip)")),
             "no peepholes, forget bias or cell clip")
     if workload == "gru_cell":
         x, h, w_ru, w_c, b_ru, b_c = p.cell_gru_args
@@ -565,7 +604,7 @@ def _stacked_grads(torch, model, x, h0, c0):
     """The gradients of one fwd+bwd run of ``model`` as NumPy, keyed by nn.LSTM's names
     (blockrnn's w / b mapped back: W_ih = w[:I_k].T, W_hh = w[I_k:].T, b_ih = b_hh = b)."""
     out = {"x": x.grad, "h0": h0.grad, "c0": c0.grad}
-    if isinstance(model, torch.nn.LSTM):
+    if isinstance(model, torch.nn.LSTM) or "weight_ih_l0" in dict(model.named_parameters()):
         out.update({n: q.grad for n, q in model.named_parameters()})
     else:
         mine = dict(model.named_parameters())
@@ -626,6 +665,70 @@ def _stacked_impl(torch, impl, workload, p):
 
 
 # --------------------------------------------------------------------------
+# Inside a PyTorch model: Embedding -> LSTM -> Linear -> cross-entropy, one SGD step
+# --------------------------------------------------------------------------
+
+def _model_parts(torch, p):
+    """(Embedding(V, I), nn.LSTM(I, H), Linear(H, V), tokens, targets) of the model
+    workload, float32, from the problem's seed; tokens and targets are (T, B) int64."""
+    def build():
+        torch.manual_seed(p.seed)
+        rng = np.random.default_rng(p.seed + 2)
+        parts = (torch.nn.Embedding(MODEL_VOCAB, p.I), torch.nn.LSTM(p.I, p.H),
+                 torch.nn.Linear(p.H, MODEL_VOCAB))
+        tokens, targets = (torch.from_numpy(rng.integers(0, MODEL_VOCAB, (p.T, p.B)))
+                           for _ in range(2))
+        return (*parts, tokens, targets)
+    return p._cached("model", build)
+
+
+def _model_step(torch, impl, p):
+    """A training step of a fresh copy of the model (the LSTM: ``nn.LSTM`` for "torch",
+    ``blockrnn.torch.LSTM.from_torch(nn_lstm)`` for "blockrnn"): ``step()`` runs forward,
+    cross-entropy, backward and an SGD step and returns (loss, the module list)."""
+    import copy
+    emb, lstm, head, tokens, targets = _model_parts(torch, p)
+    emb, lstm, head = (copy.deepcopy(m) for m in (emb, lstm, head))
+    if impl == "blockrnn":
+        import blockrnn.torch as bt
+        lstm = bt.LSTM.from_torch(lstm)
+    modules = (emb, lstm, head)
+    params = [q for m in modules for q in m.parameters()]
+    opt = torch.optim.SGD(params, lr=MODEL_LR)
+    loss_fn = torch.nn.functional.cross_entropy
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        y = lstm(emb(tokens))[0]                                  # (T, B, H)
+        loss = loss_fn(head(y).reshape(-1, MODEL_VOCAB), targets.reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss, modules
+    return step
+
+
+def _model_impl(torch, impl, p):
+    step = _model_step(torch, impl, p)
+    label = (f"Embedding({MODEL_VOCAB},{p.I}) -> "
+             f"{'blockrnn.torch.LSTM.from_torch' if impl == 'blockrnn' else 'nn.LSTM'}"
+             f"({p.I},{p.H}) -> Linear({p.H},{MODEL_VOCAB}) -> cross_entropy; "
+             "backward, SGD step")
+    run = lambda: step()[0]  # noqa: E731
+
+    def check():
+        """One step of this model and of the blockrnn one, each from the same weights:
+        the loss and the gradients of the embedding and the head agree."""
+        got_loss, (g_emb, _, g_head) = _model_step(torch, impl, p)()
+        want_loss, (w_emb, _, w_head) = _model_step(torch, "blockrnn", p)()
+        return _combine(
+            _fwd_parity(got_loss.item(), want_loss.item(), "loss - loss_blockrnn"),
+            _grad_parity([("embedding.weight", g_emb.weight.grad, w_emb.weight.grad),
+                          ("linear.weight", g_head.weight.grad, w_head.weight.grad),
+                          ("linear.bias", g_head.bias.grad, w_head.bias.grad)]))
+    return Impl(impl, label, run, None if impl == "blockrnn" else check, "no peepholes")
+
+
+# --------------------------------------------------------------------------
 # ONNX Runtime
 # --------------------------------------------------------------------------
 
@@ -646,7 +749,7 @@ def _ort_session(peers, node, inputs, outputs, initializers):
     model.ir_version = 8
     onnx.checker.check_model(model)
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = peers.threads
+    opts.intra_op_num_threads = peers.threads or 0    # 0: ORT's default (physical cores)
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3
@@ -656,7 +759,7 @@ def _ort_session(peers, node, inputs, outputs, initializers):
 
 
 def _ort(peers, workload, p):
-    if workload in STACKED_WORKLOADS:
+    if workload in STACKED_WORKLOADS or workload in MODEL_WORKLOADS:
         raise Skip(None)
     T, B, I, H = p.shape
     if workload == "lstm_fwd":
@@ -701,7 +804,8 @@ def _ort(peers, workload, p):
 # --------------------------------------------------------------------------
 
 def _jax(jax, workload, p):
-    if workload in CELL_WORKLOADS or workload in STACKED_WORKLOADS:
+    if workload in CELL_WORKLOADS or workload in STACKED_WORKLOADS \
+            or workload in MODEL_WORKLOADS:
         raise Skip("")   # no cell rows: a jitted single step measures dispatch only
     from blockrnn import jax as bj
     jnp = jax.numpy
@@ -715,7 +819,7 @@ def _jax(jax, workload, p):
         state = jnp.asarray(p.h0)
         model = bj.reference_gru
     x = jnp.asarray(p.x)
-    want_h = p.lstm_fwd(False).h if lstm else p.gru_h()
+    want_h = lambda: p.lstm_fwd(False).h if lstm else p.gru_h()  # noqa: E731 (parity only)
     what = "h - h_blockrnn(no peep.)" if lstm else "h - h_blockrnn"
     note = "lax.scan model, no peepholes" if lstm else "lax.scan model"
     if workload.endswith("_fwd"):
@@ -724,7 +828,7 @@ def _jax(jax, workload, p):
         def run():
             return fwd(params, x, state).block_until_ready()
         return Impl("jax", f"jit({model.__name__})", run,
-                    lambda: _combine(_fwd_parity(run(), want_h, what)), note)
+                    lambda: _combine(_fwd_parity(run(), want_h(), what)), note)
     h_grad = jnp.asarray(p.h_grad)
 
     @jax.jit
@@ -750,7 +854,7 @@ def _jax(jax, workload, p):
                      ("w_c_grad", dparams["w_c"], want.w_c_grad),
                      ("b_ru_grad", dparams["b_ru"], want.b_ru_grad),
                      ("b_c_grad", dparams["b_c"], want.b_c_grad)]
-        return _combine(_fwd_parity(y, want_h, what), _grad_parity(pairs))
+        return _combine(_fwd_parity(y, want_h(), what), _grad_parity(pairs))
     return Impl("jax", f"jit(vjp({model.__name__}))", run, check, note)
 
 
