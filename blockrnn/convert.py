@@ -603,16 +603,16 @@ def from_onnx(model_or_path, node=None, *, dtype=None):
     Reshape / Squeeze / Unsqueeze nodes that compute the same (Reshape targets
     constant or computed from ``Shape``, as torch's dynamo exporter writes them
     for dynamic T and B); the chain becomes one layer with ``num_layers`` = its
-    length. A node with ``direction="bidirectional"``
-    gives ``bidirectional=True`` (ONNX's reverse direction, like blockrnn's,
-    reads each row's first ``sequence_lens[b]`` steps backwards).
+    length. A node with ``direction="bidirectional"`` gives
+    ``bidirectional=True`` (ONNX's reverse direction, like blockrnn's, reads
+    each row's first ``sequence_lens[b]`` steps backwards). Weights computed
+    from constants (Slice / Concat / Unsqueeze / ... of initializers, as torch's
+    exporter with ``optimize=False`` writes them) count as constants.
 
     Every node must be what blockrnn computes: ``direction`` "forward" or
     "bidirectional" (the same in every node), default activations, no ``clip``,
     ``input_forget=0``, ``layout=0``, a GRU with ``linear_before_reset=0``, and
-    its ``W``, ``R``, ``B``, ``P`` constant (initializers, Constant nodes, or
-    computed from them by Slice / Concat / Unsqueeze / ... nodes, as torch's
-    exporter with ``optimize=False`` writes them).
+    its ``W``, ``R``, ``B``, ``P`` constant (initializers or Constant nodes).
     Anything else is refused with a ValueError naming the attribute. ONNX's
     gate orders (LSTM i, o, f, c; GRU z, r, h) map to TensorFlow's (IFCO;
     [r | u], c with u = z); the biases become ``b = Wb + Rb``; ``P`` = [p_i,
