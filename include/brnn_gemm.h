@@ -1,0 +1,118 @@
+/* A small deterministic GEMM driver over the packed micro-kernels of
+ * brnn_packed.h (float32), for the products a sequence call makes once over
+ * all its steps (the backward's x_grad and weight gradients):
+ *
+ *   C[M, N] (+)= A[M, K] . B[K, N],
+ *   A(m, k) = a[m * sam + k * sak],  B(k, n) = b[k * sbk + n * sbn]
+ *
+ * so either operand may be transposed or a block of a larger array. The loop
+ * nest is Goto's (as in BLIS): for each block of NC columns and each block of
+ * KC of K, the B block [kc, nc] is packed (brnn_pack_f32: panels of 16
+ * columns, a panel stays in L1), then for each block of MC rows the micro-
+ * kernel runs the panels over the row tiles of the A block [mc, kc] (kept in
+ * L2; copied row-major first when sak != 1, since the kernel reads rows).
+ *
+ * Determinism: each C element is (((c) + s_0) + s_1) + ..., s_j the kernel's
+ * in-order sum over K block j = [j KC, (j+1) KC); the first term c is the old
+ * C if accumulating, else absent. KC is a constant, so the bits depend on K
+ * and the kernel variant only: never on the thread count, on which thread
+ * computes an element, or on MC / NC. Threads split rows or whole 16-column
+ * panels of C (brnn_gemm_part), never K.
+ *
+ * Use: thread tid of nt calls brnn_gemm_f32 (or brnn_gemm_jobs_f32) with its
+ * own workspace of BRNN_GEMM_WS floats; the nt calls together write all of C.
+ * No barrier is needed between jobs that write different elements, nor
+ * between jobs that write the same C of the same M and N (brnn_gemm_part then
+ * gives every element to the same thread in both).
+ */
+#ifndef BRNN_GEMM_H
+#define BRNN_GEMM_H
+
+#include "brnn_packed.h"
+
+#define BRNN_GEMM_KC 256 /* K block: a 16-column panel is 16 KB, in L1 */
+#define BRNN_GEMM_MC 96  /* rows per A block: 96 KB at KC, in L2 (8, 16, 24 tiles) */
+#define BRNN_GEMM_NC 512 /* columns per packed B block: 512 KB at KC */
+
+/* Floats of one thread's workspace: a packed B block, then an A block. */
+#define BRNN_GEMM_WS (BRNN_GEMM_KC * BRNN_GEMM_NC + BRNN_GEMM_MC * BRNN_GEMM_KC)
+
+/* One product, as above. */
+typedef struct {
+    ptrdiff_t M, N, K;
+    const float *a;
+    ptrdiff_t sam, sak;
+    const float *b;
+    ptrdiff_t sbk, sbn;
+    int accumulate;
+    float *c;
+    ptrdiff_t ldc;
+} brnn_gemm_job;
+
+/* The part of C [M, N] thread tid of nt computes: rows [*m0, *m1) x columns
+ * [*n0, *n1). A tall C (M >= N) is split in rows, a wide one in whole
+ * 16-column panels (n0 a multiple of 16); a thread may get nothing. A
+ * function of its arguments only. */
+static inline void brnn_gemm_part(ptrdiff_t M, ptrdiff_t N, int tid, int nt, ptrdiff_t *m0,
+                                  ptrdiff_t *m1, ptrdiff_t *n0, ptrdiff_t *n1) {
+    *m0 = 0;
+    *m1 = M;
+    *n0 = 0;
+    *n1 = N;
+    if (nt <= 1) return;
+    if (M >= N) {
+        *m0 = tid * M / nt;
+        *m1 = (tid + 1) * M / nt;
+    } else {
+        ptrdiff_t panels = (N + BRNN_NR - 1) / BRNN_NR;
+        ptrdiff_t a = tid * panels / nt * BRNN_NR, b = (tid + 1) * panels / nt * BRNN_NR;
+        *n0 = a < N ? a : N;
+        *n1 = b < N ? b : N;
+    }
+}
+
+/* Thread tid of nt's part of job j (see the top of this file); ws: this
+ * thread's BRNN_GEMM_WS floats. */
+static void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job *j, int tid, int nt,
+                          float *ws) {
+    ptrdiff_t m0, m1, n0, n1;
+    brnn_gemm_part(j->M, j->N, tid, nt, &m0, &m1, &n0, &n1);
+    if (m1 <= m0 || n1 <= n0) return;
+    if (j->K == 0) { /* an empty sum */
+        if (!j->accumulate)
+            for (ptrdiff_t m = m0; m < m1; m++)
+                memset(j->c + m * j->ldc + n0, 0, (size_t)(n1 - n0) * sizeof(float));
+        return;
+    }
+    float *bp = ws, *ap = ws + BRNN_GEMM_KC * BRNN_GEMM_NC;
+    for (ptrdiff_t jc = n0; jc < n1; jc += BRNN_GEMM_NC) {
+        ptrdiff_t nc = n1 - jc < BRNN_GEMM_NC ? n1 - jc : BRNN_GEMM_NC;
+        for (ptrdiff_t pc = 0; pc < j->K; pc += BRNN_GEMM_KC) {
+            ptrdiff_t kc = j->K - pc < BRNN_GEMM_KC ? j->K - pc : BRNN_GEMM_KC;
+            brnn_pack_f32(kc, nc, j->b + pc * j->sbk + jc * j->sbn, j->sbk, j->sbn, bp);
+            int acc = j->accumulate || pc > 0;
+            for (ptrdiff_t ic = m0; ic < m1; ic += BRNN_GEMM_MC) {
+                ptrdiff_t mc = m1 - ic < BRNN_GEMM_MC ? m1 - ic : BRNN_GEMM_MC;
+                const float *ablk = j->a + ic * j->sam + pc * j->sak;
+                ptrdiff_t lda = j->sam;
+                if (j->sak != 1) { /* A block copied row-major: ap[r, k] */
+                    for (ptrdiff_t k = 0; k < kc; k++)
+                        for (ptrdiff_t r = 0; r < mc; r++)
+                            ap[r * kc + k] = ablk[r * j->sam + k * j->sak];
+                    ablk = ap;
+                    lda = kc;
+                }
+                fn(mc, kc, ablk, lda, bp, 0, nc, acc, j->c + ic * j->ldc + jc, j->ldc);
+            }
+        }
+    }
+}
+
+/* Thread tid of nt's part of the jobs, in order (see the top of this file
+ * for when jobs may share C without a barrier). */
+static void brnn_gemm_jobs_f32(brnn_packed_fn fn, int njobs, const brnn_gemm_job *jobs,
+                               int tid, int nt, float *ws) {
+    for (int i = 0; i < njobs; i++) brnn_gemm_f32(fn, jobs + i, tid, nt, ws);
+}
+
+#endif /* BRNN_GEMM_H */
