@@ -236,6 +236,11 @@ cdef inline int packed_gemm_threads(Py_ssize_t work, int limit) noexcept nogil:
     return <int>max(1, min(work // PACKED_GEMM_WORK_PER_THREAD, limit))
 
 
+def packed_gemm_threads_for(Py_ssize_t work, int limit):
+    """packed_gemm_threads (for the tests)."""
+    return packed_gemm_threads(work, limit)
+
+
 cdef inline brnn_gemm_job gemm_job(
         Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const float* a, Py_ssize_t sam,
         Py_ssize_t sak, const float* b, Py_ssize_t sbk, Py_ssize_t sbn, bint accumulate,
