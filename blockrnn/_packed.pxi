@@ -40,6 +40,7 @@ cdef extern from "brnn_gemm.h" nogil:
         int accumulate
         float* c
         Py_ssize_t ldc
+    brnn_packed_fn brnn_gemm_kernel(int path)
     void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job* j, int tid, int nt, float* ws)
     void brnn_gemm_jobs_f32(brnn_packed_fn fn, int njobs, const brnn_gemm_job* jobs, int tid,
                             int nt, float* ws)
@@ -75,6 +76,7 @@ cdef int choose_packed_path() except -1:
 # Set once at import, read-only afterwards (like an ifunc resolution).
 cdef int packed_path = choose_packed_path()
 cdef brnn_packed_fn packed_product = brnn_packed_kernel(packed_path)
+cdef brnn_packed_fn gemm_product = brnn_gemm_kernel(packed_path)   # the GEMM driver's
 
 
 def packed_kernel_name():
@@ -267,12 +269,12 @@ cdef void packed_gemm_jobs(int njobs, const brnn_gemm_job* jobs, float* ws,
     cdef int tid, nt, granted
     granted = brnn_budget_take(threads, threads)
     if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        brnn_gemm_jobs_f32(packed_product, njobs, jobs, 0, 1, ws)
+        brnn_gemm_jobs_f32(gemm_product, njobs, jobs, 0, 1, ws)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
             nt = brnn_omp_get_num_threads()
-            brnn_gemm_jobs_f32(packed_product, njobs, jobs, tid, nt, ws + tid * BRNN_GEMM_WS)
+            brnn_gemm_jobs_f32(gemm_product, njobs, jobs, tid, nt, ws + tid * BRNN_GEMM_WS)
     brnn_budget_give(granted)
 
 
@@ -299,7 +301,7 @@ def packed_gemm_memview(const float[:, :] a, const float[:, :] b, bint accumulat
         M, N, K, &a[0, 0] if K > 0 else NULL, a.strides[0] // 4, a.strides[1] // 4,
         &b[0, 0] if K > 0 else NULL, b.strides[0] // 4, b.strides[1] // 4, accumulate,
         &c[0, 0], N)
-    cdef brnn_packed_fn fn = brnn_packed_kernel(p)
+    cdef brnn_packed_fn fn = brnn_gemm_kernel(p)
     with nogil:
         if threads > 1:
             if p != packed_path:

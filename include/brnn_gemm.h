@@ -10,7 +10,7 @@
  * KC of K, the B block [kc, nc] is packed (brnn_pack_f32: panels of 16
  * columns, a panel stays in L1), then for each block of MC rows the micro-
  * kernel runs the panels over the row tiles of the A block [mc, kc] (kept in
- * L2; copied row-major first when sak != 1, since the kernel reads rows).
+ * L2, copied row-major and contiguous first: the kernel reads rows).
  *
  * Determinism: each C element is (((c) + s_0) + s_1) + ..., s_j the kernel's
  * in-order sum over K block j = [j KC, (j+1) KC); the first term c is the old
@@ -34,8 +34,11 @@
 #define BRNN_GEMM_MC 96  /* rows per A block: 96 KB at KC, in L2 (8, 16, 24 tiles) */
 #define BRNN_GEMM_NC 512 /* columns per packed B block: 512 KB at KC */
 
+/* Row stride of a packed A block (KC plus a cache line). */
+#define BRNN_GEMM_LDA (BRNN_GEMM_KC + 16)
+
 /* Floats of one thread's workspace: a packed B block, then an A block. */
-#define BRNN_GEMM_WS (BRNN_GEMM_KC * BRNN_GEMM_NC + BRNN_GEMM_MC * BRNN_GEMM_KC)
+#define BRNN_GEMM_WS (BRNN_GEMM_KC * BRNN_GEMM_NC + BRNN_GEMM_MC * BRNN_GEMM_LDA)
 
 /* One product, as above. */
 typedef struct {
@@ -71,6 +74,94 @@ static inline void brnn_gemm_part(ptrdiff_t M, ptrdiff_t N, int tid, int nt, ptr
     }
 }
 
+#if BRNN_PACKED_X86
+/* ---- AVX-512F, for the driver: 12 rows x 32 columns (two panels) ----
+ * brnn_packed_avx512's 12 x 16 tile issues one broadcast per FMA, so loads,
+ * not FMAs, bound it (measured alone: 70-81 GFLOP/s on one core where
+ * OpenBLAS's sgemm ran 97). Two panels per tile feed two FMAs per broadcast
+ * (24 accumulators). Each element is still one in-order FMA chain over k,
+ * the same as brnn_packed_avx512's: the same bits. */
+static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tile2_avx512(
+        int mr, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p,
+        ptrdiff_t cols, int accumulate, float *c, ptrdiff_t ldc) {
+    const float *q = p + BRNN_NR * K; /* the next panel */
+    __m512 acc0[12], acc1[12];
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    for (ptrdiff_t k = 0; k < K; k++) {
+        __m512 b0 = _mm512_loadu_ps(p + k * BRNN_NR), b1 = _mm512_loadu_ps(q + k * BRNN_NR);
+#pragma GCC unroll 12
+        for (int r = 0; r < mr; r++) {
+            __m512 ar = _mm512_set1_ps(a[r * lda + k]);
+            acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
+        }
+    }
+    __mmask16 mask = (__mmask16)((1u << (cols - BRNN_NR)) - 1u);
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+        float *cr = c + r * ldc;
+        if (accumulate) {
+            acc0[r] = _mm512_add_ps(_mm512_loadu_ps(cr), acc0[r]);
+            acc1[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, cr + BRNN_NR), acc1[r]);
+        }
+        _mm512_storeu_ps(cr, acc0[r]);
+        _mm512_mask_storeu_ps(cr + BRNN_NR, mask, acc1[r]);
+    }
+}
+
+#define BRNN_GEMM_TILE2_CASE(m) \
+    case m: brnn_tile2_avx512(m, K, A + r * lda, lda, panel, cols, accumulate, C + r * ldc + n, ldc); break;
+
+/* brnn_packed_fn for the driver on AVX-512: column pairs of panels in 12 x 32
+ * tiles, a last single panel by brnn_packed_avx512. */
+BRNN_AVX512
+static void brnn_gemm_avx512(ptrdiff_t rows, ptrdiff_t K, const float *A, ptrdiff_t lda,
+                             const float *P, ptrdiff_t n0, ptrdiff_t n1, int accumulate,
+                             float *C, ptrdiff_t ldc) {
+    ptrdiff_t n = n0;
+    for (; n1 - n > BRNN_NR; n += 2 * BRNN_NR) {
+        const float *panel = P + n * K;
+        ptrdiff_t cols = n1 - n < 2 * BRNN_NR ? n1 - n : 2 * BRNN_NR;
+        ptrdiff_t r = 0;
+        for (; r + 12 <= rows; r += 12)
+            brnn_tile2_avx512(12, K, A + r * lda, lda, panel, cols, accumulate,
+                              C + r * ldc + n, ldc);
+        switch (rows - r) {
+        BRNN_GEMM_TILE2_CASE(1) BRNN_GEMM_TILE2_CASE(2) BRNN_GEMM_TILE2_CASE(3)
+        BRNN_GEMM_TILE2_CASE(4) BRNN_GEMM_TILE2_CASE(5) BRNN_GEMM_TILE2_CASE(6)
+        BRNN_GEMM_TILE2_CASE(7) BRNN_GEMM_TILE2_CASE(8) BRNN_GEMM_TILE2_CASE(9)
+        BRNN_GEMM_TILE2_CASE(10) BRNN_GEMM_TILE2_CASE(11)
+        default: break;
+        }
+    }
+    if (n < n1) brnn_packed_avx512(rows, K, A, lda, P, n, n1, accumulate, C, ldc);
+}
+#endif /* BRNN_PACKED_X86 */
+
+/* The driver's kernel for a variant of brnn_packed.h: AVX-512's two-panel
+ * tiles, else the variant's own function (the same bits either way). */
+static inline brnn_packed_fn brnn_gemm_kernel(int path) {
+#if BRNN_PACKED_X86
+    if (path == BRNN_PACKED_AVX512) return brnn_gemm_avx512;
+#endif
+    return brnn_packed_kernel(path);
+}
+
+/* ap[r * BRNN_GEMM_LDA + k] = A(r, k), r < mc, k < kc: the A block row-major
+ * and contiguous whatever A's strides (a row stride of a power of two, such as
+ * dG's 4H, maps a tile's rows onto a few L1 sets; BRNN_GEMM_LDA is not one). */
+static inline void brnn_gemm_pack_a(ptrdiff_t mc, ptrdiff_t kc, const float *a, ptrdiff_t sam,
+                                    ptrdiff_t sak, float *ap) {
+    if (sak == 1) {
+        for (ptrdiff_t r = 0; r < mc; r++)
+            memcpy(ap + r * BRNN_GEMM_LDA, a + r * sam, (size_t)kc * sizeof(float));
+    } else {
+        for (ptrdiff_t k = 0; k < kc; k++)
+            for (ptrdiff_t r = 0; r < mc; r++) ap[r * BRNN_GEMM_LDA + k] = a[r * sam + k * sak];
+    }
+}
+
 /* Thread tid of nt's part of job j (see the top of this file); ws: this
  * thread's BRNN_GEMM_WS floats. */
 static void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job *j, int tid, int nt,
@@ -93,16 +184,8 @@ static void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job *j, int tid, in
             int acc = j->accumulate || pc > 0;
             for (ptrdiff_t ic = m0; ic < m1; ic += BRNN_GEMM_MC) {
                 ptrdiff_t mc = m1 - ic < BRNN_GEMM_MC ? m1 - ic : BRNN_GEMM_MC;
-                const float *ablk = j->a + ic * j->sam + pc * j->sak;
-                ptrdiff_t lda = j->sam;
-                if (j->sak != 1) { /* A block copied row-major: ap[r, k] */
-                    for (ptrdiff_t k = 0; k < kc; k++)
-                        for (ptrdiff_t r = 0; r < mc; r++)
-                            ap[r * kc + k] = ablk[r * j->sam + k * j->sak];
-                    ablk = ap;
-                    lda = kc;
-                }
-                fn(mc, kc, ablk, lda, bp, 0, nc, acc, j->c + ic * j->ldc + jc, j->ldc);
+                brnn_gemm_pack_a(mc, kc, j->a + ic * j->sam + pc * j->sak, j->sam, j->sak, ap);
+                fn(mc, kc, ap, BRNN_GEMM_LDA, bp, 0, nc, acc, j->c + ic * j->ldc + jc, j->ldc);
             }
         }
     }
