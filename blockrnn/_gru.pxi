@@ -748,13 +748,16 @@ cdef void block_gru_backward_compute(
     (d_r_bar_u_bar, [L*B, 2H]), dC (d_c_bar, [L*B, H]), and [L*B, H] that hold
     r[t] * h[t-1] once the loop is done (their first B*H are the scratch of the
     recurrent products while it runs). h_prev_grad carries d h[t-1] while
-    the loop runs. After it, x_grad and the weight gradients are single GEMMs
-    over all steps:
+    the loop runs. After it, x_grad and the weight gradients are single
+    products over all steps:
       x_grad[:L] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
       w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC.
     float32 from PACKED_MIN_ROWS rows on runs the loop's two products in the
     packed kernel, on up to max_threads threads from the thread budget
-    (gru_backward_packed); float64 keeps a per-step dgemm."""
+    (gru_backward_packed); float32 (every batch) computes the products after
+    the loop in the packed kernel through the GEMM driver
+    (gru_backward_gemms); float64 keeps a per-step dgemm and SciPy's dgemm
+    after the loop."""
     cdef Py_ssize_t t, k, BH = B * H, H2 = 2 * H
     cdef floating* d_ru = ws                    # [L*B, 2H]
     cdef floating* d_c = ws + L * B * H2        # [L*B, H]

@@ -759,13 +759,18 @@ cdef void block_lstm_backward_compute(
     workspace dG[t]) and the recurrent product dh = dG[t] @ w[I:]^T. The
     carries live in the outputs: cs_prev_grad holds d cs[t-1] and h_prev_grad
     holds d h[t-1] while the loop runs. After the loop, x_grad, w_grad, b_grad
-    and the peephole gradients are single GEMMs / reductions over all steps:
+    and the peephole gradients are single products / reductions over all steps:
       x_grad[:L] = dG @ w[:I]^T,  w_grad[:I] = x[:L]^T @ dG,
       w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG.
     float32 (B >= PACKED_MIN_ROWS) runs the reverse loop in the packed
-    kernel, on up to max_threads
-    threads from the thread budget (lstm_backward_packed); float64 keeps the
-    per-step dgemm, with gate loops on n_threads."""
+    kernel, on up to max_threads threads from the thread budget
+    (lstm_backward_packed); at batch 1 its steps are GEMVs. float32 (every
+    batch) computes the products after the loop in the packed kernel too,
+    through the GEMM driver (lstm_backward_gemms), so no float32 product of
+    the call runs on OpenBLAS's threads and no thread count changes a bit.
+    float64 keeps the per-step dgemm, with gate loops on n_threads, and
+    SciPy's dgemm after the loop (whose bits OpenBLAS's thread count may
+    change)."""
     cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in

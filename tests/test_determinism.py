@@ -14,6 +14,7 @@ whose one product per call is SciPy's sgemm, measured at these shapes) and for
 float64 only at FLOAT64_OPENBLAS_SHAPES: at the larger shapes OpenBLAS's dgemm
 gives the float64 sequence gradients other bits on 2 threads.
 """
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -146,3 +147,55 @@ def test_the_shapes_reach_the_threaded_routes():
     assert _kernels.packed_threads_for(B, 4 * H, H, H, 4) >= 2
     assert _kernels.packed_gemm_threads_for(T * B * 4 * H * (2 * I + H), 4) == 4
     assert SHAPES[1][1] == 1 and SHAPES[2][3] % 16 != 0
+
+
+OPENBLAS_IDLE = """
+import os, time, numpy as np, blockrnn
+from threadpoolctl import threadpool_limits
+# OpenBLAS (NumPy's and SciPy's) starts its workers when loaded; libgomp starts
+# blockrnn's at its first parallel region: the threads now, less this one, are
+# OpenBLAS's.
+workers = set(os.listdir("/proc/self/task")) - {str(os.getpid())}
+assert workers, "no OpenBLAS worker threads: the test measures nothing"
+
+def cpu_ticks():
+    total = 0
+    for tid in workers:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])   # utime + stime
+    return total
+
+def calls(T, B, I, H):
+    rng = np.random.default_rng(0)
+    r = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)
+    x, cs, h, p, dh = r(T, B, I), r(B, H), r(B, H), r(H), r(T, B, H)
+    w, b, w_ru, w_c = r(I + H, 4 * H) / 4, r(4 * H), r(I + H, 2 * H) / 4, r(I + H, H) / 4
+    lens = rng.integers(0, T + 1, B)
+    for op, grad in ((blockrnn.block_lstm, blockrnn.block_lstm_grad),
+                     (blockrnn.block_lstm_v2, blockrnn.block_lstm_grad_v2)):
+        f = op(T, x, cs, h, w, p, p, p, b, sequence_length=lens)
+        grad(T, x, cs, h, w, p, p, p, b, *f, dh, dh, use_peephole=False, sequence_length=lens)
+    g = blockrnn.block_gru(T, x, h, w_ru, w_c, b[:2 * H], p)
+    blockrnn.block_gru_grad(T, x, h, w_ru, w_c, b[:2 * H], p, *g, dh)
+
+time.sleep(0.3)
+before = cpu_ticks()
+with threadpool_limits(2, user_api="openmp"):
+    for _ in range(5):
+        for shape in ((40, 32, 256, 256), (40, 1, 256, 600)):
+            calls(*shape)
+print("ticks", cpu_ticks() - before)
+"""
+
+
+def test_openblas_workers_stay_idle_during_float32_sequence_calls():
+    """Every float32 product of a sequence call runs on blockrnn's threads or the
+    caller: OpenBLAS's workers get no CPU time (they did: the backward's sgemm)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", OPENBLAS_IDLE], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["ticks", "0"], out.stdout
