@@ -607,17 +607,26 @@ cdef inline int gru_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t
     return packed_gemm_threads(L * B * 3 * H * (2 * I + H), max_threads)
 
 
+cdef inline Py_ssize_t gru_backward_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                            Py_ssize_t H) noexcept nogil:
+    """Floats of one thread's GEMM-driver block for gru_backward_gemms (a
+    bound over its jobs: brnn_gemm_ws grows with each size)."""
+    return max(brnn_gemm_ws(L * B, I, 2 * H), brnn_gemm_ws(I, 2 * H, L * B),
+               brnn_gemm_ws(H, 2 * H, L * B))
+
+
 cdef inline Py_ssize_t block_gru_backward_workspace(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t I, bint packed,
         int max_threads) noexcept nogil:
     """Elements of block_gru_backward_compute's workspace: [L*B, 4H] (see there),
     then d(r * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and
     w_ru[I:]^T packed and the GEMM driver's blocks for the products after the
-    loop [gru_backward_gemm_threads(...) * BRNN_GEMM_WS]. Its double
+    loop [gru_backward_gemm_threads(...) * gru_backward_gemm_ws(...)]. Its double
     accumulator `acc` has 2H + 1 elements."""
     if packed:
         return (L * B * 4 * H + B * H + brnn_packed_size(H, H) + brnn_packed_size(2 * H, H)
-                + gru_backward_gemm_threads(L, B, I, H, max_threads) * BRNN_GEMM_WS + 1)
+                + gru_backward_gemm_threads(L, B, I, H, max_threads)
+                * gru_backward_gemm_ws(L, B, I, H) + 1)
     return L * B * 4 * H + B * H + 1
 
 
@@ -631,7 +640,7 @@ cdef void gru_backward_gemms(
         const float* d_ru, const float* d_c,  # IN [L*B, 2H], [L*B, H]
         float* x_grad,            # OUT [L*B, I]
         float* w_ru_grad, float* w_c_grad,    # OUT [I+H, 2H], [I+H, H]
-        float* ws,                # workspace [threads * BRNN_GEMM_WS]
+        float* ws,                # workspace [threads * gru_backward_gemm_ws(L, B, I, H)]
         int threads) noexcept nogil:
     """The float32 GRU backward's products over all steps, in the packed
     kernel through the GEMM driver (packed_gemm_jobs, on blockrnn's threads,

@@ -640,6 +640,14 @@ cdef inline int lstm_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_
     return packed_gemm_threads(L * B * 4 * H * (2 * I + H), max_threads)
 
 
+cdef inline Py_ssize_t lstm_backward_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                             Py_ssize_t H) noexcept nogil:
+    """Floats of one thread's GEMM-driver block for lstm_backward_gemms (a
+    bound over its jobs: brnn_gemm_ws grows with each size)."""
+    return max(brnn_gemm_ws(L * B, I, 4 * H), brnn_gemm_ws(I, 4 * H, L * B),
+               brnn_gemm_ws(H, 4 * H, L * B))
+
+
 cdef inline Py_ssize_t block_lstm_backward_workspace(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t I, bint packed,
         int max_threads) noexcept nogil:
@@ -647,11 +655,12 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
     every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B];
     float32 (packed) then W_h^T packed [brnn_packed_size(4H, H)] and the
     GEMM driver's blocks for the products after the loop
-    [lstm_backward_gemm_threads(...) * BRNN_GEMM_WS]. Its double accumulator
+    [lstm_backward_gemm_threads(...) * lstm_backward_gemm_ws(...)]. Its double accumulator
     `acc` has 3 * 4H + 1 elements."""
     if packed:
         return (L * B * 4 * H + B * H + brnn_packed_size(4 * H, H)
-                + lstm_backward_gemm_threads(L, B, I, H, max_threads) * BRNN_GEMM_WS + 1)
+                + lstm_backward_gemm_threads(L, B, I, H, max_threads)
+                * lstm_backward_gemm_ws(L, B, I, H) + 1)
     return L * B * 4 * H + B * H + 1
 
 
@@ -664,7 +673,7 @@ cdef void lstm_backward_gemms(
         const float* dg,          # IN  [L*B, 4H] the gate gradients of every step
         float* x_grad,            # OUT [L*B, I]
         float* w_grad,            # OUT [I+H, 4H]
-        float* ws,                # workspace [threads * BRNN_GEMM_WS]
+        float* ws,                # workspace [threads * lstm_backward_gemm_ws(L, B, I, H)]
         int threads) noexcept nogil:
     """The float32 backward's products over all steps, in the packed kernel
     through the GEMM driver (packed_gemm_jobs, on blockrnn's threads, bits

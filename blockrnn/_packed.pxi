@@ -31,6 +31,7 @@ cdef extern from "brnn_gemm.h" nogil:
     enum:
         BRNN_GEMM_KC
         BRNN_GEMM_WS
+    Py_ssize_t brnn_gemm_ws(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K)
     ctypedef struct brnn_gemm_job:
         Py_ssize_t M, N, K
         const float* a
@@ -41,6 +42,7 @@ cdef extern from "brnn_gemm.h" nogil:
         float* c
         Py_ssize_t ldc
     brnn_packed_fn brnn_gemm_kernel(int path)
+    Py_ssize_t brnn_gemm_jobs_ws(int njobs, const brnn_gemm_job* jobs)
     void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job* j, int tid, int nt, float* ws)
     void brnn_gemm_jobs_f32(brnn_packed_fn fn, int njobs, const brnn_gemm_job* jobs, int tid,
                             int nt, float* ws)
@@ -233,14 +235,20 @@ cdef enum:
 cdef inline int packed_gemm_threads(Py_ssize_t work, int limit) noexcept nogil:
     """Threads packed_gemm_jobs asks of the budget for `work` multiply-adds:
     one per PACKED_GEMM_WORK_PER_THREAD, at most `limit`, at least 1. A
-    caller sizes its workspace with this (packed_gemm_threads(...) *
-    BRNN_GEMM_WS floats) before the call."""
+    caller sizes its workspace with this (packed_gemm_threads(...) times
+    brnn_gemm_jobs_ws(jobs) floats, or a bound of it) before the call."""
     return <int>max(1, min(work // PACKED_GEMM_WORK_PER_THREAD, limit))
 
 
 def packed_gemm_threads_for(Py_ssize_t work, int limit):
     """packed_gemm_threads (for the tests)."""
     return packed_gemm_threads(work, limit)
+
+
+def packed_gemm_ws_for(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K):
+    """brnn_gemm_ws: floats of one thread's driver block for C [M, N], K (for
+    the tests)."""
+    return brnn_gemm_ws(M, N, K)
 
 
 cdef inline brnn_gemm_job gemm_job(
@@ -262,11 +270,13 @@ cdef void packed_gemm_jobs(int njobs, const brnn_gemm_job* jobs, float* ws,
                            int threads) noexcept nogil:
     """The products `jobs`, in order, in the packed kernel through the driver
     of include/brnn_gemm.h, on up to `threads` threads from the thread budget
-    (one OpenMP region for all jobs). ws: threads * BRNN_GEMM_WS floats, one
-    block per thread. Threads split rows or column panels of each C, never K:
-    the bits do not depend on the thread count. A job may accumulate onto an
+    (one OpenMP region for all jobs). ws: threads * brnn_gemm_jobs_ws(njobs,
+    jobs) floats, one block per thread (BRNN_GEMM_WS at most). Threads split
+    rows or column panels of each C, never K: the bits do not depend on the
+    thread count. A job may accumulate onto an
     earlier job's C only if both have the same M and N (include/brnn_gemm.h)."""
     cdef int tid, nt, granted
+    cdef Py_ssize_t stride = brnn_gemm_jobs_ws(njobs, jobs)
     granted = brnn_budget_take(threads, threads)
     if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
         brnn_gemm_jobs_f32(gemm_product, njobs, jobs, 0, 1, ws)
@@ -274,7 +284,7 @@ cdef void packed_gemm_jobs(int njobs, const brnn_gemm_job* jobs, float* ws,
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
             nt = brnn_omp_get_num_threads()
-            brnn_gemm_jobs_f32(gemm_product, njobs, jobs, tid, nt, ws + tid * BRNN_GEMM_WS)
+            brnn_gemm_jobs_f32(gemm_product, njobs, jobs, tid, nt, ws + tid * stride)
     brnn_budget_give(granted)
 
 

@@ -20,7 +20,8 @@
  * panels of C (brnn_gemm_part), never K.
  *
  * Use: thread tid of nt calls brnn_gemm_f32 (or brnn_gemm_jobs_f32) with its
- * own workspace of BRNN_GEMM_WS floats; the nt calls together write all of C.
+ * own workspace of brnn_gemm_ws(M, N, K) floats (brnn_gemm_jobs_ws for a job
+ * list; at most BRNN_GEMM_WS); the nt calls together write all of C.
  * No barrier is needed between jobs that write different elements, nor
  * between jobs that write the same C of the same M and N (brnn_gemm_part then
  * gives every element to the same thread in both).
@@ -34,11 +35,8 @@
 #define BRNN_GEMM_MC 96  /* rows per A block: 96 KB at KC, in L2 (8, 16, 24 tiles) */
 #define BRNN_GEMM_NC 512 /* columns per packed B block: 512 KB at KC */
 
-/* Row stride of a packed A block (KC plus a cache line). */
-#define BRNN_GEMM_LDA (BRNN_GEMM_KC + 16)
-
-/* Floats of one thread's workspace: a packed B block, then an A block. */
-#define BRNN_GEMM_WS (BRNN_GEMM_KC * BRNN_GEMM_NC + BRNN_GEMM_MC * BRNN_GEMM_LDA)
+/* At most the floats of one thread's workspace for any job (see brnn_gemm_ws). */
+#define BRNN_GEMM_WS (BRNN_GEMM_KC * BRNN_GEMM_NC + BRNN_GEMM_MC * (BRNN_GEMM_KC + 16))
 
 /* One product, as above. */
 typedef struct {
@@ -51,6 +49,17 @@ typedef struct {
     float *c;
     ptrdiff_t ldc;
 } brnn_gemm_job;
+
+/* Floats of one thread's workspace for a product of those sizes: a packed B
+ * block [kc, nc], then an A block [mc, kc] of row stride kc + 16 (kc = min(K,
+ * KC), nc = min(N rounded up to 16, NC), mc = min(M, MC)). */
+static inline ptrdiff_t brnn_gemm_ws(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K) {
+    ptrdiff_t kc = K < BRNN_GEMM_KC ? K : BRNN_GEMM_KC;
+    ptrdiff_t n16 = (N + BRNN_NR - 1) / BRNN_NR * BRNN_NR;
+    ptrdiff_t nc = n16 < BRNN_GEMM_NC ? n16 : BRNN_GEMM_NC;
+    ptrdiff_t mc = M < BRNN_GEMM_MC ? M : BRNN_GEMM_MC;
+    return kc * nc + mc * (kc + 16);
+}
 
 /* The part of C [M, N] thread tid of nt computes: rows [*m0, *m1) x columns
  * [*n0, *n1). A tall C (M >= N) is split in rows, a wide one in whole
@@ -148,22 +157,22 @@ static inline brnn_packed_fn brnn_gemm_kernel(int path) {
     return brnn_packed_kernel(path);
 }
 
-/* ap[r * BRNN_GEMM_LDA + k] = A(r, k), r < mc, k < kc: the A block row-major
- * and contiguous whatever A's strides (a row stride of a power of two, such as
- * dG's 4H, maps a tile's rows onto a few L1 sets; BRNN_GEMM_LDA is not one). */
+/* ap[r * lda + k] = A(r, k), r < mc, k < kc: the A block row-major and
+ * contiguous whatever A's strides (a row stride of a power of two, such as
+ * dG's 4H, maps a tile's rows onto a few L1 sets; lda = kc + 16 is not one). */
 static inline void brnn_gemm_pack_a(ptrdiff_t mc, ptrdiff_t kc, const float *a, ptrdiff_t sam,
-                                    ptrdiff_t sak, float *ap) {
+                                    ptrdiff_t sak, float *ap, ptrdiff_t lda) {
     if (sak == 1) {
         for (ptrdiff_t r = 0; r < mc; r++)
-            memcpy(ap + r * BRNN_GEMM_LDA, a + r * sam, (size_t)kc * sizeof(float));
+            memcpy(ap + r * lda, a + r * sam, (size_t)kc * sizeof(float));
     } else {
         for (ptrdiff_t k = 0; k < kc; k++)
-            for (ptrdiff_t r = 0; r < mc; r++) ap[r * BRNN_GEMM_LDA + k] = a[r * sam + k * sak];
+            for (ptrdiff_t r = 0; r < mc; r++) ap[r * lda + k] = a[r * sam + k * sak];
     }
 }
 
 /* Thread tid of nt's part of job j (see the top of this file); ws: this
- * thread's BRNN_GEMM_WS floats. */
+ * thread's brnn_gemm_ws(M, N, K) floats. */
 static void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job *j, int tid, int nt,
                           float *ws) {
     ptrdiff_t m0, m1, n0, n1;
@@ -175,7 +184,10 @@ static void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job *j, int tid, in
                 memset(j->c + m * j->ldc + n0, 0, (size_t)(n1 - n0) * sizeof(float));
         return;
     }
-    float *bp = ws, *ap = ws + BRNN_GEMM_KC * BRNN_GEMM_NC;
+    /* the layout of brnn_gemm_ws(M, N, K) */
+    ptrdiff_t kc_max = j->K < BRNN_GEMM_KC ? j->K : BRNN_GEMM_KC, lda = kc_max + 16;
+    ptrdiff_t n16 = (j->N + BRNN_NR - 1) / BRNN_NR * BRNN_NR;
+    float *bp = ws, *ap = ws + kc_max * (n16 < BRNN_GEMM_NC ? n16 : BRNN_GEMM_NC);
     for (ptrdiff_t jc = n0; jc < n1; jc += BRNN_GEMM_NC) {
         ptrdiff_t nc = n1 - jc < BRNN_GEMM_NC ? n1 - jc : BRNN_GEMM_NC;
         for (ptrdiff_t pc = 0; pc < j->K; pc += BRNN_GEMM_KC) {
@@ -184,11 +196,22 @@ static void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job *j, int tid, in
             int acc = j->accumulate || pc > 0;
             for (ptrdiff_t ic = m0; ic < m1; ic += BRNN_GEMM_MC) {
                 ptrdiff_t mc = m1 - ic < BRNN_GEMM_MC ? m1 - ic : BRNN_GEMM_MC;
-                brnn_gemm_pack_a(mc, kc, j->a + ic * j->sam + pc * j->sak, j->sam, j->sak, ap);
-                fn(mc, kc, ap, BRNN_GEMM_LDA, bp, 0, nc, acc, j->c + ic * j->ldc + jc, j->ldc);
+                brnn_gemm_pack_a(mc, kc, j->a + ic * j->sam + pc * j->sak, j->sam, j->sak, ap,
+                                 lda);
+                fn(mc, kc, ap, lda, bp, 0, nc, acc, j->c + ic * j->ldc + jc, j->ldc);
             }
         }
     }
+}
+
+/* Floats of one thread's workspace for all of the jobs. */
+static inline ptrdiff_t brnn_gemm_jobs_ws(int njobs, const brnn_gemm_job *jobs) {
+    ptrdiff_t most = 0;
+    for (int i = 0; i < njobs; i++) {
+        ptrdiff_t n = brnn_gemm_ws(jobs[i].M, jobs[i].N, jobs[i].K);
+        if (n > most) most = n;
+    }
+    return most;
 }
 
 /* Thread tid of nt's part of the jobs, in order (see the top of this file
