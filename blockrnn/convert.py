@@ -130,17 +130,19 @@ def from_torch(module, *, dtype=None):
     Parameters
     ----------
     module : torch.nn.LSTM (any num_layers, bidirectional or not, bias on or off;
-        proj_size=0), or a ``blockrnn.torch.LSTM`` / ``blockrnn.torch.GRU``.
-        ``torch.nn.GRU`` is refused (reset-after GRU: different math).
+        proj_size=0), or a ``blockrnn.torch.LSTM`` / ``blockrnn.torch.GRU``
+        (``reset_after=False``). ``torch.nn.GRU`` and a reset-after
+        ``blockrnn.torch.GRU`` are refused (reset-after GRU: different math).
     dtype : None (the module's dtype) or float32 / float64
 
     The NumPy layer gets the module's ``num_layers`` and ``bidirectional`` (and a
-    blockrnn module's ``use_peephole`` and ``cell_clip``); its parameters have
-    the same names as a blockrnn module's (``w_l{k}[_reverse]``, ...). From an
-    nn.LSTM: gate order (i, f, g, o) is IFCO, ``w_l{k}{s} = [W_ih_l{k}{s}.T;
-    W_hh_l{k}{s}.T]`` (I_k+H, 4H) and ``b_l{k}{s} = b_ih + b_hh`` (zeros
-    without bias; a blockrnn module built with ``bias=False`` also gives zero
-    biases). States are (num_layers * num_directions, B, H) on both sides.
+    blockrnn module's ``use_peephole`` and ``cell_clip``). From an nn.LSTM or a
+    blockrnn.torch.LSTM (nn.LSTM's parameters): gate order (i, f, g, o) is IFCO,
+    ``w_l{k}{s} = [W_ih_l{k}{s}.T; W_hh_l{k}{s}.T]`` (I_k+H, 4H) and
+    ``b_l{k}{s} = b_ih + b_hh`` (zeros without bias; plus a blockrnn module's
+    ``forget_bias`` on the f block), peepholes ``weight_ci/cf/co_l{k}{s}`` ->
+    ``wci/wcf/wco_l{k}{s}``. A ``blockrnn.torch.GRU(reset_after=False)`` has the
+    layer's names already. States are (num_layers * num_directions, B, H) on both sides.
     The NumPy layer is time-major: ``batch_first`` is a property of the torch
     module only, so with ``batch_first=True`` transpose the input's first two
     axes yourself. Dropout is a training-time setting and is not carried over
@@ -149,18 +151,27 @@ def from_torch(module, *, dtype=None):
     import torch
     where = "blockrnn.convert.from_torch"
     from blockrnn import torch as bt   # convert -> torch, never the other way
-    if isinstance(module, (bt.LSTM, bt.GRU)):
+    if isinstance(module, bt.GRU):
+        if module.reset_after:
+            raise ValueError(f"{where}: " + _RESET_AFTER.format(
+                what="blockrnn.torch.GRU (reset_after=True, nn.GRU's math)",
+                hint=" Only a blockrnn.torch.GRU(reset_after=False) converts."))
         params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
         dt = _dtype(where, dtype, next(iter(params.values())).dtype)
-        shape = (module.input_size, module.hidden_size, module.num_layers)
-        if isinstance(module, bt.GRU):
-            out = GRU(*shape, bidirectional=module.bidirectional, dtype=dt)
-        else:
-            out = LSTM(*shape, bidirectional=module.bidirectional,
-                       use_peephole=module.use_peephole, cell_clip=module.cell_clip, dtype=dt)
-        # bias=False: the module has no b_* parameters (zero buffers); the layer's are zero
+        out = GRU(module.input_size, module.hidden_size, module.num_layers,
+                  bidirectional=module.bidirectional, dtype=dt)
+        # bias=False: the module has no b_* parameters; the layer's are zero
         zeros = {k: np.zeros_like(v) for k, v in out.params.items() if k not in params}
         return _fill(out, **params, **zeros)
+    if isinstance(module, bt.LSTM):
+        # nn.LSTM's parameters -> w_l{k} = [W_ih.T; W_hh.T], b_l{k} = b_ih + b_hh
+        # (+ forget_bias on the f block), peepholes wci/wcf/wco_l{k}
+        a = bt.nn_lstm_arrays(module, where)
+        dt = _dtype(where, dtype, a["params"]["w_l0"].dtype)
+        out = LSTM(module.input_size, module.hidden_size, module.num_layers,
+                   bidirectional=module.bidirectional, use_peephole=module.use_peephole,
+                   cell_clip=module.cell_clip, dtype=dt)
+        return _fill(out, **a["params"])
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
     a = bt.nn_lstm_arrays(module, where)
