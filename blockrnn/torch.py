@@ -38,7 +38,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 import blockrnn
 from blockrnn._validation import RESET_AFTER, check_float, check_sequence_length, steps_to_run
@@ -113,9 +113,12 @@ def _in_op_order(a, lengths, reverse):
 
 
 def _fresh(*arrays):
-    """NumPy results as tensors that own their memory (no view of an input, nor of each
-    other: the kernels' outputs may be views of one allocation)."""
-    return tuple(torch.from_numpy(np.array(a, copy=True, order="C")) for a in arrays)
+    """The op's NumPy results as C-contiguous tensors (what the fake kernels promise).
+
+    The arrays are the kernels' new outputs (never an input: a non-reversed
+    ``_in_op_order`` returns its argument only for the kernels' own outputs), so
+    only a transposed gradient is copied."""
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
 
 
 def _lstm_v2_weights(w_ih, w_hh, b_ih, b_hh, forget_bias):
@@ -645,6 +648,41 @@ def _first(seq, init, lengths):
     return torch.where((torch.as_tensor(lengths) > 0)[:, None], seq[0], init)
 
 
+def _unpack(packed):
+    """A PackedSequence -> (padded (T, B, I) in the caller's batch order, lengths int64 (B,)).
+
+    pad_packed_sequence's result, written with index ops that torch.compile traces (Dynamo
+    does not trace pad_packed_sequence). Packed element p of time t is sorted row
+    j = p - offset[t], offset = cumsum(batch_sizes) - batch_sizes. B is known from the
+    shape of sorted_indices; a sorted input (no indices) has B = batch_sizes[0], a value,
+    and goes through pad_packed_sequence."""
+    if packed.sorted_indices is None:
+        padded, lengths = pad_packed_sequence(packed)
+        return padded, lengths.to(torch.int64)
+    bs, data = packed.batch_sizes, packed.data
+    B = packed.sorted_indices.shape[0]
+    j = torch.arange(B)
+    live = j[None, :] < bs[:, None]                          # (T, B), sorted rows
+    idx = ((torch.cumsum(bs, 0) - bs)[:, None] + j[None, :]).clamp(max=data.shape[0] - 1)
+    padded = torch.where(live[..., None], data[idx], torch.zeros((), dtype=data.dtype))
+    order = packed.unsorted_indices
+    return padded.index_select(1, order), live.sum(0).index_select(0, order)
+
+
+def _repack(y, packed):
+    """y (T, B, ·) padded, in the caller's batch order -> a PackedSequence with packed's
+    batch_sizes and indices (pack_padded_sequence's data, gathered with traceable index
+    ops: packed element p is y[t, sorted row p - offset[t]], t = the step p falls in)."""
+    bs = packed.batch_sizes
+    if packed.sorted_indices is not None:
+        y = y.index_select(1, packed.sorted_indices)
+    cum = torch.cumsum(bs, 0)
+    p = torch.arange(packed.data.shape[0])
+    t = torch.searchsorted(cum, p, right=True)
+    data = y[t, p - (cum - bs)[t]]
+    return PackedSequence(data, bs, packed.sorted_indices, packed.unsorted_indices)
+
+
 def _check_tensor(where, name, t, dtype):
     """A CPU float tensor of the parameters' dtype (checked on its metadata only, so that
     torch.compile traces it: no .numpy())."""
@@ -756,8 +794,8 @@ class _RNNBase(nn.Module):
             if x.data.dim() != 2 or x.data.shape[-1] != self.input_size:
                 raise ValueError(f"{where}: a PackedSequence's data must have shape (N, I) "
                                  f"with I = {self.input_size}, got {tuple(x.data.shape)}")
-            padded, lengths = pad_packed_sequence(x)      # (T, B, I), original batch order
-            return padded, True, lengths.to(torch.int64), x
+            padded, lengths = _unpack(x)      # (T, B, I), original batch order
+            return padded, True, lengths, x
         _check_tensor(where, "input", x, self._param_dtype())
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
             layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
@@ -807,13 +845,7 @@ class _RNNBase(nn.Module):
         """y (T, B, D*H) time-major -> nn.LSTM's output layout (a PackedSequence with the
         input's batch_sizes and indices for a packed input)."""
         if packed is not None:
-            order = packed.sorted_indices
-            lens = lengths
-            if order is not None:
-                y, lens = y.index_select(1, order), lens[order]
-            data = pack_padded_sequence(y, lens, enforce_sorted=True).data
-            return PackedSequence(data, packed.batch_sizes, packed.sorted_indices,
-                                  packed.unsorted_indices)
+            return _repack(y, packed)
         if not batched:
             return y[:, 0]
         return y.transpose(0, 1) if self.batch_first else y
