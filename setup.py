@@ -104,6 +104,7 @@ def extensions():
         depends=[
             "include/brnn_math.h",
             "include/brnn_gru.h",
+            "include/brnn_gru_reset_after.h",
             "include/brnn_lstm.h",
             "include/brnn_openmp.h",
             "include/brnn_packed.h",
@@ -113,6 +114,7 @@ def extensions():
             "blockrnn/_outputs.pxi",
             "blockrnn/_lstm.pxi",
             "blockrnn/_gru.pxi",
+            "blockrnn/_gru_reset_after.pxi",
             "blockrnn/_capi.pxi",
             "blockrnn/_sequence.pxi",
             "blockrnn/_openmp.pxd",

@@ -4,7 +4,9 @@ The eight ops of ``tf.raw_ops`` (LSTMBlockCell, LSTMBlockCellGrad, BlockLSTM,
 BlockLSTMGrad, BlockLSTMV2, BlockLSTMGradV2, GRUBlockCell, GRUBlockCellGrad)
 with TensorFlow 2.21's exact semantics, as snake_case functions here and under
 their TensorFlow names in ``blockrnn.raw_ops``, plus a sequence GRU
-(``block_gru``, ``block_gru_grad``) and per-row ``sequence_length``.
+(``block_gru``, ``block_gru_grad``), nn.GRU's reset-after GRU
+(``block_gru_reset_after`` and its gradient, ``gru_cell_reset_after``) and
+per-row ``sequence_length``.
 ``LSTM`` and ``GRU`` are trainable NumPy layers over the sequence ops,
 ``blockrnn.convert`` imports Keras / PyTorch / ONNX weights. Imported on their
 own, each needing its framework: ``blockrnn.torch`` wraps the ops as autograd
@@ -44,6 +46,9 @@ from blockrnn._config import build_config, show_config
 from blockrnn._version import __version__
 from blockrnn.gru import (
     block_gru, block_gru_grad, gru_block_cell, gru_block_cell_grad, gru_block_cell_grad_full)
+from blockrnn.gru_reset_after import (
+    block_gru_reset_after, block_gru_reset_after_grad, gru_cell_reset_after,
+    gru_cell_reset_after_grad)
 from blockrnn.lstm import (
     block_lstm, block_lstm_grad, block_lstm_grad_v2, block_lstm_v2, lstm_block_cell,
     lstm_block_cell_grad, lstm_block_cell_grad_full)
@@ -57,5 +62,7 @@ __all__ = [
     "block_lstm", "block_lstm_v2", "block_lstm_grad", "block_lstm_grad_v2",
     "gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full",
     "block_gru", "block_gru_grad", "reverse_sequence",
+    "block_gru_reset_after", "block_gru_reset_after_grad", "gru_cell_reset_after",
+    "gru_cell_reset_after_grad",
     "LSTM", "GRU", "convert",
 ]

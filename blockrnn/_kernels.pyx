@@ -5,6 +5,7 @@
 #   _outputs.pxi  the C fast paths' argument checks and output allocation
 #   _lstm.pxi     LSTMBlockCell, BlockLSTM(V2), forward and backward
 #   _gru.pxi      GRUBlockCell, block_gru, forward and backward
+#   _gru_reset_after.pxi  the reset-after GRU (nn.GRU's), forward and backward
 #   _capi.pxi     the C-level API (declared in _kernels.pxd)
 #   _sequence.pxi reverse_prefixes (the reverse direction's reversal)
 #
@@ -56,6 +57,7 @@ include "_common.pxi"
 include "_outputs.pxi"
 include "_lstm.pxi"
 include "_gru.pxi"
+include "_gru_reset_after.pxi"
 include "_capi.pxi"
 include "_sequence.pxi"
 

@@ -23,6 +23,7 @@ import numpy as np
 from blockrnn.gru import (
     BlockGRUGradOutput, BlockGRUOutput, GRUBlockCellGradFullOutput, GRUBlockCellGradOutput,
     GRUBlockCellOutput)
+from blockrnn.gru_reset_after import BlockGRUResetAfterGradOutput, BlockGRUResetAfterOutput
 from blockrnn.lstm import (
     BlockLSTMGradOutput, BlockLSTMOutput, LSTMBlockCellGradFullOutput,
     LSTMBlockCellGradOutput, LSTMBlockCellOutput)
@@ -31,6 +32,7 @@ __all__ = [
     "lstm_block_cell", "lstm_block_cell_grad", "lstm_block_cell_grad_full",
     "block_lstm", "block_lstm_v2", "block_lstm_grad", "block_lstm_grad_v2",
     "gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full",
+    "block_gru_reset_after", "block_gru_reset_after_grad",
 ]
 
 
@@ -388,3 +390,85 @@ def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_g
     return _row_by_row(one_row, seq_len_max, sequence_length,
                        [(x, 1), (h_prev, 0)] + [(a, 1) for a in (r, u, c, h, h_grad)], (),
                        outputs=[1, 0, None, None, None, None])
+
+
+# ----------------------------------------------------------------------------------------
+# The reset-after GRU (nn.GRU, SPEC §13)
+# ----------------------------------------------------------------------------------------
+
+def _gru_ra_step(x, h_prev, w_ih, w_hh, b_ih, b_hh):
+    """One step of nn.GRU's cell; returns r, z, n, hn, h."""
+    H = h_prev.shape[1]
+    gi = x @ w_ih.T + b_ih                                    # [B, 3H], blocks r, z, n
+    gh = h_prev @ w_hh.T + b_hh
+    r = _sigmoid(gi[:, :H] + gh[:, :H])
+    z = _sigmoid(gi[:, H:2 * H] + gh[:, H:2 * H])
+    hn = gh[:, 2 * H:]                                        # h W_hn^T + b_hn
+    n = np.tanh(gi[:, 2 * H:] + r * hn)                       # n = tanh(x W_in^T + b_in + r⊙hn)
+    return r, z, n, hn, (1 - z) * n + z * h_prev              # h' = (1-z)⊙n + z⊙h
+
+
+def _block_gru_ra(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh):
+    x, h_prev, w_ih, w_hh, b_ih, b_hh = map(_f64, (x, h_prev, w_ih, w_hh, b_ih, b_hh))
+    T, B = x.shape[:2]
+    outs = [np.zeros((T, B, h_prev.shape[1])) for _ in range(5)]
+    h_t = h_prev
+    for t in range(int(seq_len_max)):
+        step = _gru_ra_step(x[t], h_t, w_ih, w_hh, b_ih, b_hh)
+        for k in range(5):
+            outs[k][t] = step[k]
+        h_t = step[4]
+    return BlockGRUResetAfterOutput(*outs)
+
+
+def block_gru_reset_after(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh, *,
+                          sequence_length=None):
+    """nn.GRU's cell over a sequence (blockrnn.block_gru_reset_after)."""
+    if sequence_length is None or len(sequence_length) == 0:
+        return _block_gru_ra(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh)
+    return _row_by_row(_block_gru_ra, seq_len_max, sequence_length, [(x, 1), (h_prev, 0)],
+                       (w_ih, w_hh, b_ih, b_hh), outputs=[1] * 5)
+
+
+def _block_gru_ra_grad(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh, r, z, n, hn, h,
+                       h_grad):
+    """Backward of _block_gru_ra, step by step from t = L-1 down to 0."""
+    x, h_prev, w_ih, w_hh = map(_f64, (x, h_prev, w_ih, w_hh))
+    r, z, n, hn, h, h_grad = map(_f64, (r, z, n, hn, h, h_grad))
+    H = h_prev.shape[1]
+    x_grad = np.zeros(x.shape)
+    w_ih_grad, w_hh_grad = np.zeros(w_ih.shape), np.zeros(w_hh.shape)
+    b_ih_grad, b_hh_grad = np.zeros(3 * H), np.zeros(3 * H)
+    dh_c = np.zeros(h_prev.shape)
+    for t in range(int(seq_len_max) - 1, -1, -1):
+        hp = h_prev if t == 0 else h[t - 1]
+        dh = h_grad[t] + dh_c
+        dnx = dh * (1 - z[t]) * (1 - n[t] ** 2)                # d(x W_in^T + b_in)
+        dr = dnx * hn[t] * r[t] * (1 - r[t])                  # d(pre-activation of r)
+        dz = dh * (hp - n[t]) * z[t] * (1 - z[t])             # d(pre-activation of z)
+        d_gi = np.concatenate([dr, dz, dnx], axis=1)          # d(x W_ih^T + b_ih)
+        d_gh = np.concatenate([dr, dz, dnx * r[t]], axis=1)   # d(h W_hh^T + b_hh)
+        x_grad[t] = d_gi @ w_ih
+        dh_c = d_gh @ w_hh + dh * z[t]
+        w_ih_grad += d_gi.T @ x[t]
+        w_hh_grad += d_gh.T @ hp
+        b_ih_grad += d_gi.sum(axis=0)
+        b_hh_grad += d_gh.sum(axis=0)
+    return BlockGRUResetAfterGradOutput(x_grad, dh_c, w_ih_grad, w_hh_grad, b_ih_grad,
+                                        b_hh_grad)
+
+
+def block_gru_reset_after_grad(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh, r, z, n, hn,
+                               h, h_grad, *, sequence_length=None):
+    """Backward of block_gru_reset_after."""
+    if sequence_length is None or len(sequence_length) == 0:
+        return _block_gru_ra_grad(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh, r, z, n,
+                                  hn, h, h_grad)
+
+    def one_row(L, x, h_prev, r, z, n, hn, h, h_grad):
+        return _block_gru_ra_grad(L, x, h_prev, w_ih, w_hh, b_ih, b_hh, r, z, n, hn, h,
+                                  h_grad)
+
+    return _row_by_row(one_row, seq_len_max, sequence_length,
+                       [(x, 1), (h_prev, 0)] + [(a, 1) for a in (r, z, n, hn, h, h_grad)],
+                       (), outputs=[1, 0, None, None, None, None])

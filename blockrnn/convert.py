@@ -1,27 +1,30 @@
 """Weight import: Keras 3, PyTorch and ONNX recurrent layers -> blockrnn's NumPy layers.
 
 * ``from_keras(layer)``: ``keras.layers.LSTM`` -> ``blockrnn.layers.LSTM``;
-  ``keras.layers.GRU(reset_after=False)`` -> ``blockrnn.layers.GRU``.
+  ``keras.layers.GRU`` -> ``blockrnn.layers.GRU`` with the same ``reset_after``
+  (Keras 3's default True is nn.GRU's math; False is GRUBlockCell's).
 * ``from_torch(module)``: ``torch.nn.LSTM`` (stacked and bidirectional too; no
-  projection) -> ``blockrnn.layers.LSTM`` with the same ``num_layers`` and
-  ``bidirectional``; also ``blockrnn.torch.LSTM`` / ``GRU`` -> the NumPy layer
-  with the same configuration and weights.
+  projection) -> ``blockrnn.layers.LSTM``, ``torch.nn.GRU`` (any layers,
+  direction, bias) -> ``blockrnn.layers.GRU`` (reset_after=True), with the
+  same ``num_layers`` and ``bidirectional``; also ``blockrnn.torch.LSTM`` /
+  ``GRU`` -> the NumPy layer with the same configuration and weights.
 * ``from_onnx(model_or_path, node=None)``: an ONNX ``LSTM`` / ``GRU`` node
-  (forward, default activations, no clip; the GRU reset-before) -> the layer;
-  ``blockrnn.onnx.export`` writes such nodes.
+  (forward or bidirectional, default activations, no clip; a GRU with either
+  ``linear_before_reset``) -> the layer; ``blockrnn.onnx.export`` writes such
+  nodes.
 
 Neither Keras, PyTorch nor ONNX is imported by this module; only the function given
 such a layer touches its framework.
 
-Not convertible, refused with a ValueError: Keras' ``GRU(reset_after=True)``
-(Keras 3's default) and ``torch.nn.GRU``. Both apply the reset gate AFTER
-the recurrent matmul, ``n = tanh(x W + b + r * (h U + b_h))``, whereas
-blockrnn's GRU (TensorFlow's GRUBlockCell) applies it BEFORE,
-``c = tanh([x, r * h] @ w_c + b_c)``: different functions, not a relayout.
+The two GRUs are different functions, not relayouts of each other: the
+reset-after GRU (nn.GRU, Keras' reset_after=True, ONNX linear_before_reset=1)
+applies the reset gate AFTER the recurrent matmul,
+``n = tanh(x W + b + r * (h U + b_h))``, GRUBlockCell BEFORE it,
+``c = tanh([x, r * h] @ w_c + b_c)``; each converts to the layer of its own
+``reset_after``.
 """
 import numpy as np
 
-from blockrnn._validation import RESET_AFTER as _RESET_AFTER
 from blockrnn.layers import GRU, LSTM
 
 __all__ = ["from_keras", "from_torch", "from_onnx"]
@@ -63,17 +66,21 @@ def from_keras(layer, *, dtype=None):
     ----------
     layer : keras.layers.LSTM or keras.layers.GRU (built: called once or
         ``build()``-ed). Needs activation ``tanh``, recurrent_activation
-        ``sigmoid`` and ``go_backwards=False``; a GRU needs
-        ``reset_after=False``. Dropout settings are ignored (inference).
+        ``sigmoid`` and ``go_backwards=False``. Dropout settings are ignored
+        (inference).
     dtype : None (the layer's weight dtype) or float32 / float64
 
     Keras LSTM: ``kernel`` (I, 4H) and ``recurrent_kernel`` (H, 4H) have gate
     columns i, f, c, o = IFCO, so ``w = [kernel; recurrent_kernel]`` and
     ``b = bias`` (Keras' unit_forget_bias only initialises the bias).
-    Keras GRU (reset_after=False): columns z (update), r (reset), h
-    (candidate), ``h' = z * h + (1 - z) * hh``, which is GRUBlockCell's
-    ``h' = u * h + (1 - u) * c`` with u = z: ``w_ru = [[W_r, W_z], [U_r, U_z]]``,
-    ``w_c = [W_h; U_h]``, ``b_ru = [b_r, b_z]``, ``b_c = b_h``.
+    Keras GRU: columns z (update), r (reset), h (candidate),
+    ``h' = z * h + (1 - z) * hh``. reset_after=True (bias (2, 3H) = [input
+    bias; recurrent bias]) is nn.GRU's math with z its update gate:
+    ``weight_ih_l0 = [W_r; W_z; W_h]^T`` (3H, I), ``weight_hh_l0 = [U_r; U_z;
+    U_h]^T``, ``bias_ih_l0``, ``bias_hh_l0`` the two bias rows in r, z, h order.
+    reset_after=False (bias (3H,)) is GRUBlockCell's ``h' = u * h + (1 - u) * c``
+    with u = z: ``w_ru = [[W_r, W_z], [U_r, U_z]]``, ``w_c = [W_h; U_h]``,
+    ``b_ru = [b_r, b_z]``, ``b_c = b_h``.
 
     Keras is batch-major: ``keras_layer(x)`` equals ``blockrnn_layer.forward(
     x.transpose(1, 0, 2))[0].transpose(1, 0, 2)``.
@@ -100,22 +107,25 @@ def from_keras(layer, *, dtype=None):
     if layer.go_backwards:
         raise ValueError(f"{where}: go_backwards=True is not supported; reverse the "
                          f"sequence yourself and convert a forward layer")
-    if kind == "GRU" and cell.reset_after:
-        raise ValueError(f"{where}: " + _RESET_AFTER.format(
-            what="keras.layers.GRU(reset_after=True) (Keras 3's default)",
-            hint=" Build the Keras GRU with reset_after=False to use it with blockrnn."))
     kernel = _keras_numpy(cell.kernel)
     recurrent = _keras_numpy(cell.recurrent_kernel)
     I, H = kernel.shape[0], cell.units
     dt = _dtype(where, dtype, kernel.dtype)
     n_gates = 4 if kind == "LSTM" else 3
+    reset_after = kind == "GRU" and bool(cell.reset_after)
+    bias_shape = (2, n_gates * H) if reset_after else (n_gates * H,)
     bias = (_keras_numpy(cell.bias) if cell.use_bias and cell.bias is not None
-            else np.zeros(n_gates * H, kernel.dtype))
+            else np.zeros(bias_shape, kernel.dtype))
     w = np.concatenate([kernel, recurrent], axis=0)          # (I+H, n_gates*H)
     if kind == "LSTM":
         return _fill(LSTM(I, H, dtype=dt), w_l0=w, b_l0=bias)
     z, r, h = (slice(k * H, (k + 1) * H) for k in range(3))
-    return _fill(GRU(I, H, dtype=dt),
+    if reset_after:   # Keras' z, r, h -> nn.GRU's r, z, n
+        rzh = lambda a: np.concatenate([a[..., r], a[..., z], a[..., h]], axis=-1)  # noqa: E731
+        return _fill(GRU(I, H, reset_after=True, dtype=dt),
+                     weight_ih_l0=rzh(kernel).T, weight_hh_l0=rzh(recurrent).T,
+                     bias_ih_l0=rzh(bias[0]), bias_hh_l0=rzh(bias[1]))
+    return _fill(GRU(I, H, reset_after=False, dtype=dt),
                  w_ru_l0=np.concatenate([w[:, r], w[:, z]], axis=1), w_c_l0=w[:, h],
                  b_ru_l0=np.concatenate([bias[r], bias[z]]), b_c_l0=bias[h])
 
@@ -130,9 +140,8 @@ def from_torch(module, *, dtype=None):
     Parameters
     ----------
     module : torch.nn.LSTM (any num_layers, bidirectional or not, bias on or off;
-        proj_size=0), or a ``blockrnn.torch.LSTM`` / ``blockrnn.torch.GRU``
-        (``reset_after=False``). ``torch.nn.GRU`` and a reset-after
-        ``blockrnn.torch.GRU`` are refused (reset-after GRU: different math).
+        proj_size=0), torch.nn.GRU (the same), or a ``blockrnn.torch.LSTM`` /
+        ``blockrnn.torch.GRU``.
     dtype : None (the module's dtype) or float32 / float64
 
     The NumPy layer gets the module's ``num_layers`` and ``bidirectional`` (and a
@@ -141,8 +150,10 @@ def from_torch(module, *, dtype=None):
     ``w_l{k}{s} = [W_ih_l{k}{s}.T; W_hh_l{k}{s}.T]`` (I_k+H, 4H) and
     ``b_l{k}{s} = b_ih + b_hh`` (zeros without bias; plus a blockrnn module's
     ``forget_bias`` on the f block), peepholes ``weight_ci/cf/co_l{k}{s}`` ->
-    ``wci/wcf/wco_l{k}{s}``. A ``blockrnn.torch.GRU(reset_after=False)`` has the
-    layer's names already. States are (num_layers * num_directions, B, H) on both sides.
+    ``wci/wcf/wco_l{k}{s}``. From an nn.GRU or a blockrnn.torch.GRU: a
+    ``blockrnn.layers.GRU`` of the same ``reset_after`` (nn.GRU: True), whose
+    parameters are the module's own, names and layouts (zero biases without
+    bias). States are (num_layers * num_directions, B, H) on both sides.
     The NumPy layer is time-major: ``batch_first`` is a property of the torch
     module only, so with ``batch_first=True`` transpose the input's first two
     axes yourself. Dropout is a training-time setting and is not carried over
@@ -151,16 +162,12 @@ def from_torch(module, *, dtype=None):
     import torch
     where = "blockrnn.convert.from_torch"
     from blockrnn import torch as bt   # convert -> torch, never the other way
-    if isinstance(module, bt.GRU):
-        if module.reset_after:
-            raise ValueError(f"{where}: " + _RESET_AFTER.format(
-                what="blockrnn.torch.GRU (reset_after=True, nn.GRU's math)",
-                hint=" Only a blockrnn.torch.GRU(reset_after=False) converts."))
+    if isinstance(module, bt.GRU):      # the layer of the same reset_after, the same names
         params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
         dt = _dtype(where, dtype, next(iter(params.values())).dtype)
         out = GRU(module.input_size, module.hidden_size, module.num_layers,
-                  bidirectional=module.bidirectional, dtype=dt)
-        # bias=False: the module has no b_* parameters; the layer's are zero
+                  bidirectional=module.bidirectional, reset_after=module.reset_after, dtype=dt)
+        # bias=False: the module has no bias parameters; the layer's are zero
         zeros = {k: np.zeros_like(v) for k, v in out.params.items() if k not in params}
         return _fill(out, **params, **zeros)
     if isinstance(module, bt.LSTM):
@@ -172,13 +179,27 @@ def from_torch(module, *, dtype=None):
                    bidirectional=module.bidirectional, use_peephole=module.use_peephole,
                    cell_clip=module.cell_clip, dtype=dt)
         return _fill(out, **a["params"])
+    if isinstance(module, torch.nn.GRU):
+        return _from_nn_gru(module, dtype, where)
     if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
+        raise TypeError(f"{where}: expected a torch.nn.LSTM or torch.nn.GRU, got "
+                        f"{type(module).__name__}")
     a = bt.nn_lstm_arrays(module, where)
     dt = _dtype(where, dtype, a["params"]["w_l0"].dtype)
     out = LSTM(a["input_size"], a["hidden_size"], a["num_layers"],
                bidirectional=a["bidirectional"], dtype=dt)
     return _fill(out, **a["params"])
+
+
+def _from_nn_gru(module, dtype, where):
+    """torch.nn.GRU -> blockrnn.layers.GRU(reset_after=True): the same parameter names
+    and layouts (zero biases for bias=False)."""
+    params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
+    dt = _dtype(where, dtype, next(iter(params.values())).dtype)
+    out = GRU(module.input_size, module.hidden_size, module.num_layers,
+              bidirectional=module.bidirectional, reset_after=True, dtype=dt)
+    zeros = {k: np.zeros_like(v) for k, v in out.params.items() if k not in params}
+    return _fill(out, **params, **zeros)
 
 
 # --------------------------------------------------------------------------
@@ -302,10 +323,9 @@ def _onnx_node_arrays(n, consts, where):
         refuse("input_forget", "coupled input and forget gates are not blockrnn's LSTM")
     if attrs.get("layout", 0) != 0:
         refuse("layout", "blockrnn's layers are time-major (layout=0)")
-    if kind == "GRU" and attrs.get("linear_before_reset", 0) != 0:
-        refuse("linear_before_reset", "that is the reset-after GRU (nn.GRU, Keras' "
-                                      "reset_after=True); blockrnn's GRUBlockCell resets "
-                                      "before the recurrent matmul (linear_before_reset=0)")
+    if kind == "GRU" and attrs.get("linear_before_reset", 0) not in (0, 1):
+        refuse("linear_before_reset", "ONNX defines 0 (GRUBlockCell's reset-before GRU) "
+                                      "and 1 (nn.GRU's reset-after GRU) only")
     names = list(n.input) + [""] * 8
     arrays = {}
     for pos, key in ((1, "W"), (2, "R"), (3, "B"), (7, "P")):
@@ -340,6 +360,10 @@ def _onnx_node_arrays(n, consts, where):
             if "P" in arrays:
                 p_i, p_o, p_f = np.split(arrays["P"][d], 3)
                 out.update(wci=p_i, wcf=p_f, wco=p_o)
+        elif attrs.get("linear_before_reset", 0):   # nn.GRU's layout, gates r, z, n
+            rzh = lambda a: np.concatenate([a[blocks[g]] for g in "rzh"])  # noqa: E731
+            out = {"weight_ih": rzh(Ws[d]), "weight_hh": rzh(Rs[d]),
+                   "bias_ih": rzh(Bs[d][:G * H]), "bias_hh": rzh(Bs[d][G * H:])}
         else:
             out = {"w_ru": np.concatenate([wt[:, blocks["r"]], wt[:, blocks["z"]]], axis=1),
                    "w_c": wt[:, blocks["h"]],
@@ -370,11 +394,14 @@ def from_onnx(model_or_path, node=None, *, dtype=None):
 
     Every node must be what blockrnn computes: ``direction`` "forward" or
     "bidirectional" (the same in every node), default activations, no ``clip``,
-    ``input_forget=0``, ``layout=0``, a GRU with ``linear_before_reset=0``, and
+    ``input_forget=0``, ``layout=0``, a GRU's ``linear_before_reset`` the same
+    in every node (1: ``GRU(reset_after=True)``, 0: ``reset_after=False``), and
     its ``W``, ``R``, ``B``, ``P`` constant (initializers or Constant nodes).
     Anything else is refused with a ValueError naming the attribute. ONNX's
     gate orders (LSTM i, o, f, c; GRU z, r, h) map to TensorFlow's (IFCO;
-    [r | u], c with u = z); the biases become ``b = Wb + Rb``; ``P`` = [p_i,
+    [r | u], c with u = z) and the biases become ``b = Wb + Rb``, or, for
+    ``linear_before_reset=1``, to nn.GRU's r, z, n with ``bias_ih = Wb``,
+    ``bias_hh = Rb`` (kept apart: Rb_h sits inside r's product); ``P`` = [p_i,
     p_o, p_f] becomes the peepholes (zeros for a node of the chain without
     ``P``). The layer is time-major like the nodes: ``Y`` of the last node,
     transposed to (T, B, D, H) and reshaped to (T, B, D*H), is ``forward(X)[0]``.
@@ -410,14 +437,20 @@ def from_onnx(model_or_path, node=None, *, dtype=None):
                 f"{where}: node {n.name!r} ({kind_k}, hidden_size {H_k}, {len(dirs)} "
                 f"direction(s), input size {I_k}) does not continue the stack of {kind} "
                 f"nodes with hidden_size {H}, {D} direction(s) (input size {D * H})")
-    W0 = first[0]["w" if kind == "LSTM" else "w_c"]
+    W0 = next(iter(first[0].values()))   # w, w_ru or weight_ih
     dt = _dtype(where, dtype, W0.dtype if W0.dtype in (np.float32, np.float64) else np.float32)
     suffixes = ("", "_reverse")
     arrays = {f"{name}_l{k}{suffixes[d]}": a
               for k, (_, _, _, dirs) in enumerate(layers)
               for d, direction in enumerate(dirs) for name, a in direction.items()}
     if kind == "GRU":
-        return _fill(GRU(I, H, len(layers), bidirectional=D == 2, dtype=dt), **arrays)
+        reset_after = "weight_ih" in first[0]
+        for n, (_, _, _, dirs) in zip(chain[1:], layers[1:]):
+            if ("weight_ih" in dirs[0]) != reset_after:
+                raise ValueError(f"{where}: GRU node {n.name!r} has another "
+                                 f"linear_before_reset than node {chain[0].name!r}")
+        return _fill(GRU(I, H, len(layers), bidirectional=D == 2, reset_after=reset_after,
+                         dtype=dt), **arrays)
     out = LSTM(I, H, len(layers), bidirectional=D == 2,
                use_peephole=any(k.startswith("wci") for k in arrays), dtype=dt)
     zeros = {k: np.zeros_like(v) for k, v in out.params.items() if k not in arrays}

@@ -274,7 +274,7 @@ def gru(params, x, state=None, sequence_length=None):
     sequence, differentiable in JAX.
 
     params: dict ``w_ru_l0`` (I+H, 2H) [r | u], ``w_c_l0`` (I+H, H), ``b_ru_l0``
-    (2H,), ``b_c_l0`` (H,): a one-layer unidirectional ``blockrnn.GRU``'s params;
+    (2H,), ``b_c_l0`` (H,): a one-layer unidirectional ``blockrnn.GRU(reset_after=False)``'s params;
     x (T, B, I); state None or h0 (1, B, H); sequence_length None or (B,) ints
     in [0, T]. Returns ``y, h_n``: y (T, B, H), h_n (1, B, H).
     """

@@ -5,8 +5,10 @@ runs a whole time-major sequence through one fused op per layer and direction:
 
 * ``LSTM``: ``block_lstm_v2`` / ``block_lstm_grad_v2`` (IFCO gate columns, no
   forget bias, optional peepholes and cell clipping).
-* ``GRU``: ``block_gru`` / ``block_gru_grad`` (GRUBlockCell's reset-before GRU,
-  ``h = u * h_prev + (1 - u) * c``).
+* ``GRU``: by default nn.GRU's reset-after GRU (``block_gru_reset_after`` and
+  its gradient; parameters named and laid out as nn.GRU's); with
+  ``reset_after=False`` GRUBlockCell's reset-before GRU (``block_gru`` /
+  ``block_gru_grad``, ``h = u * h_prev + (1 - u) * c``).
 
 Like ``torch.nn.LSTM``, a layer may stack ``num_layers`` layers (layer k > 0
 reads layer k-1's output) and be ``bidirectional``: each layer then also runs
@@ -33,7 +35,8 @@ shapes, and every ``backward`` call OVERWRITES them in place (it does not
 accumulate; the dict and its arrays stay the same objects). ``y`` is the
 caller's own array: changing it does not change what ``backward`` computes.
 
-Parameter names follow nn.LSTM's suffixes: ``w_l0``, ``b_l0``, ... for layer 0,
+Parameter names follow nn.LSTM's suffixes (the reset-after GRU's are nn.GRU's
+own, ``weight_ih_l0``, ...): ``w_l0``, ``b_l0``, ... for layer 0,
 ``w_l0_reverse``, ... for its reverse direction, always suffixed (also with one
 layer and one direction); ``params`` is ordered layer by layer, forward before
 reverse.
@@ -72,8 +75,10 @@ step counts (B,) int64."""
 GRUContext = namedtuple("GRUContext", "runs seq_len_max lengths")
 GRUContext.__doc__ = """What ``GRU.backward`` needs from ``GRU.forward`` (treat as opaque).
 
-runs: one ``(x, (h0,), out)`` per layer and direction, out the BlockGRUOutput
-of block_gru (each (T, B, H)); seq_len_max; lengths None or (B,) int64."""
+runs: one ``(x, (h0,), out)`` per layer and direction, out the
+BlockGRUResetAfterOutput of block_gru_reset_after (BlockGRUOutput of block_gru
+with reset_after=False), each (T, B, H); seq_len_max; lengths None or (B,)
+int64."""
 
 
 # --------------------------------------------------------------------------
@@ -458,11 +463,24 @@ class LSTM(_Layer):
 
 
 class GRU(_Layer):
-    """A (stacked, optionally bidirectional) GRU on ``block_gru`` (GRUBlockCell, reset-before).
+    """A (stacked, optionally bidirectional) GRU.
 
-    ``r = sigmoid([x, h] @ w_ru[:, :H] + b_ru[:H])``,
-    ``u = sigmoid([x, h] @ w_ru[:, H:] + b_ru[H:])``,
-    ``c = tanh([x, r * h] @ w_c + b_c)``, ``h' = u * h + (1 - u) * c``.
+    ``reset_after=True`` (the default; Keras's name): PyTorch's ``nn.GRU``
+    (Keras 3's default GRU, ONNX's ``linear_before_reset=1``), on
+    ``block_gru_reset_after``, with nn.GRU's parameters, gate blocks r, z, n::
+
+        r = sigmoid(x W_ir^T + b_ir + h W_hr^T + b_hr)
+        z = sigmoid(x W_iz^T + b_iz + h W_hz^T + b_hz)
+        n = tanh(x W_in^T + b_in + r * (h W_hn^T + b_hn)),   h' = (1 - z) * n + z * h
+
+    ``reset_after=False``: TensorFlow's GRUBlockCell (reset-before), on
+    ``block_gru``::
+
+        r = sigmoid([x, h] @ w_ru[:, :H] + b_ru[:H]),  u = sigmoid([x, h] @ w_ru[:, H:] + b_ru[H:])
+        c = tanh([x, r * h] @ w_c + b_c),              h' = u * h + (1 - u) * c
+
+    (Until this change the layer was always the reset-before GRU: code that
+    relied on that passes ``reset_after=False``.)
 
     Parameters
     ----------
@@ -471,48 +489,67 @@ class GRU(_Layer):
     num_layers : int, default 1
     bidirectional : bool, default False
         As for ``LSTM``.
+    reset_after : bool, default True
     dtype : float32 (default) or float64
     seed : int or None
 
     Attributes
     ----------
+    With ``reset_after=True`` (nn.GRU's names and layouts):
+    weight_ih_l{k}[_reverse] : (3H, I_k) array, rows [W_ir; W_iz; W_in]
+        (I_0 = I, I_k = D*H for k > 0).
+    weight_hh_l{k}[_reverse] : (3H, H) array, rows [W_hr; W_hz; W_hn].
+    bias_ih_l{k}[_reverse], bias_hh_l{k}[_reverse] : (3H,) arrays.
+    With ``reset_after=False``:
     w_ru_l{k}[_reverse] : (I_k+H, 2H) array, columns [r | u]; rows 0:I_k multiply
-        the layer's input, I_k:I_k+H multiply h (I_0 = I, I_k = D*H for k > 0).
+        the layer's input, I_k:I_k+H multiply h.
     w_c_l{k}[_reverse] : (I_k+H, H) array; rows I_k:I_k+H multiply r * h.
     b_ru_l{k}[_reverse] : (2H,) array; b_c_l{k}[_reverse] : (H,) array.
     params, grads : dicts with these names, layer by layer, forward before
         reverse; ``grads`` is overwritten in place by every ``backward``.
 
-    All parameters are initialised uniform in [-1/sqrt(H), 1/sqrt(H)].
+    All parameters are initialised uniform in [-1/sqrt(H), 1/sqrt(H)] (as
+    nn.GRU's).
     """
 
     _context = GRUContext
+    _RESET_AFTER = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    _RESET_BEFORE = ("w_ru", "w_c", "b_ru", "b_c")
 
     def __init__(self, input_size, hidden_size, num_layers=1, *, bidirectional=False,
-                 dtype=np.float32, seed=None):
+                 reset_after=True, dtype=np.float32, seed=None):
         super().__init__("GRU", input_size, hidden_size, num_layers, bidirectional, dtype,
                          seed)
+        self.reset_after = _check_bool("GRU", "reset_after", reset_after)
         self._init_params()
 
     def _shapes(self, I_k):
         H = self.hidden_size
+        if self.reset_after:
+            return {"weight_ih": (3 * H, I_k), "weight_hh": (3 * H, H), "bias_ih": (3 * H,),
+                    "bias_hh": (3 * H,)}
         return {"w_ru": (I_k + H, 2 * H), "w_c": (I_k + H, H), "b_ru": (2 * H,), "b_c": (H,)}
 
+    @property
+    def _bases(self):
+        return self._RESET_AFTER if self.reset_after else self._RESET_BEFORE
+
     def _weights(self, k, s):
-        return tuple(getattr(self, f"{base}_l{k}{s}") for base in ("w_ru", "w_c", "b_ru", "b_c"))
+        return tuple(getattr(self, f"{base}_l{k}{s}") for base in self._bases)
 
     def _op(self, k, s, L, x, s0, lengths):
-        return blockrnn.block_gru(L, x, s0[0], *self._weights(k, s), sequence_length=lengths)
+        op = blockrnn.block_gru_reset_after if self.reset_after else blockrnn.block_gru
+        return op(L, x, s0[0], *self._weights(k, s), sequence_length=lengths)
 
     @staticmethod
     def _sequences(out):
         return (out.h,)
 
     def _op_grad(self, k, s, L, x, s0, out, seq_grads, lengths):
-        g = blockrnn.block_gru_grad(L, x, s0[0], *self._weights(k, s), *out, seq_grads[0],
-                                    sequence_length=lengths)
-        named = {f"w_ru_l{k}{s}": g.w_ru_grad, f"w_c_l{k}{s}": g.w_c_grad,
-                 f"b_ru_l{k}{s}": g.b_ru_grad, f"b_c_l{k}{s}": g.b_c_grad}
+        op = blockrnn.block_gru_reset_after_grad if self.reset_after else blockrnn.block_gru_grad
+        g = op(L, x, s0[0], *self._weights(k, s), *out, seq_grads[0], sequence_length=lengths)
+        # the op's four parameter gradients follow x_grad and h_prev_grad, in _bases order
+        named = {f"{base}_l{k}{s}": grad for base, grad in zip(self._bases, g[2:])}
         return g.x_grad, (g.h_prev_grad,), named
 
     @staticmethod
@@ -526,3 +563,6 @@ class GRU(_Layer):
     @staticmethod
     def _pack(parts):
         return parts[0]
+
+    def _extra_repr(self):
+        return "" if self.reset_after else ", reset_after=False"

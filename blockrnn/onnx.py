@@ -35,7 +35,10 @@ or ICFO (BlockLSTM), and BlockLSTM adds ``forget_bias`` to the forget gate's
 pre-activation, which goes into the forget gate's ``Wb``. ONNX's GRU stacks z,
 r, h with ``h' = (1 - z) * h~ + z * h``: TensorFlow's update gate u is z, and
 ``linear_before_reset=0`` is GRUBlockCell's reset-before candidate
-``c = tanh([x, r * h] @ w_c + b_c)``.
+``c = tanh([x, r * h] @ w_c + b_c)`` (a ``GRU(reset_after=False)``);
+``linear_before_reset=1`` is nn.GRU's reset-after candidate, a
+``GRU(reset_after=True)`` (the default), whose weights are nn.GRU's (gates r,
+z, n: reordered to z, r, h; ``B`` = [bias_ih; bias_hh], kept apart).
 
 Refused with a ValueError: ``cell_clip > 0`` (ONNX's ``clip`` bounds the
 gates' pre-activations; TensorFlow's bounds the cell state: a different
@@ -104,6 +107,20 @@ def gru_weights(w_ru, w_c, b_ru, b_c):
     return W, R, B
 
 
+def gru_reset_after_weights(weight_ih, weight_hh, bias_ih, bias_hh):
+    """ONNX's GRU ``W`` (1, 3H, I), ``R`` (1, 3H, H), ``B`` (1, 6H) from nn.GRU's weights,
+    for a node with ``linear_before_reset=1``.
+
+    weight_ih (3H, I), weight_hh (3H, H), bias_ih, bias_hh (3H,), gate blocks r,
+    z, n (nn.GRU's); ONNX's are z, r, h, with B = [Wb; Rb] = [bias_ih; bias_hh]
+    (Rb_h multiplies r with h's product: it stays apart from Wb_h).
+    """
+    H = weight_hh.shape[1]
+    zrh = lambda a: np.concatenate([a[H:2 * H], a[:H], a[2 * H:]])  # noqa: E731
+    return (zrh(weight_ih)[None], zrh(weight_hh)[None],
+            np.concatenate([zrh(bias_ih), zrh(bias_hh)])[None])
+
+
 def _numpy_layer(model):
     """The NumPy layer computing ``model``'s forward (a torch module's weights copied)."""
     if isinstance(model, (blockrnn.LSTM, blockrnn.GRU)):
@@ -125,6 +142,9 @@ def _layer_weights(layer, k):
             peep = ([p[f"{n}_l{k}{s}"] for n in ("wci", "wcf", "wco")] if layer.use_peephole
                     else [None] * 3)
             per_direction.append(lstm_weights(p[f"w_l{k}{s}"], p[f"b_l{k}{s}"], *peep))
+        elif layer.reset_after:
+            per_direction.append(gru_reset_after_weights(*(p[f"{n}_l{k}{s}"] for n in (
+                "weight_ih", "weight_hh", "bias_ih", "bias_hh"))) + (None,))
         else:
             per_direction.append(gru_weights(*(p[f"{n}_l{k}{s}"] for n in
                                                ("w_ru", "w_c", "b_ru", "b_c"))) + (None,))
@@ -211,7 +231,7 @@ def export(model, path=None, *, sequence_lens=False, initial_state=False):
         y = "Y" if k == L - 1 else f"Y_l{k}"
         attrs = {"hidden_size": H, "direction": "bidirectional" if D == 2 else "forward"}
         if kind == "GRU":
-            attrs["linear_before_reset"] = 0
+            attrs["linear_before_reset"] = int(layer.reset_after)
         nodes.append(helper.make_node(kind, node_inputs, [y] + [name(f"Y_{s}", k)
                                                                 for s in states],
                                       name=name(kind.lower(), k), **attrs))

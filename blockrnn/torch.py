@@ -65,13 +65,6 @@ def _numpy(where, name, t, dtype=None):
     return t.detach().numpy()
 
 
-def _lengths(where, sequence_length, T, B):
-    """sequence_length (tensor, array or list of B ints in [0, T]) as int64 NumPy, or None."""
-    if isinstance(sequence_length, torch.Tensor):
-        sequence_length = sequence_length.detach().cpu().numpy()
-    return check_sequence_length(where, sequence_length, B, T)
-
-
 def _tensor(a):
     return torch.from_numpy(np.ascontiguousarray(a))
 
@@ -88,8 +81,8 @@ def _grad(where, name, g, dtype, lengths, reverse):
 # torch.compile and torch.export see each op as one opaque node: its eager
 # implementation (NumPy views, the compiled kernels, the thread-limit rules that
 # read os.getpid) never runs under tracing; register_fake gives the shapes. Each
-# op is functional: its outputs are fresh tensors, never views of an input or of
-# one another. The forward ops also return the gate activations the backward
+# op is functional: its outputs are new tensors, never views of an input, and no
+# two of them overlap. The forward ops also return the gate activations the backward
 # needs (in the op's time order); the backward is a custom op of its own.
 # ---------------------------------------------------------------------------
 

@@ -64,7 +64,7 @@ def test_from_keras_lstm(use_bias):
 def test_from_keras_gru_reset_before(use_bias):
     layer = _keras(keras.layers.GRU, 5, reset_after=False, use_bias=use_bias)
     ours = convert.from_keras(layer)
-    assert isinstance(ours, GRU)
+    assert isinstance(ours, GRU) and not ours.reset_after
     x = _x(seed=6)
     h0 = np.random.default_rng(7).uniform(-1, 1, (B, H)).astype(np.float32)
     y_k, h_k = (np.asarray(t) for t in layer(x, initial_state=[h0]))
@@ -73,12 +73,32 @@ def test_from_keras_gru_reset_before(use_bias):
     np.testing.assert_allclose(h[0], h_k, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_from_keras_gru_reset_after(use_bias):
+    """Keras 3's default GRU (reset_after=True, bias (2, 3H), gate columns z, r, h) is
+    nn.GRU's: the converted GRU(reset_after=True) gives Keras' outputs and state."""
+    layer = _keras(keras.layers.GRU, 8, use_bias=use_bias)
+    assert layer.cell.reset_after
+    if use_bias:
+        assert tuple(layer.cell.bias.shape) == (2, 3 * H)
+    ours = convert.from_keras(layer)
+    assert isinstance(ours, GRU) and ours.reset_after and ours.dtype == np.float32
+    kernel, recurrent = (np.asarray(v) for v in (layer.cell.kernel, layer.cell.recurrent_kernel))
+    np.testing.assert_array_equal(ours.weight_ih_l0[:H], kernel[:, H:2 * H].T)     # r
+    np.testing.assert_array_equal(ours.weight_hh_l0[H:2 * H], recurrent[:, :H].T)  # z
+    x = _x(seed=9)
+    h0 = np.random.default_rng(10).uniform(-1, 1, (B, H)).astype(np.float32)
+    y_k, h_k = (np.asarray(t) for t in layer(x, initial_state=[h0]))
+    y, h, _ = ours.forward(x.transpose(1, 0, 2), h0[None])
+    np.testing.assert_allclose(y.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(h[0], h_k, rtol=0, atol=2e-6)
+    ours64 = convert.from_keras(layer, dtype=np.float64)
+    y64, _, _ = ours64.forward(x.transpose(1, 0, 2).astype(np.float64),
+                               h0[None].astype(np.float64))
+    np.testing.assert_allclose(y64.transpose(1, 0, 2), y_k, rtol=0, atol=2e-6)
+
+
 def test_from_keras_refusals():
-    gru = _keras(keras.layers.GRU, 0)   # Keras 3 default: reset_after=True
-    with pytest.raises(ValueError, match=r"reset_after=True\) \(Keras 3's default\) applies "
-                                         r"the reset gate AFTER the recurrent matmul.*"
-                                         r"reset_after=False"):
-        convert.from_keras(gru)
     with pytest.raises(ValueError, match="activation='tanh'.*got 'relu'"):
         convert.from_keras(_keras(keras.layers.LSTM, 0, activation="relu"))
     with pytest.raises(ValueError, match="recurrent_activation='sigmoid'.*'hard_sigmoid'"):
@@ -179,9 +199,13 @@ def test_from_blockrnn_torch_modules():
                            forget_bias=0.5, dtype=torch.float64),
                    bt.LSTM(I, H, 2, bias=False, bidirectional=True, dtype=torch.float64),
                    bt.GRU(I, H, 3, bias=False, bidirectional=True, reset_after=False,
-                          dtype=torch.float64)):
+                          dtype=torch.float64),
+                   bt.GRU(I, H, 2, bidirectional=True, dtype=torch.float64),
+                   bt.GRU(I, H, bias=False, dtype=torch.float64)):
         ours = convert.from_torch(module)
         assert isinstance(ours, NpGRU if isinstance(module, bt.GRU) else LSTM)
+        if isinstance(module, bt.GRU):
+            assert ours.reset_after == module.reset_after
         assert (ours.num_layers, ours.bidirectional) == (module.num_layers,
                                                          module.bidirectional)
         named = {k: v.detach().numpy() for k, v in module.named_parameters()}
@@ -209,15 +233,39 @@ def test_from_blockrnn_torch_modules():
         for got, want in zip(s if isinstance(s, tuple) else (s,),
                              s_t if isinstance(s_t, tuple) else (s_t,)):
             np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-13)
-    with pytest.raises(ValueError, match=r"reset_after=True, nn.GRU's math\) applies the "
-                                         r"reset gate AFTER"):
-        convert.from_torch(bt.GRU(I, H))
+
+
+@pytest.mark.parametrize("L,bidirectional,bias", [(1, False, True), (2, True, True),
+                                                  (3, True, False), (2, False, False)])
+def test_from_torch_nn_gru(L, bidirectional, bias):
+    """nn.GRU (any layers, direction, bias) -> GRU(reset_after=True) with nn.GRU's own
+    parameter names, giving nn.GRU's output and final state (float64, 1e-12), also with a
+    batch_first module (the layer is time-major)."""
+    torch.manual_seed(L)
+    ref = nn.GRU(I, H, L, bidirectional=bidirectional, bias=bias, batch_first=L == 3).double()
+    ours = convert.from_torch(ref)
+    assert isinstance(ours, GRU) and ours.reset_after and ours.dtype == np.float64
+    assert (ours.num_layers, ours.bidirectional) == (L, bidirectional)
+    named = dict(ref.named_parameters())
+    for k, v in ours.params.items():
+        if k in named:
+            np.testing.assert_array_equal(v, named[k].detach().numpy(), err_msg=k)
+        else:
+            assert not bias and k.startswith("bias") and not np.any(v), k
+    D = 2 if bidirectional else 1
+    x = _x(np.float64, seed=12).transpose(1, 0, 2).copy()          # time-major
+    h0 = np.random.default_rng(13).uniform(-1, 1, (L * D, B, H))
+    with torch.no_grad():
+        tx = torch.from_numpy(x.transpose(1, 0, 2).copy() if ref.batch_first else x)
+        y_t, h_t = ref(tx, torch.from_numpy(h0))
+    y_t = y_t.numpy().transpose(1, 0, 2) if ref.batch_first else y_t.numpy()
+    y, h_n, _ = ours.forward(x, h0)
+    np.testing.assert_allclose(y, y_t, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(h_n, h_t.numpy(), rtol=0, atol=1e-12)
+    assert convert.from_torch(ref, dtype=np.float32).dtype == np.float32
 
 
 def test_from_torch_refusals():
-    with pytest.raises(ValueError, match=r"torch.nn.GRU applies the reset gate AFTER the "
-                                         r"recurrent matmul .*BEFORE"):
-        convert.from_torch(nn.GRU(I, H))
     with pytest.raises(ValueError, match="proj_size"):
         convert.from_torch(nn.LSTM(I, H, proj_size=2))
     with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):

@@ -27,7 +27,7 @@ def _state(kind, dtype, seed=1):
 def _model(kind, dtype, peephole=False, seed=3):
     if kind == "lstm":
         return blockrnn.LSTM(I, H, use_peephole=peephole, dtype=dtype, seed=seed), bj.lstm
-    return blockrnn.GRU(I, H, dtype=dtype, seed=seed), bj.gru
+    return blockrnn.GRU(I, H, reset_after=False, dtype=dtype, seed=seed), bj.gru
 
 
 def _loss(fn, lengths):
@@ -84,7 +84,7 @@ def test_equals_numpy_layer_forward_and_backward(kind, peephole, dtype, lengths)
 @pytest.mark.parametrize("shape", [(12, 8, 16, 32), (1, 1, 3, 5), (30, 2, 10, 64)])
 def test_float32_matches_a_lax_scan_model(kind, shape):
     T_, B_, I_, H_ = shape
-    layer = (blockrnn.LSTM(I_, H_, seed=4) if kind == "lstm" else blockrnn.GRU(I_, H_, seed=4))
+    layer = (blockrnn.LSTM(I_, H_, seed=4) if kind == "lstm" else blockrnn.GRU(I_, H_, reset_after=False, seed=4))
     fn, ref = (bj.lstm, bj.reference_lstm) if kind == "lstm" else (bj.gru, bj.reference_gru)
     x = _x(np.float32, 5, (T_, B_, I_))
     y, final = fn(layer.params, x)
@@ -172,7 +172,7 @@ def test_bad_input_is_refused():
         bj.lstm(layer.params, x, None, [1, 2, 9])
     with pytest.raises(TypeError, match="x must be float32 or float64, got int64"):
         bj.lstm(layer.params, np.zeros((T, B, I), np.int64))
-    gru = blockrnn.GRU(I, H)
+    gru = blockrnn.GRU(I, H, reset_after=False)
     with pytest.raises(ValueError, match=r"params\['w_ru_l0'\] must have shape \(10, 12\)"):
         bj.gru(dict(gru.params, w_ru_l0=gru.w_ru_l0[:, :6]), x)
     with pytest.raises(ValueError, match=r"state must have shape \(1, 3, 6\)"):

@@ -46,8 +46,13 @@ def _gru_loop(layer, x, h0, lengths=None):
     n = np.full(x.shape[1], x.shape[0]) if lengths is None else np.asarray(lengths)
     h, ys = h0[0].copy(), []
     for t in range(x.shape[0]):
-        out = blockrnn.gru_block_cell(x[t], h, layer.w_ru_l0, layer.w_c_l0, layer.b_ru_l0,
-                                      layer.b_c_l0)
+        if layer.reset_after:
+            out = blockrnn.gru_cell_reset_after(x[t], h, layer.weight_ih_l0,
+                                                layer.weight_hh_l0, layer.bias_ih_l0,
+                                                layer.bias_hh_l0)
+        else:
+            out = blockrnn.gru_block_cell(x[t], h, layer.w_ru_l0, layer.w_c_l0,
+                                          layer.b_ru_l0, layer.b_c_l0)
         live = (t < n)[:, None]
         h = np.where(live, out.h, h)
         ys.append(np.where(live, out.h, 0.0))
@@ -74,9 +79,10 @@ def test_lstm_forward_matches_cell_loop(peephole, clip, lengths):
     np.testing.assert_allclose(c_n, c_ref, rtol=0, atol=1e-13)
 
 
+@pytest.mark.parametrize("reset_after", [True, False], ids=["reset_after", "reset_before"])
 @pytest.mark.parametrize("lengths", [None, LENGTHS, SHORT], ids=["full", "lengths", "short"])
-def test_gru_forward_matches_cell_loop(lengths):
-    layer = GRU(I, H, dtype=np.float64, seed=1)
+def test_gru_forward_matches_cell_loop(lengths, reset_after):
+    layer = GRU(I, H, reset_after=reset_after, dtype=np.float64, seed=1)
     x, h0, _ = _inputs(3)
     y, h_n, _ = layer.forward(x, h0, sequence_length=lengths)
     y_ref, h_ref = _gru_loop(layer, x, h0, lengths)
@@ -132,9 +138,10 @@ def test_lstm_backward_finite_differences(peephole, lengths):
     _fd_check(layer, loss_of, x, (h0, c0), dx, (dh0, dc0))
 
 
+@pytest.mark.parametrize("reset_after", [True, False], ids=["reset_after", "reset_before"])
 @pytest.mark.parametrize("lengths", [None, LENGTHS, SHORT], ids=["full", "lengths", "short"])
-def test_gru_backward_finite_differences(lengths):
-    layer = GRU(I, H, dtype=np.float64, seed=4)
+def test_gru_backward_finite_differences(lengths, reset_after):
+    layer = GRU(I, H, reset_after=reset_after, dtype=np.float64, seed=4)
     x, h0, _ = _inputs(7)
     wy, wh, _ = _loss_weights(8, False)
 
@@ -258,9 +265,14 @@ def test_params_are_the_layer_arrays_and_sgd_step_reduces_loss():
     assert losses[-1] < 0.6 * losses[0], losses[::10]
     peep = LSTM(I, H, use_peephole=True, seed=0)
     assert list(peep.params) == ["w_l0", "b_l0", "wci_l0", "wcf_l0", "wco_l0"]
-    g = GRU(I, H, seed=0)
+    g = GRU(I, H, reset_after=False, seed=0)
     assert {k: v.shape for k, v in g.params.items()} == {
         "w_ru_l0": (I + H, 2 * H), "w_c_l0": (I + H, H), "b_ru_l0": (2 * H,), "b_c_l0": (H,)}
+    g = GRU(I, H, seed=0)   # reset_after=True by default: nn.GRU's names and shapes
+    assert g.reset_after and {k: v.shape for k, v in g.params.items()} == {
+        "weight_ih_l0": (3 * H, I), "weight_hh_l0": (3 * H, H), "bias_ih_l0": (3 * H,),
+        "bias_hh_l0": (3 * H,)}
+    assert all(np.all(np.abs(p) <= 1 / np.sqrt(H)) for p in g.params.values())
 
 
 @pytest.mark.parametrize("call,exc,match", [
@@ -271,6 +283,7 @@ def test_params_are_the_layer_arrays_and_sgd_step_reduces_loss():
     (lambda: LSTM(3, 4, use_peephole=1), TypeError, "use_peephole"),
     (lambda: LSTM(3, 4, cell_clip="1"), TypeError, "cell_clip"),
     (lambda: GRU(3, 4, dtype=np.int32), TypeError, "dtype"),
+    (lambda: GRU(3, 4, reset_after=1), TypeError, "GRU: reset_after must be a bool, got int"),
 ])
 def test_constructor_errors(call, exc, match):
     with pytest.raises(exc, match=match):

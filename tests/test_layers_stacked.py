@@ -23,8 +23,9 @@ def _rand(seed, *shape):
 
 
 def _make(kind, seed, **kw):
-    if kind == "gru":
-        return GRU(I, H, 2, bidirectional=True, dtype=np.float64, seed=seed, **kw)
+    if kind.startswith("gru"):
+        return GRU(I, H, 2, bidirectional=True, reset_after=kind == "gru_reset_after",
+                   dtype=np.float64, seed=seed, **kw)
     return LSTM(I, H, 2, bidirectional=True, use_peephole=kind == "lstm_peephole",
                 dtype=np.float64, seed=seed, **kw)
 
@@ -43,33 +44,34 @@ def _fd(loss, arr, eps=1e-6):
 
 
 @pytest.mark.parametrize("lengths", [None, LENGTHS], ids=["full", "lengths"])
-@pytest.mark.parametrize("kind", ["lstm", "lstm_peephole", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "lstm_peephole", "gru", "gru_reset_after"])
 def test_stacked_bidirectional_backward_finite_differences(kind, lengths):
     layer = _make(kind, seed=1)
-    n_states = 1 if kind == "gru" else 2
+    is_gru = kind.startswith("gru")
+    n_states = 1 if is_gru else 2
     x = _rand(2, T, B, I)
     s0 = [_rand(3 + i, 4, B, H) for i in range(n_states)]          # (L*D, B, H)
     wy = _rand(5, T, B, 2 * H)
     ws = [_rand(6 + i, 4, B, H) for i in range(n_states)]
 
     def pack(parts):
-        return parts[0] if kind == "gru" else tuple(parts)
+        return parts[0] if is_gru else tuple(parts)
 
     def loss():
         y, sn, _ = layer.forward(x, pack(s0), sequence_length=lengths)
-        sn = [sn] if kind == "gru" else list(sn)
+        sn = [sn] if is_gru else list(sn)
         # the final states enter quadratically, so that their gradient depends on them
         return np.sum(wy * y) + sum(np.sum(w * s ** 2) for w, s in zip(ws, sn))
 
     y, sn, ctx = layer.forward(x, pack(s0), sequence_length=lengths)
-    sn = [sn] if kind == "gru" else list(sn)
+    sn = [sn] if is_gru else list(sn)
     assert y.shape == (T, B, 2 * H) and all(s.shape == (4, B, H) for s in sn)
     if lengths is not None:
         assert not np.any(y[:, 1]) and not np.any(y[1:, 2]) and not np.any(y[2:, 3])
         for s, init in zip(sn, s0):                   # a length-0 row keeps its state
             np.testing.assert_array_equal(s[:, 1], init[:, 1])
     dx, ds0 = layer.backward(ctx, wy, pack([2 * w * s for w, s in zip(ws, sn)]))
-    ds0 = [ds0] if kind == "gru" else list(ds0)
+    ds0 = [ds0] if is_gru else list(ds0)
     tol = 1e-8
     np.testing.assert_allclose(dx, _fd(loss, x), rtol=0, atol=tol, err_msg="x")
     for k, (a, s) in enumerate(zip(ds0, s0)):
@@ -97,9 +99,14 @@ def test_one_layer_unidirectional_is_the_plain_op(dtype, lengths):
     if lengths is None:
         np.testing.assert_array_equal(h[0], ref.h[-1])
         np.testing.assert_array_equal(c[0], ref.cs[-1])
-    gru = GRU(I, H, dtype=dtype, seed=0)
+    gru = GRU(I, H, reset_after=False, dtype=dtype, seed=0)
     y, h, _ = gru.forward(x, h0, sequence_length=lengths)
     ref = blockrnn.block_gru(steps, x, h0[0], *gru.params.values(), sequence_length=lengths)
+    np.testing.assert_array_equal(y, ref.h)
+    gru = GRU(I, H, dtype=dtype, seed=0)
+    y, h, _ = gru.forward(x, h0, sequence_length=lengths)
+    ref = blockrnn.block_gru_reset_after(steps, x, h0[0], *gru.params.values(),
+                                         sequence_length=lengths)
     np.testing.assert_array_equal(y, ref.h)
 
 
@@ -108,7 +115,8 @@ def test_reverse_half_is_the_op_on_reversed_input(kind):
     """y[..., H:] of a 1-layer bidirectional layer = reverse_sequence(op(reverse_sequence(x)))
     by hand; its final state is the op's state after each row's last (reversed) step, i.e.
     after original step 0."""
-    layer = (GRU(I, H, bidirectional=True, dtype=np.float64, seed=3) if kind == "gru"
+    layer = (GRU(I, H, bidirectional=True, reset_after=False, dtype=np.float64, seed=3)
+             if kind == "gru"
              else LSTM(I, H, bidirectional=True, dtype=np.float64, seed=3))
     x = _rand(13, T, B, I)
     h0 = _rand(14, 2, B, H)
@@ -185,13 +193,22 @@ def test_names_order_shapes_and_grads_in_place():
     assert list(lstm.params) == [f"{n}_l{k}{s}" for k in range(3) for s in ("", "_reverse")
                                  for n in per_dir]
     assert lstm.w_l0.shape == (I + H, 4 * H) and lstm.w_l1_reverse.shape == (3 * H, 4 * H)
-    gru = GRU(I, H, 2, seed=0)
+    gru = GRU(I, H, 2, reset_after=False, seed=0)
     assert {k: v.shape for k, v in gru.params.items()} == {
         "w_ru_l0": (I + H, 2 * H), "w_c_l0": (I + H, H), "b_ru_l0": (2 * H,), "b_c_l0": (H,),
         "w_ru_l1": (2 * H, 2 * H), "w_c_l1": (2 * H, H), "b_ru_l1": (2 * H,), "b_c_l1": (H,)}
-    assert repr(gru) == "GRU(input_size=3, hidden_size=3, num_layers=2, dtype=float32)"
+    assert repr(gru) == ("GRU(input_size=3, hidden_size=3, num_layers=2, reset_after=False, "
+                         "dtype=float32)")
+    gru_ra = GRU(I, H, 2, bidirectional=True, seed=0)
+    assert list(gru_ra.params) == [f"{n}_l{k}{s}" for k in range(2) for s in ("", "_reverse")
+                                   for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+    assert gru_ra.weight_ih_l0.shape == (3 * H, I)
+    assert gru_ra.weight_ih_l1_reverse.shape == (3 * H, 2 * H)
+    assert gru_ra.weight_hh_l1.shape == (3 * H, H) and gru_ra.bias_hh_l0.shape == (3 * H,)
+    assert repr(gru_ra) == ("GRU(input_size=3, hidden_size=3, num_layers=2, "
+                            "bidirectional=True, dtype=float32)")
     x = _rand(0, T, B, I).astype(np.float32)
-    for layer in (lstm, gru):
+    for layer in (lstm, gru, gru_ra):
         grads, arrays = layer.grads, dict(layer.grads)
         y, _, ctx = layer.forward(x)
         layer.backward(ctx, np.ones_like(y))

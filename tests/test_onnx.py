@@ -27,7 +27,7 @@ def _close(got, want, rel=1e-5):
 
 def _layers(I, H):
     return [blockrnn.LSTM(I, H, seed=1), blockrnn.LSTM(I, H, use_peephole=True, seed=2),
-            blockrnn.GRU(I, H, seed=3)]
+            blockrnn.GRU(I, H, seed=3), blockrnn.GRU(I, H, reset_after=False, seed=4)]
 
 
 @pytest.mark.parametrize("T,B,I,H", SHAPES)
@@ -99,9 +99,10 @@ def test_export_float64_checks_and_dynamic_dims():
     assert [d.dim_param or d.dim_value for d in x.shape.dim] == ["T", "B", 3]
     (node,) = model.graph.node
     assert node.op_type == "LSTM"
-    gru = bo.export(blockrnn.GRU(3, 4)).graph.node[0]
-    assert {a.name: onnx.helper.get_attribute_value(a) for a in gru.attribute}[
-        "linear_before_reset"] == 0
+    for reset_after in (False, True):
+        gru = bo.export(blockrnn.GRU(3, 4, reset_after=reset_after)).graph.node[0]
+        assert {a.name: onnx.helper.get_attribute_value(a) for a in gru.attribute}[
+            "linear_before_reset"] == int(reset_after)
 
 
 def test_lstm_weights_icfo_and_forget_bias():
@@ -235,10 +236,19 @@ def test_import_refusals_name_the_attribute(attrs, match):
 
 def test_import_refusals_gru_and_graph():
     model = bo.export(blockrnn.GRU(3, 2))
-    model.graph.node[0].attribute.append(onnx.helper.make_attribute("linear_before_reset", 1))
-    del model.graph.node[0].attribute[1]   # drop the exporter's linear_before_reset=0
-    with pytest.raises(ValueError, match="linear_before_reset=1; that is the reset-after GRU"):
+    for a in model.graph.node[0].attribute:
+        if a.name == "linear_before_reset":
+            a.i = 2
+    with pytest.raises(ValueError, match="linear_before_reset=2; ONNX defines 0"):
         convert.from_onnx(model)
+    mixed = bo.export(blockrnn.GRU(3, 2, 2))
+    lbr = [n for n in mixed.graph.node if n.op_type == "GRU"][1]
+    for a in lbr.attribute:
+        if a.name == "linear_before_reset":
+            a.i = 0
+    with pytest.raises(ValueError, match="GRU node 'gru_l1' has another linear_before_reset "
+                                         "than node 'gru_l0'"):
+        convert.from_onnx(mixed)
     two = bo.export(blockrnn.LSTM(3, 2))
     two.graph.node.append(onnx.helper.make_node("GRU", ["X"], ["Z"], name="second"))
     with pytest.raises(ValueError, match="2 LSTM/GRU nodes .*pass node=<name>"):
@@ -262,12 +272,14 @@ def _stacked(kind, L, bidirectional, I, H, seed, **kw):
     cls = blockrnn.LSTM if kind == "lstm" else blockrnn.GRU
     if kind == "lstm_peephole":
         cls, kw = blockrnn.LSTM, dict(kw, use_peephole=True)
+    if kind == "gru_reset_before":
+        kw = dict(kw, reset_after=False)
     return cls(I, H, L, bidirectional=bidirectional, seed=seed, **kw)
 
 
 @pytest.mark.parametrize("L,bidirectional", [(1, True), (2, True), (3, False)],
                          ids=["bidirectional", "2-layer-bidirectional", "3-layer"])
-@pytest.mark.parametrize("kind", ["lstm", "lstm_peephole", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "lstm_peephole", "gru", "gru_reset_before"])
 @pytest.mark.parametrize("with_lengths,with_state", [(False, False), (True, True),
                                                      (True, False)])
 def test_bidirectional_and_stacked_export_run_in_onnx_runtime(kind, L, bidirectional,
@@ -289,7 +301,7 @@ def test_bidirectional_and_stacked_export_run_in_onnx_runtime(kind, L, bidirecti
     assert tuple(W0.dims) == (D, (4 if "lstm" in kind else 3) * H, I)
     rng = np.random.default_rng(7)
     x = rng.uniform(-1, 1, (T, B, I)).astype(np.float32)
-    n_states = 1 if kind == "gru" else 2
+    n_states = 1 if kind.startswith("gru") else 2
     feed, lengths, state = {"X": x}, None, None
     if with_lengths:
         lengths = np.array([6, 1, 3, 5], np.int32)           # unsorted, with a length-1 row
@@ -297,19 +309,19 @@ def test_bidirectional_and_stacked_export_run_in_onnx_runtime(kind, L, bidirecti
     if with_state:
         s0 = [rng.uniform(-1, 1, (L * D, B, H)).astype(np.float32) for _ in range(n_states)]
         feed.update(zip(("initial_h", "initial_c"), s0))
-        state = s0[0] if kind == "gru" else tuple(s0)
+        state = s0[0] if kind.startswith("gru") else tuple(s0)
     out = _session(model).run(None, feed)
     y, final, _ = layer.forward(x, state, lengths)
     assert out[0].shape == (T, D, B, H)
     _close(out[0].transpose(0, 2, 1, 3).reshape(T, B, D * H), y)
-    finals = (final,) if kind == "gru" else final
+    finals = (final,) if kind.startswith("gru") else final
     assert len(out) == 1 + n_states
     for got, want in zip(out[1:], finals):
         assert got.shape == want.shape == (L * D, B, H)
         _close(got, want)
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "gru_reset_before"])
 def test_onnx_runtime_reverse_direction_reverses_each_rows_valid_prefix(kind):
     """ORT's reverse direction with sequence_lens = blockrnn's op on reverse_sequence'd
     input, reversed back: row b reads steps n_b - 1 .. 0, and its padding stays zero."""
@@ -325,6 +337,9 @@ def test_onnx_runtime_reverse_direction_reverses_each_rows_valid_prefix(kind):
         zh = np.zeros(H, np.float32)
         rev = blockrnn.block_lstm_v2(T, xr, z, z, p["w_l0_reverse"], zh, zh, zh,
                                      p["b_l0_reverse"], sequence_length=lengths).h
+    elif kind == "gru":
+        rev = blockrnn.block_gru_reset_after(T, xr, z, *(p[f"{n}_l0_reverse"] for n in (
+            "weight_ih", "weight_hh", "bias_ih", "bias_hh")), sequence_length=lengths).h
     else:
         rev = blockrnn.block_gru(T, xr, z, *(p[f"{n}_l0_reverse"] for n in
                                              ("w_ru", "w_c", "b_ru", "b_c")),
@@ -343,12 +358,13 @@ def test_onnx_runtime_reverse_direction_reverses_each_rows_valid_prefix(kind):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("kind", ["lstm", "lstm_peephole", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "lstm_peephole", "gru", "gru_reset_before"])
 @pytest.mark.parametrize("L,bidirectional", [(1, True), (2, True), (3, False)])
 def test_stacked_round_trip_is_bit_for_bit(kind, L, bidirectional, dtype):
     layer = _stacked(kind, L, bidirectional, 4, 3, seed=5, dtype=dtype)
     back = convert.from_onnx(bo.export(layer, sequence_lens=True, initial_state=True))
     assert type(back) is type(layer) and back.dtype == layer.dtype
+    assert getattr(back, "reset_after", None) == getattr(layer, "reset_after", None)
     assert (back.num_layers, back.bidirectional) == (L, bidirectional)
     assert getattr(back, "use_peephole", None) == getattr(layer, "use_peephole", None)
     assert list(back.params) == list(layer.params)
@@ -416,3 +432,58 @@ def test_import_refuses_nodes_that_are_not_one_stack():
     with pytest.raises(ValueError, match="not one stacked layer \\(node 'gru_l1''s X comes "
                                          "from an unexpected Reshape\\)"):
         convert.from_onnx(swapped)
+
+
+@pytest.mark.filterwarnings("ignore")   # the TorchScript exporter's tracer warnings
+@pytest.mark.parametrize("L,bidirectional,bias", [(1, False, True), (2, True, True),
+                                                  (2, False, False)])
+def test_import_torch_exported_nn_gru(L, bidirectional, bias, tmp_path):
+    """PyTorch's exporter writes nn.GRU as GRU nodes with linear_before_reset=1: from_onnx
+    gives the reset-after layer of from_torch's weights, and ONNX Runtime's output."""
+    torch.manual_seed(3)
+    T, B, I, H = 6, 3, 4, 5
+    ref = torch.nn.GRU(I, H, num_layers=L, bidirectional=bidirectional, bias=bias)
+    path = tmp_path / "gru.onnx"
+    torch.onnx.export(ref, (torch.zeros(T, B, I),), str(path), dynamo=False,
+                      input_names=["x"], output_names=["y", "h"],
+                      dynamic_axes={"x": {0: "T", 1: "B"}}, opset_version=14)
+    layer = convert.from_onnx(path)
+    assert isinstance(layer, blockrnn.GRU) and layer.reset_after
+    assert (layer.num_layers, layer.bidirectional) == (L, bidirectional)
+    direct = convert.from_torch(ref)
+    for k, v in direct.params.items():
+        np.testing.assert_allclose(layer.params[k], v, rtol=0, atol=1e-6, err_msg=k)
+    x = np.random.default_rng(6).uniform(-1, 1, (T + 2, B + 1, I)).astype(np.float32)
+    y, h = _session(onnx.load(str(path))).run(None, {"x": x})
+    ours, h_n, _ = layer.forward(x)
+    _close(y, ours)
+    _close(h, h_n)
+
+
+@pytest.mark.parametrize("L,bidirectional", [(1, False), (2, True)])
+def test_export_reset_after_gru_runs_in_onnx_runtime_like_nn_gru(L, bidirectional):
+    """The exported reset-after layer (linear_before_reset=1) in ONNX Runtime = nn.GRU
+    with the layer's weights (the same parameter names), with sequence_lens and a state."""
+    T, B, I, H = 6, 4, 3, 5
+    D = 2 if bidirectional else 1
+    layer = blockrnn.GRU(I, H, L, bidirectional=bidirectional, seed=11)
+    rng = np.random.default_rng(12)
+    for p in layer.params.values():          # biases of both kinds far from zero
+        p += rng.uniform(-0.5, 0.5, p.shape).astype(p.dtype)
+    ref = torch.nn.GRU(I, H, L, bidirectional=bidirectional)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            p.copy_(torch.from_numpy(layer.params[name]))
+    x = rng.uniform(-1, 1, (T, B, I)).astype(np.float32)
+    h0 = rng.uniform(-1, 1, (L * D, B, H)).astype(np.float32)
+    out = _session(bo.export(layer, initial_state=True)).run(None, {"X": x, "initial_h": h0})
+    with torch.no_grad():
+        y_t, h_t = ref(torch.from_numpy(x), torch.from_numpy(h0))
+    _close(out[0].transpose(0, 2, 1, 3).reshape(T, B, D * H), y_t.numpy())
+    _close(out[1], h_t.numpy())
+    lengths = np.array([6, 1, 3, 5], np.int32)
+    out = _session(bo.export(layer, sequence_lens=True)).run(
+        None, {"X": x, "sequence_lens": lengths})
+    y, h_n, _ = layer.forward(x, None, lengths)
+    _close(out[0].transpose(0, 2, 1, 3).reshape(T, B, D * H), y)
+    _close(out[1], h_n)

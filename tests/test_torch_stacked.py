@@ -419,7 +419,7 @@ def test_constructor_and_call_errors():
 # The NumPy layers (blockrnn.LSTM / GRU) against the torch modules
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "gru_reset_after"])
 @pytest.mark.parametrize("lengths", [None, [6, 1, 0, 3]], ids=["full", "lengths"])
 def test_numpy_layers_equal_torch_modules(kind, lengths):
     """Same weights (the same names): outputs, final states, input/state gradients and
@@ -432,8 +432,9 @@ def test_numpy_layers_equal_torch_modules(kind, lengths):
                               dtype=np.float64)
         values = bt.nn_lstm_arrays(mod)["params"]      # w = [W_ih.T; W_hh.T], b = sum
     else:
-        mod = bt.GRU(I, H, 2, bidirectional=True, reset_after=False, dtype=torch.float64)
-        layer = blockrnn.GRU(I, H, 2, bidirectional=True, dtype=np.float64)
+        ra = kind == "gru_reset_after"
+        mod = bt.GRU(I, H, 2, bidirectional=True, reset_after=ra, dtype=torch.float64)
+        layer = blockrnn.GRU(I, H, 2, bidirectional=True, reset_after=ra, dtype=np.float64)
         values = {n: p.detach().numpy() for n, p in mod.named_parameters()}
     assert list(layer.params) == list(values)
     for n, v in values.items():

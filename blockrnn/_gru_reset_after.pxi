@@ -1,0 +1,491 @@
+# Included by _kernels.pyx: the reset-after GRU (nn.GRU's, Keras 3's default,
+# ONNX linear_before_reset=1; SPEC §13), forward and backward over a sequence,
+# in nn.GRU's layout: w_ih [3H, I], w_hh [3H, H], b_ih, b_hh [3H], gate
+# blocks r, z, n. The math and its order: include/brnn_gru_reset_after.h.
+#
+# Structure as the LSTM family (_lstm.pxi): every recurrent product depends on
+# h[t-1] only, so one product h[t-1] @ w_hh^T of 3H columns per step.
+# float32 from PACKED_MIN_ROWS rows on: ONE OpenMP region per call, each
+# thread owning whole 16-cell panels (unit_start), the input projection folded
+# into the steps, one barrier per step, weights packed once per call straight
+# from nn.GRU's layout (W(k, n) = w[n, k]). float64, and float32 batch 1: BLAS
+# (gemm with trans flags: w_ih is the [I, 3H] weight transposed) and gate
+# loops over rows.
+
+cdef extern from "brnn_gru_reset_after.h" nogil:
+    void brnn_gru_ra_forward_row_f32(
+        Py_ssize_t H, const float* gr, const float* gz, const float* gn,
+        const float* b_ir, const float* b_iz, const float* b_in, const float* b_hr,
+        const float* b_hz, const float* b_hn, const float* h_prev,
+        float* r, float* z, float* n, float* hn, float* h)
+    void brnn_gru_ra_forward_row_f64(
+        Py_ssize_t H, const double* gr, const double* gz, const double* gn,
+        const double* b_ir, const double* b_iz, const double* b_in, const double* b_hr,
+        const double* b_hz, const double* b_hn, const double* h_prev,
+        double* r, double* z, double* n, double* hn, double* h)
+    void brnn_gru_ra_backward_row_f32(
+        Py_ssize_t H, const float* h_prev, const float* r, const float* z, const float* n,
+        const float* hn, const float* h_grad, float* carry, float* dr, float* dz,
+        float* dhn, float* dnx)
+    void brnn_gru_ra_backward_row_f64(
+        Py_ssize_t H, const double* h_prev, const double* r, const double* z,
+        const double* n, const double* hn, const double* h_grad, double* carry,
+        double* dr, double* dz, double* dhn, double* dnx)
+
+
+# ---------------------------------------------------------------------------
+# Gate passes over a block of rows (cells [u0, u0 + nu) of each)
+# ---------------------------------------------------------------------------
+
+cdef void gru_ra_forward_block(
+        Py_ssize_t rows, Py_ssize_t H,
+        const floating* g,         # IN  [rows, 3H] h_prev @ w_hh^T (no bias)
+        const floating* b_ih, const floating* b_hh,  # IN [3H]
+        const floating* h_prev,    # IN  [rows, H]
+        const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
+        floating* r, floating* z, floating* n,  # IN/OUT [rows, H]: x @ w_i?^T in, gates out
+        floating* hn, floating* h,  # OUT [rows, H]
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
+    """One step's gates (include/brnn_gru_reset_after.h) for a block of rows;
+    rows past their length get zeros in all five outputs."""
+    cdef Py_ssize_t row, k
+    cdef const floating* gr
+    cdef size_t nbytes
+    if nu < 0:
+        nu = H
+    nbytes = nu * sizeof(floating)
+    for row in range(rows):
+        k = row * H + u0
+        if finished(lengths, row, t):
+            memset(r + k, 0, nbytes)
+            memset(z + k, 0, nbytes)
+            memset(n + k, 0, nbytes)
+            memset(hn + k, 0, nbytes)
+            memset(h + k, 0, nbytes)
+            continue
+        gr = g + row * 3 * H + u0
+        if floating is float:
+            brnn_gru_ra_forward_row_f32(
+                nu, gr, gr + H, gr + 2 * H, b_ih + u0, b_ih + H + u0, b_ih + 2 * H + u0,
+                b_hh + u0, b_hh + H + u0, b_hh + 2 * H + u0, h_prev + k,
+                r + k, z + k, n + k, hn + k, h + k)
+        else:
+            brnn_gru_ra_forward_row_f64(
+                nu, gr, gr + H, gr + 2 * H, b_ih + u0, b_ih + H + u0, b_ih + 2 * H + u0,
+                b_hh + u0, b_hh + H + u0, b_hh + 2 * H + u0, h_prev + k,
+                r + k, z + k, n + k, hn + k, h + k)
+
+
+cdef void gru_ra_backward_block(
+        Py_ssize_t rows, Py_ssize_t H,
+        const floating* h_prev,    # IN  [rows, H]
+        const floating* r, const floating* z, const floating* n,  # IN [rows, H] forward
+        const floating* hn,
+        const floating* h_grad,    # IN  [rows, H] upstream gradient of h
+        const int64_t* lengths, Py_ssize_t t,
+        floating* carry,           # IN/OUT [rows, H]: d h from step t+1 in, dh * z out
+        floating* dg,              # OUT [rows, 4H]: dr, dz, dhn, dnx (see below)
+        Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
+    """One step's gate gradients for a block of rows. A row of dg is
+    [dr, dz, dhn, dnx]: its first 3H columns are dG_h (the gradient of
+    h_prev @ w_hh^T + b_hh, gate order r, z, n), columns r, z and the last H
+    are dG_x (that of x @ w_ih^T + b_ih). Rows past their length get zero
+    gradients and a zero carry (their upstream gradients are not read)."""
+    cdef Py_ssize_t row, k
+    cdef floating* d
+    cdef size_t nbytes
+    if nu < 0:
+        nu = H
+    nbytes = nu * sizeof(floating)
+    for row in range(rows):
+        k = row * H + u0
+        d = dg + row * 4 * H + u0
+        if finished(lengths, row, t):
+            memset(d, 0, nbytes)
+            memset(d + H, 0, nbytes)
+            memset(d + 2 * H, 0, nbytes)
+            memset(d + 3 * H, 0, nbytes)
+            memset(carry + k, 0, nbytes)
+            continue
+        if floating is float:
+            brnn_gru_ra_backward_row_f32(nu, h_prev + k, r + k, z + k, n + k, hn + k,
+                                         h_grad + k, carry + k, d, d + H, d + 2 * H,
+                                         d + 3 * H)
+        else:
+            brnn_gru_ra_backward_row_f64(nu, h_prev + k, r + k, z + k, n + k, hn + k,
+                                         h_grad + k, carry + k, d, d + H, d + 2 * H,
+                                         d + 3 * H)
+
+
+cdef void gru_ra_forward_rows(
+        Py_ssize_t B, Py_ssize_t H, const floating* g, const floating* b_ih,
+        const floating* b_hh, const floating* h_prev, const int64_t* lengths, Py_ssize_t t,
+        floating* r, floating* z, floating* n, floating* hn, floating* h,
+        int n_threads) noexcept nogil:
+    """gru_ra_forward_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    if n_threads == 1:  # no OpenMP region at all
+        gru_ra_forward_block(B, H, g, b_ih, b_hh, h_prev, lengths, t, r, z, n, hn, h)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        gru_ra_forward_block(r1 - r0, H, g + r0 * 3 * H, b_ih, b_hh, h_prev + r0 * H,
+                             lengths_from(lengths, r0), t, r + r0 * H, z + r0 * H,
+                             n + r0 * H, hn + r0 * H, h + r0 * H)
+
+
+cdef void gru_ra_backward_rows(
+        Py_ssize_t B, Py_ssize_t H, const floating* h_prev, const floating* r,
+        const floating* z, const floating* n, const floating* hn, const floating* h_grad,
+        const int64_t* lengths, Py_ssize_t t, floating* carry, floating* dg,
+        int n_threads) noexcept nogil:
+    """gru_ra_backward_block over B rows split in n_threads blocks of rows."""
+    cdef Py_ssize_t k, r0 = 0, r1 = 0
+    if n_threads == 1:  # no OpenMP region at all
+        gru_ra_backward_block(B, H, h_prev, r, z, n, hn, h_grad, lengths, t, carry, dg)
+        return
+    for k in prange(n_threads, num_threads=n_threads, schedule="static"):
+        r0 = k * B // n_threads  # rows [r0, r1) of block k (assigned here:
+        r1 = (k + 1) * B // n_threads  # prange makes them thread-private)
+        gru_ra_backward_block(r1 - r0, H, h_prev + r0 * H, r + r0 * H, z + r0 * H,
+                              n + r0 * H, hn + r0 * H, h_grad + r0 * H,
+                              lengths_from(lengths, r0), t, carry + r0 * H,
+                              dg + r0 * 4 * H)
+
+
+cdef void column_sums_strided(Py_ssize_t rows, Py_ssize_t cols, const floating* a,
+                              Py_ssize_t lda, double* acc) noexcept nogil:
+    """acc[j] += sum over rows of a[r, j] (a row-major, row stride lda)."""
+    cdef Py_ssize_t r, j
+    for r in range(rows):
+        for j in range(cols):
+            acc[j] += a[r * lda + j]
+
+
+# ---------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------
+
+cdef inline Py_ssize_t gru_ra_forward_workspace(Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+                                                bint packed) noexcept nogil:
+    """Elements of block_gru_ra_forward_compute's workspace: one step's
+    recurrent product g [B, 3H]; float32 then w_hh's three gate blocks packed
+    [3, brnn_packed_size(H, H)] and w_ih's [3, brnn_packed_size(I, H)] (batch
+    1: w_ih's only)."""
+    if packed:
+        return B * 3 * H + 3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1
+    return B * 3 * H + 1
+
+
+cdef void gru_ra_forward_packed_step(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed, const float* x, const float* h_in, const float* b_ih,
+        const float* b_hh, const int64_t* lengths, float* g,
+        float* r, float* z, float* n, float* hn, float* h,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t of the float32 forward for the cells [u0, u1): their three gate
+    columns of x[t] @ w_ih^T into r[t], z[t], n[t] and of h_in @ w_hh^T into
+    g, both by the packed kernel, then their gates."""
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H), BH = B * H
+    cdef const float* xt = x + t * B * I
+    if u1 <= u0:
+        return
+    packed_product(B, I, xt, I, packed + 3 * ps, u0, u1, False, r + t * BH, H)
+    packed_product(B, I, xt, I, packed + 3 * ps + psx, u0, u1, False, z + t * BH, H)
+    packed_product(B, I, xt, I, packed + 3 * ps + 2 * psx, u0, u1, False, n + t * BH, H)
+    packed_product(B, H, h_in, H, packed, u0, u1, False, g, 3 * H)
+    packed_product(B, H, h_in, H, packed + ps, u0, u1, False, g + H, 3 * H)
+    packed_product(B, H, h_in, H, packed + 2 * ps, u0, u1, False, g + 2 * H, 3 * H)
+    gru_ra_forward_block[float](B, H, g, b_ih, b_hh, h_in, lengths, t, r + t * BH,
+                                z + t * BH, n + t * BH, hn + t * BH, h + t * BH, u0, u1 - u0)
+
+
+cdef void gru_ra_forward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
+        const float* x, const float* h_prev, const float* b_ih, const float* b_hh,
+        const int64_t* lengths,
+        float* g,                 # workspace [B, 3H]
+        float* r, float* z, float* n, float* hn, float* h,  # OUT [T, B, H]
+        int n_threads) noexcept nogil:
+    """The time loop of the float32 forward: ONE parallel region of n_threads
+    for all L steps, each thread owning a fixed slice of cells (unit_start) and
+    computing their input projection, recurrent product and gates at every
+    step; one barrier per step (step t+1 reads all of h[t]). Each product
+    element is one packed-kernel sum: the bits do not depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    cdef int tid, nt
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            gru_ra_forward_packed_step(t, B, I, H, packed, x,
+                                       h_prev if t == 0 else h + (t - 1) * BH, b_ih, b_hh,
+                                       lengths, g, r, z, n, hn, h, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L):
+            gru_ra_forward_packed_step(t, B, I, H, packed, x,
+                                       h_prev if t == 0 else h + (t - 1) * BH, b_ih, b_hh,
+                                       lengths, g, r, z, n, hn, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+
+
+cdef void block_gru_ra_forward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x,        # IN  [T, B, I]
+        const floating* h_prev,   # IN  [B, H]
+        const floating* w_ih,     # IN  [3H, I]
+        const floating* w_hh,     # IN  [3H, H]
+        const floating* b_ih, const floating* b_hh,  # IN [3H]
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* ws,             # workspace [gru_ra_forward_workspace(B, I, H, float)]
+        floating* r, floating* z, floating* n, floating* hn, floating* h,  # OUT [T, B, H]
+        int n_threads, int max_threads) noexcept nogil:
+    """The reset-after GRU over L steps, zeros for t >= L (and in row b for
+    t >= lengths[b]).
+
+    float32 from PACKED_MIN_ROWS rows on: every product in the packed kernel,
+    in one parallel region on up to max_threads threads from the thread budget
+    (gru_ra_forward_packed). Otherwise the input projection of all L steps is
+    hoisted (one product per gate, into r, z, n: the packed kernel for float32
+    batch 1, packed_inputs; gemm for float64), and each step computes
+    g = h[t-1] @ w_hh^T by gemm, then the gates on n_threads."""
+    cdef Py_ssize_t t, q, BH = B * H, H3 = 3 * H
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    cdef floating* g = ws
+    cdef floating* packed = ws + B * H3
+    cdef const floating* h_in
+    cdef floating* dst[3]
+    cdef float* fdst[3]
+    cdef int granted
+    dst[0], dst[1], dst[2] = r, z, n
+    if floating is float and B >= PACKED_MIN_ROWS:
+        for q in range(3):   # W(k, j) = w[q*H + j, k]: strides sk = 1, sn = row length
+            brnn_pack_f32(H, H, w_hh + q * H * H, 1, H, packed + q * ps)
+            brnn_pack_f32(I, H, w_ih + q * H * I, 1, I, packed + 3 * ps + q * psx)
+        granted = brnn_budget_take(packed_threads(B, I + H, H3, H, max_threads), max_threads)
+        gru_ra_forward_packed(L, B, I, H, packed, x, h_prev, b_ih, b_hh, lengths, g,
+                              r, z, n, hn, h, granted)
+        brnn_budget_give(granted)
+    else:
+        if floating is float:   # batch 1: w_ih's blocks packed, all steps at once
+            for q in range(3):
+                brnn_pack_f32(I, H, w_ih + q * H * I, 1, I, packed + q * psx)
+                fdst[q] = dst[q]
+            packed_inputs(L * B, I, H, 3, x, packed, fdst, max_threads)
+        else:
+            for q in range(3):   # x[:L] @ w_ih[q-block]^T
+                gemm(False, True, L * B, H, I, 1, x, I, w_ih + q * H * I, I, 0, dst[q], H)
+        for t in range(L):
+            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            gemm(False, True, B, H3, H, 1, h_in, H, w_hh, H, 0, g, H3)
+            gru_ra_forward_rows(B, H, g, b_ih, b_hh, h_in, lengths, t, r + t * BH,
+                                z + t * BH, n + t * BH, hn + t * BH, h + t * BH, n_threads)
+    for q in range(3):   # past L: zeros
+        memset(dst[q] + L * BH, 0, (T - L) * BH * sizeof(floating))
+    memset(hn + L * BH, 0, (T - L) * BH * sizeof(floating))
+    memset(h + L * BH, 0, (T - L) * BH * sizeof(floating))
+
+
+def block_gru_reset_after_forward(
+        Py_ssize_t L,
+        const floating[:, :, ::1] x,     # IN  [T, B, I]
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w_ih,     # IN  [3H, I]
+        const floating[:, ::1] w_hh,     # IN  [3H, H]
+        const floating[::1] b_ih,        # IN  [3H]
+        const floating[::1] b_hh,        # IN  [3H]
+        int n_threads, int max_threads,
+        floating[:, :, ::1] r, floating[:, :, ::1] z,   # OUT [T, B, H]
+        floating[:, :, ::1] n, floating[:, :, ::1] hn, floating[:, :, ::1] h,
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """See block_gru_ra_forward_compute."""
+    cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] ws = np.empty(gru_ra_forward_workspace(B, I, H, floating is float),
+                                     dtype=dtype)
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
+    with nogil:
+        block_gru_ra_forward_compute(L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ih[0, 0],
+                                     &w_hh[0, 0], &b_ih[0], &b_hh[0], lens, &ws[0],
+                                     &r[0, 0, 0], &z[0, 0, 0], &n[0, 0, 0], &hn[0, 0, 0],
+                                     &h[0, 0, 0], n_threads, max_threads)
+
+
+# ---------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------
+
+cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_ssize_t H,
+                                                 bint packed) noexcept nogil:
+    """Elements of block_gru_ra_backward_compute's workspace: the gate
+    gradients of every step dG [L*B, 4H] (gru_ra_backward_block's rows), then
+    for float32 w_hh packed as the [3H, H] matrix it is. Its double
+    accumulator has 4H + 1 elements."""
+    if packed:
+        return L * B * 4 * H + brnn_packed_size(3 * H, H) + 1
+    return L * B * 4 * H + 1
+
+
+cdef void gru_ra_backward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H,
+        const float* packed,      # IN  w_hh [3H, H] packed
+        const float* h_prev, const float* r, const float* z, const float* n,
+        const float* hn, const float* h, const float* h_grad, const int64_t* lengths,
+        float* dg,                # OUT [L*B, 4H]
+        float* carry,             # IN/OUT [B, H] d h[t-1]
+        int n_threads) noexcept nogil:
+    """The reverse time loop of the float32 backward: ONE parallel region of
+    n_threads for all L steps, each thread owning the cells [u0, u1). At step
+    t a thread computes dG[t] for its cells (all four blocks) and sets its
+    cells' carry to dh * z; after the step's one barrier (the product needs
+    every column of dG[t]), carry[:, u0:u1] += dG_h[t] @ w_hh[:, u0:u1] in the
+    packed kernel. Its next step reads only its own cells' carry, and dG has
+    one buffer per step, so one barrier per step is enough. The bits do not
+    depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H, G4 = 4 * H
+    cdef int tid = 0, nt = 1
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L - 1, -1, -1):
+            gru_ra_backward_block[float](
+                B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH, z + t * BH,
+                n + t * BH, hn + t * BH, h_grad + t * BH, lengths, t, carry,
+                dg + t * B * G4)
+            packed_product(B, 3 * H, dg + t * B * G4, G4, packed, 0, H, True, carry, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L - 1, -1, -1):
+            if u1 > u0:
+                gru_ra_backward_block[float](
+                    B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH, z + t * BH,
+                    n + t * BH, hn + t * BH, h_grad + t * BH, lengths, t, carry,
+                    dg + t * B * G4, u0, u1 - u0)
+            brnn_barrier_wait(&bar, nt)
+            if u1 > u0:
+                packed_product(B, 3 * H, dg + t * B * G4, G4, packed, u0, u1, True, carry, H)
+
+
+cdef void gru_ra_backward_products(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x, const floating* h_prev, const floating* h,
+        const floating* w_ih, const floating* dg,
+        floating* x_grad, floating* w_ih_grad, floating* w_hh_grad) noexcept nogil:
+    """THE PRODUCTS AFTER THE REVERSE LOOP (x_grad and the weight gradients),
+    all in this one place, by gemm over all steps at once (dG's rows
+    [dr, dz, dhn, dnx], see gru_ra_backward_block):
+      x_grad[:L] = dG_x @ w_ih          = dG[:, r|z] @ w_ih[:2H] + dG[:, nx] @ w_ih[2H:]
+      w_ih_grad  = dG_x^T @ x[:L]       (rows r, z from dG[:, r|z], rows n from dG[:, nx])
+      w_hh_grad  = dG_h^T @ [h_prev; h[:L-1]]   (dG_h = dG[:, :3H])"""
+    cdef Py_ssize_t H2 = 2 * H, H3 = 3 * H, G4 = 4 * H, LB = L * B
+    gemm(False, False, LB, I, H2, 1, dg, G4, w_ih, I, 0, x_grad, I)
+    gemm(False, False, LB, I, H, 1, dg + H3, G4, w_ih + H2 * I, I, 1, x_grad, I)
+    memset(x_grad + LB * I, 0, (T - L) * B * I * sizeof(floating))
+    gemm(True, False, H2, I, LB, 1, dg, G4, x, I, 0, w_ih_grad, I)
+    gemm(True, False, H, I, LB, 1, dg + H3, G4, x, I, 0, w_ih_grad + H2 * I, I)
+    gemm(True, False, H3, H, B if L > 0 else 0, 1, dg, G4, h_prev, H, 0, w_hh_grad, H)
+    if L > 1:
+        gemm(True, False, H3, H, (L - 1) * B, 1, dg + B * G4, G4, h, H, 1, w_hh_grad, H)
+
+
+cdef void block_gru_ra_backward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const floating* x,        # IN  [T, B, I]
+        const floating* h_prev,   # IN  [B, H]
+        const floating* w_ih,     # IN  [3H, I]
+        const floating* w_hh,     # IN  [3H, H]
+        const floating* r, const floating* z, const floating* n,  # IN [T, B, H] forward
+        const floating* hn, const floating* h,
+        const floating* h_grad,   # IN  [T, B, H]
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* ws,             # workspace [gru_ra_backward_workspace(L, B, H, float)]
+        double* acc,              # workspace [4H]
+        floating* x_grad,         # OUT [T, B, I]
+        floating* h_prev_grad,    # OUT [B, H]
+        floating* w_ih_grad,      # OUT [3H, I]
+        floating* w_hh_grad,      # OUT [3H, H]
+        floating* b_ih_grad, floating* b_hh_grad,  # OUT [3H]
+        int n_threads, int max_threads) noexcept nogil:
+    """Backward of block_gru_ra_forward_compute. The reverse loop computes the
+    gate gradients dG[t] of every step (kept) and carries d h[t-1] in
+    h_prev_grad: dh[t-1] = dG_h[t] @ w_hh + dh[t] * z[t]. float32 from
+    PACKED_MIN_ROWS rows on runs it in the packed kernel on up to max_threads
+    threads from the thread budget (gru_ra_backward_packed); float64 and
+    batch 1 by a gemm per step, gate loops on n_threads. After it:
+    gru_ra_backward_products, and the bias gradients as column sums of dG in
+    double: b_hh_grad = sum dG_h, b_ih_grad = sum dG_x."""
+    cdef Py_ssize_t t, j, BH = B * H, H3 = 3 * H, G4 = 4 * H
+    cdef floating* dg = ws
+    cdef floating* packed = ws + L * B * G4
+    cdef int granted
+    memset(h_prev_grad, 0, BH * sizeof(floating))
+    if floating is float and B >= PACKED_MIN_ROWS:
+        brnn_pack_f32(H3, H, w_hh, H, 1, packed)   # W(k, j) = w_hh[k, j]
+        granted = brnn_budget_take(packed_threads(B, H3, H, H, max_threads), max_threads)
+        gru_ra_backward_packed(L, B, H, packed, h_prev, r, z, n, hn, h, h_grad, lengths, dg,
+                               h_prev_grad, granted)
+        brnn_budget_give(granted)
+    else:
+        for t in range(L - 1, -1, -1):
+            gru_ra_backward_rows(B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH,
+                                 z + t * BH, n + t * BH, hn + t * BH, h_grad + t * BH,
+                                 lengths, t, h_prev_grad, dg + t * B * G4, n_threads)
+            gemm(False, False, B, H, H3, 1, dg + t * B * G4, G4, w_hh, H, 1, h_prev_grad, H)
+    gru_ra_backward_products(L, T, B, I, H, x, h_prev, h, w_ih, dg, x_grad, w_ih_grad,
+                             w_hh_grad)
+    memset(acc, 0, G4 * sizeof(double))
+    column_sums_strided(L * B, G4, dg, G4, acc)
+    store(H3, acc, b_hh_grad)                  # r, z, n (dhn)
+    store(2 * H, acc, b_ih_grad)               # r, z
+    store(H, acc + H3, b_ih_grad + 2 * H)      # n (dnx)
+
+
+def block_gru_reset_after_backward(
+        Py_ssize_t L,
+        const floating[:, :, ::1] x,     # IN  [T, B, I]
+        const floating[:, ::1] h_prev,   # IN  [B, H]
+        const floating[:, ::1] w_ih,     # IN  [3H, I]
+        const floating[:, ::1] w_hh,     # IN  [3H, H]
+        const floating[:, :, ::1] r, const floating[:, :, ::1] z,  # IN [T, B, H] forward
+        const floating[:, :, ::1] n, const floating[:, :, ::1] hn,
+        const floating[:, :, ::1] h,
+        const floating[:, :, ::1] h_grad,  # IN [T, B, H]
+        int n_threads, int max_threads,
+        floating[:, :, ::1] x_grad,      # OUT [T, B, I]
+        floating[:, ::1] h_prev_grad,    # OUT [B, H]
+        floating[:, ::1] w_ih_grad,      # OUT [3H, I]
+        floating[:, ::1] w_hh_grad,      # OUT [3H, H]
+        floating[::1] b_ih_grad,         # OUT [3H]
+        floating[::1] b_hh_grad,         # OUT [3H]
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """See block_gru_ra_backward_compute."""
+    cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] ws = np.empty(gru_ra_backward_workspace(L, B, H, floating is float),
+                                     dtype=dtype)
+    cdef double[::1] acc = np.empty(4 * H + 1, dtype=np.float64)
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
+    with nogil:
+        block_gru_ra_backward_compute(
+            L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ih[0, 0], &w_hh[0, 0],
+            &r[0, 0, 0], &z[0, 0, 0], &n[0, 0, 0], &hn[0, 0, 0], &h[0, 0, 0],
+            &h_grad[0, 0, 0], lens, &ws[0], &acc[0], &x_grad[0, 0, 0], &h_prev_grad[0, 0],
+            &w_ih_grad[0, 0], &w_hh_grad[0, 0], &b_ih_grad[0], &b_hh_grad[0], n_threads,
+            max_threads)
