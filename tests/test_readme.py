@@ -4,8 +4,7 @@ Every ```python block of README.md is extracted from the file and executed verba
 order, top to bottom, in ONE namespace (as a reader pasting them into one session would);
 each test then checks the namespace as it stood right after the block it is about. The
 environment is the one the blocks assume (tests/test_readme.py's ``readme`` fixture): the
-variables torchrun sets for one rank, a scratch working directory, and, until the
-compiled reset-after GRU op is merged, its float64 NumPy stand-in.
+variables torchrun sets for one rank and a scratch working directory.
 """
 import os
 import re
@@ -13,8 +12,6 @@ import socket
 
 import numpy as np
 import pytest
-
-from _gru_reset_after import install as install_gru_reset_after
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -51,13 +48,11 @@ def readme(tmp_path_factory):
 
     Yields {"blocks": [(code, snapshot of the namespace after it)], "dir": the working
     directory the blocks ran in}. The environment is what the blocks assume: the
-    variables torchrun sets (one rank), a scratch working directory (the ONNX block writes
-    files), and blockrnn.block_gru_reset_after (tests/_gru_reset_after.py's stand-in until
-    the compiled op is merged; then nothing is replaced)."""
+    variables torchrun sets (one rank) and a scratch working directory (the ONNX block
+    writes files)."""
     workdir = tmp_path_factory.mktemp("readme")
     namespace, snapshots = {}, []
     with pytest.MonkeyPatch.context() as mp:
-        install_gru_reset_after(mp)
         mp.chdir(workdir)
         for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():

@@ -16,17 +16,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                 f"test extras with `pip install -e .[test]`", pytrace=False)
 
 import blockrnn.torch as bt
-from _gru_reset_after import install as install_gru_reset_after
 from blockrnn.torch import BlockGRUFunction, BlockLSTMFunction
 
 T, B, I, H = 5, 3, 4, 3
-
-
-@pytest.fixture(autouse=True)
-def _gru_reset_after_ops(monkeypatch):
-    """blockrnn.torch.GRU's default (nn.GRU's math) needs blockrnn.block_gru_reset_after:
-    a float64 NumPy stand-in until the compiled op is merged (tests/_gru_reset_after.py)."""
-    install_gru_reset_after(monkeypatch)
 
 
 def _rand(*shape, dtype=torch.float64, seed=0, requires_grad=True):

@@ -19,17 +19,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 import blockrnn
 import blockrnn.torch as bt
-from _gru_reset_after import install as install_gru_reset_after
 
 T, B, I, H, L = 6, 4, 5, 3, 2
 LENGTHS = [6, 1, 4, 3]          # unsorted, with a length-1 row
-
-
-@pytest.fixture(autouse=True)
-def _gru_reset_after_ops(monkeypatch):
-    """blockrnn.torch.GRU's default (nn.GRU's math) needs blockrnn.block_gru_reset_after:
-    a float64 NumPy stand-in until the compiled op is merged (tests/_gru_reset_after.py)."""
-    install_gru_reset_after(monkeypatch)
 
 
 def _rand(*shape, dtype=torch.float64, seed=0, requires_grad=True):
