@@ -429,7 +429,7 @@ cdef void block_gru_ra_backward_compute(
     batch 1 by a gemm per step, gate loops on n_threads. After it:
     gru_ra_backward_products, and the bias gradients as column sums of dG in
     double: b_hh_grad = sum dG_h, b_ih_grad = sum dG_x."""
-    cdef Py_ssize_t t, j, BH = B * H, H3 = 3 * H, G4 = 4 * H
+    cdef Py_ssize_t t, BH = B * H, H3 = 3 * H, G4 = 4 * H
     cdef floating* dg = ws
     cdef floating* packed = ws + L * B * G4
     cdef int granted

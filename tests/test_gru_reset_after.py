@@ -56,8 +56,8 @@ def torch_gru(args, h_grad, lengths=None, dtype=torch.float64):
     x, h0, w_ih, w_hh, b_ih, b_hh = args
     T, B, I = x.shape
     H = h0.shape[1]
-    gru = nn.GRU(max(I, 1), H).to(dtype)
-    with torch.no_grad():
+    gru = nn.GRU(max(I, 1), H).to(dtype)   # nn.GRU refuses input_size 0: build it with 1,
+    with torch.no_grad():                  # then give it the (3H, I) weight (I = 0 runs)
         gru.weight_ih_l0 = nn.Parameter(torch.tensor(w_ih, dtype=dtype))
         gru.weight_hh_l0.copy_(torch.tensor(w_hh))
         gru.bias_ih_l0.copy_(torch.tensor(b_ih))
@@ -260,6 +260,19 @@ def test_bits_do_not_depend_on_the_thread_count(shape, with_lengths):
         with threadpool_limits(n, user_api="openmp"):
             got = _run32(shape, sum(shape), lengths)
         for e, g in zip(serial, got):
+            np.testing.assert_array_equal(g, e)
+    assert _kernels.thread_budget_in_use() == 0
+
+
+def test_concurrent_callers_give_the_serial_bits():
+    from concurrent.futures import ThreadPoolExecutor
+    jobs = [(shape, k, None if k % 2 else np.arange(shape[1]) % (shape[0] + 1))
+            for k, shape in enumerate(THREAD_SHAPES * 2)]
+    serial = [_run32(*job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        threaded = list(pool.map(lambda job: _run32(*job), jobs))
+    for expected, got in zip(serial, threaded):
+        for e, g in zip(expected, got):
             np.testing.assert_array_equal(g, e)
     assert _kernels.thread_budget_in_use() == 0
 
