@@ -145,13 +145,14 @@ def from_torch(module, *, dtype=None):
     dtype : None (the module's dtype) or float32 / float64
 
     The NumPy layer gets the module's ``num_layers`` and ``bidirectional`` (and a
-    blockrnn module's ``use_peephole`` and ``cell_clip``); its parameters have
-    the same names as a blockrnn module's (``w_l{k}[_reverse]``, ...). From an
-    nn.LSTM: gate order (i, f, g, o) is IFCO, ``w_l{k}{s} = [W_ih_l{k}{s}.T;
-    W_hh_l{k}{s}.T]`` (I_k+H, 4H) and ``b_l{k}{s} = b_ih + b_hh`` (zeros
-    without bias; a blockrnn module built with ``bias=False`` also gives zero
-    biases). From an nn.GRU: a ``blockrnn.layers.GRU(reset_after=True)``, whose
-    parameters are nn.GRU's own, names and layouts (zero biases without
+    blockrnn module's ``use_peephole`` and ``cell_clip``). From an nn.LSTM or a
+    blockrnn.torch.LSTM (nn.LSTM's parameters): gate order (i, f, g, o) is IFCO,
+    ``w_l{k}{s} = [W_ih_l{k}{s}.T; W_hh_l{k}{s}.T]`` (I_k+H, 4H) and
+    ``b_l{k}{s} = b_ih + b_hh`` (zeros without bias; plus a blockrnn module's
+    ``forget_bias`` on the f block), peepholes ``weight_ci/cf/co_l{k}{s}`` ->
+    ``wci/wcf/wco_l{k}{s}``. From an nn.GRU or a blockrnn.torch.GRU: a
+    ``blockrnn.layers.GRU`` of the same ``reset_after`` (nn.GRU: True), whose
+    parameters are the module's own, names and layouts (zero biases without
     bias). States are (num_layers * num_directions, B, H) on both sides.
     The NumPy layer is time-major: ``batch_first`` is a property of the torch
     module only, so with ``batch_first=True`` transpose the input's first two
@@ -161,19 +162,23 @@ def from_torch(module, *, dtype=None):
     import torch
     where = "blockrnn.convert.from_torch"
     from blockrnn import torch as bt   # convert -> torch, never the other way
-    if isinstance(module, (bt.LSTM, bt.GRU)):
+    if isinstance(module, bt.GRU):      # the layer of the same reset_after, the same names
         params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
         dt = _dtype(where, dtype, next(iter(params.values())).dtype)
-        shape = (module.input_size, module.hidden_size, module.num_layers)
-        if isinstance(module, bt.GRU):   # nn.GRU's names: the reset-after GRU
-            out = GRU(*shape, bidirectional=module.bidirectional, dtype=dt,
-                      reset_after=any(k.startswith("weight_ih") for k in params))
-        else:
-            out = LSTM(*shape, bidirectional=module.bidirectional,
-                       use_peephole=module.use_peephole, cell_clip=module.cell_clip, dtype=dt)
-        # bias=False: the module has no b_* parameters (zero buffers); the layer's are zero
+        out = GRU(module.input_size, module.hidden_size, module.num_layers,
+                  bidirectional=module.bidirectional, reset_after=module.reset_after, dtype=dt)
+        # bias=False: the module has no bias parameters; the layer's are zero
         zeros = {k: np.zeros_like(v) for k, v in out.params.items() if k not in params}
         return _fill(out, **params, **zeros)
+    if isinstance(module, bt.LSTM):
+        # nn.LSTM's parameters -> w_l{k} = [W_ih.T; W_hh.T], b_l{k} = b_ih + b_hh
+        # (+ forget_bias on the f block), peepholes wci/wcf/wco_l{k}
+        a = bt.nn_lstm_arrays(module, where)
+        dt = _dtype(where, dtype, a["params"]["w_l0"].dtype)
+        out = LSTM(module.input_size, module.hidden_size, module.num_layers,
+                   bidirectional=module.bidirectional, use_peephole=module.use_peephole,
+                   cell_clip=module.cell_clip, dtype=dt)
+        return _fill(out, **a["params"])
     if isinstance(module, torch.nn.GRU):
         return _from_nn_gru(module, dtype, where)
     if not isinstance(module, torch.nn.Module):

@@ -65,7 +65,8 @@ def test_export_runs_in_onnx_runtime_like_forward(T, B, I, H, with_lengths, with
 def test_export_torch_modules_and_path(tmp_path):
     T, B, I, H = 6, 3, 5, 4
     x = torch.from_numpy(np.random.default_rng(0).uniform(-1, 1, (T, B, I)).astype(np.float32))
-    for module in (bt.LSTM(I, H, use_peephole=True), bt.GRU(I, H), bt.LSTM(I, H)):
+    for module in (bt.LSTM(I, H, use_peephole=True), bt.GRU(I, H, reset_after=False),
+                   bt.LSTM(I, H, forget_bias=1.0)):
         path = tmp_path / f"{type(module).__name__}.onnx"
         model = bo.export(module, path)
         assert onnx.load(str(path)) == model
