@@ -77,8 +77,10 @@ cdef int choose_packed_path() except -1:
 
 # Set once at import, read-only afterwards (like an ifunc resolution).
 cdef int packed_path = choose_packed_path()
-cdef brnn_packed_fn packed_product = brnn_packed_kernel(packed_path)
-cdef brnn_packed_fn gemm_product = brnn_gemm_kernel(packed_path)   # the GEMM driver's
+# Every product, the per-step ones and the GEMM driver's, runs brnn_gemm_kernel: on
+# AVX-512 its 12 x 32 tiles over panel pairs (two FMAs per broadcast; the 12 x 16
+# tile is load-bound), elsewhere the variant itself. Same bits as the 12 x 16 tile.
+cdef brnn_packed_fn packed_product = brnn_gemm_kernel(packed_path)
 
 
 def packed_kernel_name():
@@ -279,12 +281,12 @@ cdef void packed_gemm_jobs(int njobs, const brnn_gemm_job* jobs, float* ws,
     cdef Py_ssize_t stride = brnn_gemm_jobs_ws(njobs, jobs)
     granted = brnn_budget_take(threads, threads)
     if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        brnn_gemm_jobs_f32(gemm_product, njobs, jobs, 0, 1, ws)
+        brnn_gemm_jobs_f32(packed_product, njobs, jobs, 0, 1, ws)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
             nt = brnn_omp_get_num_threads()
-            brnn_gemm_jobs_f32(gemm_product, njobs, jobs, tid, nt, ws + tid * stride)
+            brnn_gemm_jobs_f32(packed_product, njobs, jobs, tid, nt, ws + tid * stride)
     brnn_budget_give(granted)
 
 
