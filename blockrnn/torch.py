@@ -340,26 +340,32 @@ def _(x, h0, weight_ih, weight_hh, bias_ih, bias_hh, lengths, reverse, h, r, z, 
             torch.empty_like(weight_hh), x.new_empty(G), x.new_empty(G))
 
 
-def _gru_setup(ctx, inputs, output):
-    x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse = inputs
-    ctx.save_for_backward(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, *output)
-    ctx.reverse = reverse
+def _register_gru_autograd(op, backward_op, name):
+    """Registers the autograd of a GRU op (either variant: x, h0, two weights, two
+    optional biases, lengths and reverse in; h and the gates out) on its backward op,
+    which takes the forward's inputs, its outputs and h's gradient and returns the
+    gradients of the six tensors; the backward op itself is first-order only."""
+    def setup(ctx, inputs, output):
+        x, h0, w1, w2, b1, b2, lengths, reverse = inputs
+        ctx.save_for_backward(x, h0, w1, w2, b1, b2, lengths, *output)
+        ctx.reverse = reverse
+
+    def backward(ctx, h_grad, *gate_grads):
+        _first_order_only("blockrnn.torch.GRU backward")
+        x, h0, w1, w2, b1, b2, lengths, h, *gates = ctx.saved_tensors
+        if h_grad is None:
+            h_grad = torch.zeros_like(h)
+        dx, dh0, dw1, dw2, db1, db2 = backward_op(x, h0, w1, w2, b1, b2, lengths,
+                                                  ctx.reverse, h, *gates, h_grad)
+        has_b = b1 is not None
+        return (dx, dh0, dw1, dw2, db1 if has_b else None, db2 if has_b else None,
+                None, None)
+
+    op.register_autograd(backward, setup_context=setup)
+    backward_op.register_autograd(_no_double_backward(name))
 
 
-def _gru_autograd(ctx, h_grad, *gate_grads):
-    _first_order_only("blockrnn.torch.GRU backward")
-    x, h0, w_ih, w_hh, b_ih, b_hh, lengths, h, *gates = ctx.saved_tensors
-    if h_grad is None:
-        h_grad = torch.zeros_like(h)
-    dx, dh0, dw_ih, dw_hh, db_ih, db_hh = gru_backward_op(
-        x, h0, w_ih, w_hh, b_ih, b_hh, lengths, ctx.reverse, h, *gates, h_grad)
-    has_b = b_ih is not None
-    return (dx, dh0, dw_ih, dw_hh, db_ih if has_b else None, db_hh if has_b else None,
-            None, None)
-
-
-gru_op.register_autograd(_gru_autograd, setup_context=_gru_setup)
-gru_backward_op.register_autograd(_no_double_backward("gru_backward"))
+_register_gru_autograd(gru_op, gru_backward_op, "gru_backward")
 
 
 @torch.library.custom_op("blockrnn::gru_block", mutates_args=())
@@ -416,26 +422,7 @@ def _(x, h0, w_ru, w_c, b_ru, b_c, lengths, reverse, h, r, u, c, h_grad):
             torch.empty_like(w_c), w_ru.new_empty(w_ru.shape[1]), w_c.new_empty(w_c.shape[1]))
 
 
-def _gru_block_setup(ctx, inputs, output):
-    x, h0, w_ru, w_c, b_ru, b_c, lengths, reverse = inputs
-    ctx.save_for_backward(x, h0, w_ru, w_c, b_ru, b_c, lengths, *output)
-    ctx.reverse = reverse
-
-
-def _gru_block_autograd(ctx, h_grad, *gate_grads):
-    _first_order_only("blockrnn.torch.GRU backward")
-    x, h0, w_ru, w_c, b_ru, b_c, lengths, h, *gates = ctx.saved_tensors
-    if h_grad is None:
-        h_grad = torch.zeros_like(h)
-    dx, dh0, dw_ru, dw_c, db_ru, db_c = gru_block_backward_op(
-        x, h0, w_ru, w_c, b_ru, b_c, lengths, ctx.reverse, h, *gates, h_grad)
-    has_b = b_ru is not None
-    return (dx, dh0, dw_ru, dw_c, db_ru if has_b else None, db_c if has_b else None,
-            None, None)
-
-
-gru_block_op.register_autograd(_gru_block_autograd, setup_context=_gru_block_setup)
-gru_block_backward_op.register_autograd(_no_double_backward("gru_block_backward"))
+_register_gru_autograd(gru_block_op, gru_block_backward_op, "gru_block_backward")
 
 
 # ---------------------------------------------------------------------------
