@@ -39,7 +39,8 @@ def _problem(T, B, I, H, dtype, seed=0):
     r = lambda *s: rng.uniform(-1, 1, s).astype(dtype)  # noqa: E731
     p = dict(T=T, x=r(T, B, I), cs=r(B, H), h=r(B, H), w=r(I + H, 4 * H) / 4, wci=r(H),
              wcf=r(H), wco=r(H), b=r(4 * H), dcs=r(T, B, H), dh=r(T, B, H),
-             w_ru=r(I + H, 2 * H) / 4, w_c=r(I + H, H) / 4, b_ru=r(2 * H), b_c=r(H))
+             w_ru=r(I + H, 2 * H) / 4, w_c=r(I + H, H) / 4, b_ru=r(2 * H), b_c=r(H),
+             w_ih=r(3 * H, I) / 4, w_hh=r(3 * H, H) / 4, b_ih=r(3 * H), b_hh=r(3 * H))
     lengths = rng.integers(0, T + 1, B)
     lengths[0] = T
     p["lengths"] = lengths
@@ -75,6 +76,16 @@ def _all_ops(p, with_lengths):
     gs = blockrnn.block_gru(*gru, sequence_length=lens)
     out["block_gru"] = gs
     out["block_gru_grad"] = blockrnn.block_gru_grad(*gru, *gs, p["dh"], sequence_length=lens)
+    ra_cell = (p["x"][0], p["h"], p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"])
+    ra = (p["T"], p["x"]) + ra_cell[1:]
+    g = blockrnn.gru_cell_reset_after(*ra_cell)
+    out["gru_cell_reset_after"] = g
+    out["gru_cell_reset_after_grad"] = blockrnn.gru_cell_reset_after_grad(
+        *ra_cell, *g[:4], p["dh"][0])
+    gs = blockrnn.block_gru_reset_after(*ra, sequence_length=lens)
+    out["block_gru_reset_after"] = gs
+    out["block_gru_reset_after_grad"] = blockrnn.block_gru_reset_after_grad(
+        *ra, *gs, p["dh"], sequence_length=lens)
     return out
 
 
@@ -123,7 +134,8 @@ def test_the_openblas_test_covers_every_float32_sequence_op():
     names = set(_all_ops(_problem(2, 2, 3, 4, np.float32), True))
     assert {n for n in names if n.startswith("block_")} == {
         "block_lstm", "block_lstm_grad", "block_lstm_v2", "block_lstm_grad_v2",
-        "block_gru", "block_gru_grad"}
+        "block_gru", "block_gru_grad", "block_gru_reset_after",
+        "block_gru_reset_after_grad"}
     assert [s for s, d in _openblas_cases() if d == np.float32] == SHAPES
 
 
