@@ -1,6 +1,7 @@
 /* A small deterministic GEMM driver over the packed micro-kernels of
  * brnn_packed.h (float32), for the products a sequence call makes once over
- * all its steps (the backward's x_grad and weight gradients):
+ * all its steps (the backward's x_grad and weight gradients); its float64
+ * twin (brnn_gemm_f64, double micro-kernels) is at the end of this file:
  *
  *   C[M, N] (+)= A[M, K] . B[K, N],
  *   A(m, k) = a[m * sam + k * sak],  B(k, n) = b[k * sbk + n * sbn]
@@ -234,13 +235,15 @@ static void brnn_gemm_jobs_f32(brnn_packed_fn fn, int njobs, const brnn_gemm_job
  * Determinism as for float32: each element is its own in-order sum over each
  * K block of KC, the blocks added in order onto C; threads split rows or
  * 16-column groups (brnn_gemm_part), never K. So the bits depend on K and the
- * variant only. KC is the same; MC and NC are halved (same bytes). */
+ * variant only. KC is float32's (256: tried 128 and 192, no faster on one Xeon
+ * core); MC and NC are halved (the same bytes). */
 #define BRNN_DNR 8
-#define BRNN_DGEMM_MC 48
-#define BRNN_DGEMM_NC 256
+#define BRNN_DGEMM_KC 256 /* K block: an 8-double panel is 16 KB, in L1 */
+#define BRNN_DGEMM_MC 48  /* rows per A block: 96 KB at KC, in L2 */
+#define BRNN_DGEMM_NC 256 /* columns per packed B block: 512 KB at KC */
 
 /* At most the doubles of one thread's workspace for any job. */
-#define BRNN_DGEMM_WS (BRNN_GEMM_KC * BRNN_DGEMM_NC + BRNN_DGEMM_MC * (BRNN_GEMM_KC + 8))
+#define BRNN_DGEMM_WS (BRNN_DGEMM_KC * BRNN_DGEMM_NC + BRNN_DGEMM_MC * (BRNN_DGEMM_KC + 8))
 
 typedef struct {
     ptrdiff_t M, N, K;
@@ -261,18 +264,34 @@ typedef void (*brnn_dgemm_fn)(ptrdiff_t rows, ptrdiff_t K, const double *A, ptrd
 
 /* Doubles of one thread's workspace (as brnn_gemm_ws). */
 static inline ptrdiff_t brnn_dgemm_ws(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K) {
-    ptrdiff_t kc = K < BRNN_GEMM_KC ? K : BRNN_GEMM_KC;
+    ptrdiff_t kc = K < BRNN_DGEMM_KC ? K : BRNN_DGEMM_KC;
     ptrdiff_t n8 = (N + BRNN_DNR - 1) / BRNN_DNR * BRNN_DNR;
     ptrdiff_t nc = n8 < BRNN_DGEMM_NC ? n8 : BRNN_DGEMM_NC;
     ptrdiff_t mc = M < BRNN_DGEMM_MC ? M : BRNN_DGEMM_MC;
     return kc * nc + mc * (kc + 8);
 }
 
+/* P = B [K, N] packed in 8-double panels. Rows of B contiguous (sn == 1): a
+ * panel row is one 64-byte copy; columns contiguous (sk == 1): each column read
+ * in order. (A small M reuses each packed block little: at M = 256 the element
+ * loop below cost ~15% of the product.) */
 static void brnn_pack_f64(ptrdiff_t K, ptrdiff_t N, const double *w, ptrdiff_t sk,
                           ptrdiff_t sn, double *P) {
     for (ptrdiff_t n0 = 0; n0 < N; n0 += BRNN_DNR) {
         ptrdiff_t cols = N - n0 < BRNN_DNR ? N - n0 : BRNN_DNR;
         double *panel = P + n0 * K;
+        if (cols == BRNN_DNR && sn == 1) {
+            for (ptrdiff_t k = 0; k < K; k++)
+                memcpy(panel + k * BRNN_DNR, w + k * sk + n0, BRNN_DNR * sizeof(double));
+            continue;
+        }
+        if (cols == BRNN_DNR && sk == 1) {
+            for (ptrdiff_t j = 0; j < BRNN_DNR; j++) {
+                const double *src = w + (n0 + j) * sn;
+                for (ptrdiff_t k = 0; k < K; k++) panel[k * BRNN_DNR + j] = src[k];
+            }
+            continue;
+        }
         for (ptrdiff_t k = 0; k < K; k++) {
             const double *src = w + k * sk + n0 * sn;
             ptrdiff_t j = 0;
@@ -465,13 +484,13 @@ static void brnn_gemm_f64(brnn_dgemm_fn fn, const brnn_dgemm_job *j, int tid, in
                 memset(j->c + m * j->ldc + n0, 0, (size_t)(n1 - n0) * sizeof(double));
         return;
     }
-    ptrdiff_t kc_max = j->K < BRNN_GEMM_KC ? j->K : BRNN_GEMM_KC, lda = kc_max + 8;
+    ptrdiff_t kc_max = j->K < BRNN_DGEMM_KC ? j->K : BRNN_DGEMM_KC, lda = kc_max + 8;
     ptrdiff_t n8 = (j->N + BRNN_DNR - 1) / BRNN_DNR * BRNN_DNR;
     double *bp = ws, *ap = ws + kc_max * (n8 < BRNN_DGEMM_NC ? n8 : BRNN_DGEMM_NC);
     for (ptrdiff_t jc = n0; jc < n1; jc += BRNN_DGEMM_NC) {
         ptrdiff_t nc = n1 - jc < BRNN_DGEMM_NC ? n1 - jc : BRNN_DGEMM_NC;
-        for (ptrdiff_t pc = 0; pc < j->K; pc += BRNN_GEMM_KC) {
-            ptrdiff_t kc = j->K - pc < BRNN_GEMM_KC ? j->K - pc : BRNN_GEMM_KC;
+        for (ptrdiff_t pc = 0; pc < j->K; pc += BRNN_DGEMM_KC) {
+            ptrdiff_t kc = j->K - pc < BRNN_DGEMM_KC ? j->K - pc : BRNN_DGEMM_KC;
             brnn_pack_f64(kc, nc, j->b + pc * j->sbk + jc * j->sbn, j->sbk, j->sbn, bp);
             int acc = j->accumulate || pc > 0;
             for (ptrdiff_t ic = m0; ic < m1; ic += BRNN_DGEMM_MC) {

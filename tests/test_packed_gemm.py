@@ -9,7 +9,7 @@ from threadpoolctl import threadpool_limits
 from blockrnn import _kernels
 
 PATHS = _kernels.packed_paths_supported()
-KC = 256  # BRNN_GEMM_KC
+KC = 256  # BRNN_GEMM_KC, and BRNN_DGEMM_KC (float64)
 # M, N, K: edges of every tile and block (M past MC = 96, N past NC = 512 and not a
 # multiple of 16, K past one and two KC), one row, one column, tall and wide.
 SHAPES = [(1, 1, 1), (7, 5, 3), (13, 37, 256), (97, 40, 257), (30, 530, 600),
