@@ -325,15 +325,35 @@ def block_gru_reset_after_forward(
 # Backward
 # ---------------------------------------------------------------------------
 
-cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_ssize_t H,
-                                                 bint packed) noexcept nogil:
+cdef inline int gru_ra_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                             Py_ssize_t H, int max_threads) noexcept nogil:
+    """Threads of the backward's products after its loop (x_grad and the weight
+    gradients: L*B * 3H * (2I + H) multiply-adds), see gru_ra_backward_products."""
+    return packed_gemm_threads(L * B * 3 * H * (2 * I + H), max_threads)
+
+
+cdef inline Py_ssize_t gru_ra_backward_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                               Py_ssize_t H, bint f32) noexcept nogil:
+    """Elements of one thread's GEMM-driver block for gru_ra_backward_products
+    (a bound over its jobs: the driver's ws grows with each size)."""
+    return max(gemm_ws_of(f32, L * B, I, 2 * H), gemm_ws_of(f32, 2 * H, I, L * B),
+               gemm_ws_of(f32, 3 * H, H, L * B))
+
+
+cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                                 Py_ssize_t H, bint packed,
+                                                 int max_threads) noexcept nogil:
     """Elements of block_gru_ra_backward_compute's workspace: the gate
     gradients of every step dG [L*B, 4H] (gru_ra_backward_block's rows), then
-    for float32 w_hh packed as the [3H, H] matrix it is. Its double
-    accumulator has 4H + 1 elements."""
+    for float32 w_hh packed as the [3H, H] matrix it is; then the GEMM
+    driver's blocks for the products after the loop
+    [gru_ra_backward_gemm_threads(...) * gru_ra_backward_gemm_ws(...)]. Its
+    double accumulator has 4H + 1 elements."""
+    cdef Py_ssize_t driver = (gru_ra_backward_gemm_threads(L, B, I, H, max_threads)
+                              * gru_ra_backward_gemm_ws(L, B, I, H, packed))
     if packed:
-        return L * B * 4 * H + brnn_packed_size(3 * H, H) + 1
-    return L * B * 4 * H + 1
+        return L * B * 4 * H + brnn_packed_size(3 * H, H) + driver + 1
+    return L * B * 4 * H + driver + 1
 
 
 cdef void gru_ra_backward_packed(
@@ -385,22 +405,29 @@ cdef void gru_ra_backward_products(
         Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const floating* x, const floating* h_prev, const floating* h,
         const floating* w_ih, const floating* dg,
-        floating* x_grad, floating* w_ih_grad, floating* w_hh_grad) noexcept nogil:
-    """THE PRODUCTS AFTER THE REVERSE LOOP (x_grad and the weight gradients),
-    all in this one place, by gemm over all steps at once (dG's rows
+        floating* x_grad, floating* w_ih_grad, floating* w_hh_grad,
+        floating* gws, int threads) noexcept nogil:
+    """The products after the reverse loop (x_grad and the weight gradients),
+    all in this one place, over all steps at once (dG's rows
     [dr, dz, dhn, dnx], see gru_ra_backward_block):
       x_grad[:L] = dG_x @ w_ih          = dG[:, r|z] @ w_ih[:2H] + dG[:, nx] @ w_ih[2H:]
       w_ih_grad  = dG_x^T @ x[:L]       (rows r, z from dG[:, r|z], rows n from dG[:, nx])
-      w_hh_grad  = dG_h^T @ [h_prev; h[:L-1]]   (dG_h = dG[:, :3H])"""
+      w_hh_grad  = dG_h^T @ [h_prev; h[:L-1]]   (dG_h = dG[:, :3H])
+    through the GEMM driver of the precision (run_gemm_specs: blockrnn's
+    packed float32 or float64 kernels, on `threads` threads from the budget,
+    workspace gws [threads * gru_ra_backward_gemm_ws(...)]; dG^T read through
+    strides, no copies), bits independent of any thread count."""
     cdef Py_ssize_t H2 = 2 * H, H3 = 3 * H, G4 = 4 * H, LB = L * B
-    gemm(False, False, LB, I, H2, 1, dg, G4, w_ih, I, 0, x_grad, I)
-    gemm(False, False, LB, I, H, 1, dg + H3, G4, w_ih + H2 * I, I, 1, x_grad, I)
+    cdef gemm_spec jobs[6]
+    jobs[0] = gspec(LB, I, H2, dg, G4, 1, w_ih, I, 1, False, x_grad, I)
+    jobs[1] = gspec(LB, I, H, dg + H3, G4, 1, w_ih + H2 * I, I, 1, True, x_grad, I)
+    jobs[2] = gspec(H2, I, LB, dg, 1, G4, x, I, 1, False, w_ih_grad, I)
+    jobs[3] = gspec(H, I, LB, dg + H3, 1, G4, x, I, 1, False, w_ih_grad + H2 * I, I)
+    jobs[4] = gspec(H3, H, B if L > 0 else 0, dg, 1, G4, h_prev, H, 1, False, w_hh_grad, H)
+    jobs[5] = gspec(H3, H, (L - 1) * B if L > 1 else 0, dg + B * G4, 1, G4, h, H, 1, True,
+                    w_hh_grad, H)
+    run_gemm_specs(6, jobs, gws, threads)
     memset(x_grad + LB * I, 0, (T - L) * B * I * sizeof(floating))
-    gemm(True, False, H2, I, LB, 1, dg, G4, x, I, 0, w_ih_grad, I)
-    gemm(True, False, H, I, LB, 1, dg + H3, G4, x, I, 0, w_ih_grad + H2 * I, I)
-    gemm(True, False, H3, H, B if L > 0 else 0, 1, dg, G4, h_prev, H, 0, w_hh_grad, H)
-    if L > 1:
-        gemm(True, False, H3, H, (L - 1) * B, 1, dg + B * G4, G4, h, H, 1, w_hh_grad, H)
 
 
 cdef void block_gru_ra_backward_compute(
@@ -413,7 +440,8 @@ cdef void block_gru_ra_backward_compute(
         const floating* hn, const floating* h,
         const floating* h_grad,   # IN  [T, B, H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [gru_ra_backward_workspace(L, B, H, float)]
+        floating* ws,             # workspace [gru_ra_backward_workspace(L, B, I, H, float,
+                                  #            max_threads)]
         double* acc,              # workspace [4H]
         floating* x_grad,         # OUT [T, B, I]
         floating* h_prev_grad,    # OUT [B, H]
@@ -447,7 +475,9 @@ cdef void block_gru_ra_backward_compute(
                                  lengths, t, h_prev_grad, dg + t * B * G4, n_threads)
             gemm(False, False, B, H, H3, 1, dg + t * B * G4, G4, w_hh, H, 1, h_prev_grad, H)
     gru_ra_backward_products(L, T, B, I, H, x, h_prev, h, w_ih, dg, x_grad, w_ih_grad,
-                             w_hh_grad)
+                             w_hh_grad,
+                             packed + brnn_packed_size(H3, H) if floating is float else packed,
+                             gru_ra_backward_gemm_threads(L, B, I, H, max_threads))
     memset(acc, 0, G4 * sizeof(double))
     column_sums_strided(L * B, G4, dg, G4, acc)
     store(H3, acc, b_hh_grad)                  # r, z, n (dhn)
@@ -476,7 +506,8 @@ def block_gru_reset_after_backward(
     """See block_gru_ra_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(gru_ra_backward_workspace(L, B, H, floating is float),
+    cdef floating[::1] ws = np.empty(gru_ra_backward_workspace(L, B, I, H, floating is float,
+                                                               max_threads),
                                      dtype=dtype)
     cdef double[::1] acc = np.empty(4 * H + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL

@@ -635,17 +635,17 @@ def block_lstm_forward(
 
 cdef inline int lstm_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
                                            Py_ssize_t H, int max_threads) noexcept nogil:
-    """Threads of the float32 backward's products after its loop (x_grad and
-    w_grad: L*B * 4H * (2I + H) multiply-adds), see lstm_backward_gemms."""
+    """Threads of the backward's products after its loop (x_grad and w_grad:
+    L*B * 4H * (2I + H) multiply-adds), see lstm_backward_gemms."""
     return packed_gemm_threads(L * B * 4 * H * (2 * I + H), max_threads)
 
 
 cdef inline Py_ssize_t lstm_backward_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
-                                             Py_ssize_t H) noexcept nogil:
-    """Floats of one thread's GEMM-driver block for lstm_backward_gemms (a
-    bound over its jobs: brnn_gemm_ws grows with each size)."""
-    return max(brnn_gemm_ws(L * B, I, 4 * H), brnn_gemm_ws(I, 4 * H, L * B),
-               brnn_gemm_ws(H, 4 * H, L * B))
+                                             Py_ssize_t H, bint f32) noexcept nogil:
+    """Elements of one thread's GEMM-driver block for lstm_backward_gemms (a
+    bound over its jobs: the driver's ws grows with each size)."""
+    return max(gemm_ws_of(f32, L * B, I, 4 * H), gemm_ws_of(f32, I, 4 * H, L * B),
+               gemm_ws_of(f32, H, 4 * H, L * B))
 
 
 cdef inline Py_ssize_t block_lstm_backward_workspace(
@@ -653,42 +653,42 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
         int max_threads) noexcept nogil:
     """Elements of block_lstm_backward_compute's workspace: the gate gradients of
     every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B];
-    float32 (packed) then W_h^T packed [brnn_packed_size(4H, H)] and the
+    float32 (packed) then W_h^T packed [brnn_packed_size(4H, H)]; then the
     GEMM driver's blocks for the products after the loop
-    [lstm_backward_gemm_threads(...) * lstm_backward_gemm_ws(...)]. Its double accumulator
-    `acc` has 3 * 4H + 1 elements."""
+    [lstm_backward_gemm_threads(...) * lstm_backward_gemm_ws(...)]. Its double
+    accumulator `acc` has 3 * 4H + 1 elements."""
+    cdef Py_ssize_t driver = (lstm_backward_gemm_threads(L, B, I, H, max_threads)
+                              * lstm_backward_gemm_ws(L, B, I, H, packed))
     if packed:
-        return (L * B * 4 * H + B * H + brnn_packed_size(4 * H, H)
-                + lstm_backward_gemm_threads(L, B, I, H, max_threads)
-                * lstm_backward_gemm_ws(L, B, I, H) + 1)
-    return L * B * 4 * H + B * H + 1
+        return L * B * 4 * H + B * H + brnn_packed_size(4 * H, H) + driver + 1
+    return L * B * 4 * H + B * H + driver + 1
 
 
 cdef void lstm_backward_gemms(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
-        const float* x,           # IN  [L*B, I]
-        const float* h_prev,      # IN  [B, H]
-        const float* h,           # IN  [L*B, H] (rows [0, (L-1)*B) used)
-        const float* w,           # IN  [I+H, 4H]
-        const float* dg,          # IN  [L*B, 4H] the gate gradients of every step
-        float* x_grad,            # OUT [L*B, I]
-        float* w_grad,            # OUT [I+H, 4H]
-        float* ws,                # workspace [threads * lstm_backward_gemm_ws(L, B, I, H)]
+        const floating* x,        # IN  [L*B, I]
+        const floating* h_prev,   # IN  [B, H]
+        const floating* h,        # IN  [L*B, H] (rows [0, (L-1)*B) used)
+        const floating* w,        # IN  [I+H, 4H]
+        const floating* dg,       # IN  [L*B, 4H] the gate gradients of every step
+        floating* x_grad,         # OUT [L*B, I]
+        floating* w_grad,         # OUT [I+H, 4H]
+        floating* ws,             # workspace [threads * lstm_backward_gemm_ws(L, B, I, H, f32)]
         int threads) noexcept nogil:
-    """The float32 backward's products over all steps, in the packed kernel
-    through the GEMM driver (packed_gemm_jobs, on blockrnn's threads, bits
-    independent of their count):
+    """The backward's products over all steps, through the GEMM driver of its
+    precision (run_gemm_specs: blockrnn's packed float32 or float64 kernels,
+    on blockrnn's threads, bits independent of their count):
       x_grad = dG @ w[:I]^T,  w_grad[:I] = x^T @ dG,
       w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:]."""
     cdef Py_ssize_t G4 = 4 * H, LB = L * B
-    cdef brnn_gemm_job jobs[4]
-    jobs[0] = gemm_job(LB, I, G4, dg, G4, 1, w, 1, G4, False, x_grad, I)
-    jobs[1] = gemm_job(I, G4, LB, x, 1, I, dg, G4, 1, False, w_grad, G4)
-    jobs[2] = gemm_job(H, G4, B if L > 0 else 0, h_prev, 1, H, dg, G4, 1, False,
-                       w_grad + I * G4, G4)
-    jobs[3] = gemm_job(H, G4, (L - 1) * B if L > 1 else 0, h, 1, H, dg + B * G4, G4, 1,
-                       True, w_grad + I * G4, G4)
-    packed_gemm_jobs(4, jobs, ws, threads)
+    cdef gemm_spec jobs[4]
+    jobs[0] = gspec(LB, I, G4, dg, G4, 1, w, 1, G4, False, x_grad, I)
+    jobs[1] = gspec(I, G4, LB, x, 1, I, dg, G4, 1, False, w_grad, G4)
+    jobs[2] = gspec(H, G4, B if L > 0 else 0, h_prev, 1, H, dg, G4, 1, False,
+                    w_grad + I * G4, G4)
+    jobs[3] = gspec(H, G4, (L - 1) * B if L > 1 else 0, h, 1, H, dg + B * G4, G4, 1,
+                    True, w_grad + I * G4, G4)
+    run_gemm_specs(4, jobs, ws, threads)
 
 
 cdef void lstm_backward_packed(
@@ -773,19 +773,18 @@ cdef void block_lstm_backward_compute(
       w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG.
     float32 (B >= PACKED_MIN_ROWS) runs the reverse loop in the packed
     kernel, on up to max_threads threads from the thread budget
-    (lstm_backward_packed); at batch 1 its steps are GEMVs. float32 (every
-    batch) computes the products after the loop in the packed kernel too,
-    through the GEMM driver (lstm_backward_gemms), so no float32 product of
-    the call runs on OpenBLAS's threads and no thread count changes a bit.
-    float64 keeps the per-step dgemm, with gate loops on n_threads, and
-    SciPy's dgemm after the loop (whose bits OpenBLAS's thread count may
-    change)."""
+    (lstm_backward_packed); at batch 1 its steps are GEMVs. float64 keeps the
+    per-step dgemm, with gate loops on n_threads. Both precisions compute the
+    products after the loop through blockrnn's GEMM driver
+    (lstm_backward_gemms: float32 or float64 packed kernels), so no product
+    over all steps runs on OpenBLAS's threads and no thread count changes
+    their bits."""
     cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef floating* dg = ws
     cdef floating* dh_t = ws + L * B * G4     # [H, B] (BLAS route)
-    cdef floating* packed_t = dh_t + BH       # float32: W_h^T packed
+    cdef floating* packed_t = dh_t + BH       # float32: W_h^T packed; then the driver's blocks
     memset(cs_prev_grad, 0, BH * sizeof(floating))
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, 3 * G4 * sizeof(double))
@@ -807,18 +806,9 @@ cdef void block_lstm_backward_compute(
             gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w + I * G4, G4,
                                     False, h_prev_grad, H, dh_t)
 
-    if floating is float:
-        lstm_backward_gemms(L, B, I, H, x, h_prev, h, w, dg, x_grad, w_grad,
-                            packed_t + brnn_packed_size(G4, H),
-                            lstm_backward_gemm_threads(L, B, I, H, max_threads))
-    else:
-        gemm(False, True, L * B, I, G4, 1, dg, G4, w, G4, 0, x_grad, I)
-        gemm(True, False, I, G4, L * B, 1, x, I, dg, G4, 0, w_grad, G4)
-        gemm(True, False, H, G4, B if L > 0 else 0, 1, h_prev, H, dg, G4, 0, w_grad + I * G4,
-             G4)
-        if L > 1:
-            gemm(True, False, H, G4, (L - 1) * B, 1, h, H, dg + B * G4, G4,
-                 1, w_grad + I * G4, G4)
+    lstm_backward_gemms(L, B, I, H, x, h_prev, h, w, dg, x_grad, w_grad,
+                        packed_t + brnn_packed_size(G4, H) if floating is float else packed_t,
+                        lstm_backward_gemm_threads(L, B, I, H, max_threads))
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
     column_sums(L * B, G4, dg, acc)
     store(G4, acc, b_grad)

@@ -46,6 +46,27 @@ cdef extern from "brnn_gemm.h" nogil:
     void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job* j, int tid, int nt, float* ws)
     void brnn_gemm_jobs_f32(brnn_packed_fn fn, int njobs, const brnn_gemm_job* jobs, int tid,
                             int nt, float* ws)
+    # float64: the same driver over double micro-kernels
+    enum:
+        BRNN_DGEMM_WS
+    ctypedef void (*brnn_dgemm_fn)(Py_ssize_t rows, Py_ssize_t K, const double* A,
+                                   Py_ssize_t lda, const double* P, Py_ssize_t n0,
+                                   Py_ssize_t n1, int accumulate, double* C, Py_ssize_t ldc)
+    ctypedef struct brnn_dgemm_job:
+        Py_ssize_t M, N, K
+        const double* a
+        Py_ssize_t sam, sak
+        const double* b
+        Py_ssize_t sbk, sbn
+        int accumulate
+        double* c
+        Py_ssize_t ldc
+    Py_ssize_t brnn_dgemm_ws(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K)
+    brnn_dgemm_fn brnn_dgemm_kernel(int path)
+    Py_ssize_t brnn_dgemm_jobs_ws(int njobs, const brnn_dgemm_job* jobs)
+    void brnn_gemm_f64(brnn_dgemm_fn fn, const brnn_dgemm_job* j, int tid, int nt, double* ws)
+    void brnn_gemm_jobs_f64(brnn_dgemm_fn fn, int njobs, const brnn_dgemm_job* jobs, int tid,
+                            int nt, double* ws)
 
 
 PACKED_PATHS = {"portable": BRNN_PACKED_PORTABLE, "avx2": BRNN_PACKED_AVX2,
@@ -77,10 +98,12 @@ cdef int choose_packed_path() except -1:
 
 # Set once at import, read-only afterwards (like an ifunc resolution).
 cdef int packed_path = choose_packed_path()
-# Every product, the per-step ones and the GEMM driver's, runs brnn_gemm_kernel: on
-# AVX-512 its 12 x 32 tiles over panel pairs (two FMAs per broadcast; the 12 x 16
-# tile is load-bound), elsewhere the variant itself. Same bits as the 12 x 16 tile.
+# Every float32 product, the per-step ones and the GEMM driver's, runs
+# brnn_gemm_kernel: on AVX-512 its 12 x 32 tiles over panel pairs (two FMAs per
+# broadcast; the 12 x 16 tile is load-bound), elsewhere the variant itself. Same bits
+# as the 12 x 16 tile.
 cdef brnn_packed_fn packed_product = brnn_gemm_kernel(packed_path)
+cdef brnn_dgemm_fn dgemm_product = brnn_dgemm_kernel(packed_path)  # the float64 driver's
 
 
 def packed_kernel_name():
@@ -253,6 +276,19 @@ def packed_gemm_ws_for(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K):
     return brnn_gemm_ws(M, N, K)
 
 
+def packed_dgemm_ws_for(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K):
+    """brnn_dgemm_ws: doubles of one thread's float64 driver block for C [M, N],
+    K (for the tests)."""
+    return brnn_dgemm_ws(M, N, K)
+
+
+cdef inline Py_ssize_t gemm_ws_of(bint f32, Py_ssize_t M, Py_ssize_t N,
+                                  Py_ssize_t K) noexcept nogil:
+    """Elements of one thread's driver block: brnn_gemm_ws (float32) or
+    brnn_dgemm_ws (float64)."""
+    return brnn_gemm_ws(M, N, K) if f32 else brnn_dgemm_ws(M, N, K)
+
+
 cdef inline brnn_gemm_job gemm_job(
         Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const float* a, Py_ssize_t sam,
         Py_ssize_t sak, const float* b, Py_ssize_t sbk, Py_ssize_t sbn, bint accumulate,
@@ -288,6 +324,113 @@ cdef void packed_gemm_jobs(int njobs, const brnn_gemm_job* jobs, float* ws,
             nt = brnn_omp_get_num_threads()
             brnn_gemm_jobs_f32(packed_product, njobs, jobs, tid, nt, ws + tid * stride)
     brnn_budget_give(granted)
+
+
+cdef void packed_dgemm_jobs(int njobs, const brnn_dgemm_job* jobs, double* ws,
+                            int threads) noexcept nogil:
+    """packed_gemm_jobs for float64: the double driver of include/brnn_gemm.h
+    (ws: threads * brnn_dgemm_jobs_ws(njobs, jobs) doubles); the same rules."""
+    cdef int tid, nt, granted
+    cdef Py_ssize_t stride = brnn_dgemm_jobs_ws(njobs, jobs)
+    granted = brnn_budget_take(threads, threads)
+    if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        brnn_gemm_jobs_f64(dgemm_product, njobs, jobs, 0, 1, ws)
+    else:
+        with parallel(num_threads=granted):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            brnn_gemm_jobs_f64(dgemm_product, njobs, jobs, tid, nt, ws + tid * stride)
+    brnn_budget_give(granted)
+
+
+cdef enum:
+    GEMM_SPECS_MAX = 8   # jobs of one run_gemm_specs call, at most
+
+
+cdef struct gemm_spec:
+    # One driver job of either precision (gemm_job's fields; the pointers are
+    # float* or double* as the run_gemm_specs call's ws).
+    Py_ssize_t M, N, K, sam, sak, sbk, sbn, ldc
+    const void* a
+    const void* b
+    void* c
+    bint accumulate
+
+
+cdef inline gemm_spec gspec(
+        Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const void* a, Py_ssize_t sam,
+        Py_ssize_t sak, const void* b, Py_ssize_t sbk, Py_ssize_t sbn, bint accumulate,
+        void* c, Py_ssize_t ldc) noexcept nogil:
+    """A job C[M, N] (+)= A @ B of either precision, as gemm_job."""
+    cdef gemm_spec j
+    j.M, j.N, j.K = M, N, K
+    j.a, j.sam, j.sak = a, sam, sak
+    j.b, j.sbk, j.sbn = b, sbk, sbn
+    j.accumulate = accumulate
+    j.c, j.ldc = c, ldc
+    return j
+
+
+cdef void run_gemm_specs(int njobs, const gemm_spec* specs, floating* ws,
+                         int threads) noexcept nogil:
+    """The jobs `specs` (at most GEMM_SPECS_MAX) through the driver of ws's
+    precision: packed_gemm_jobs (float32) or packed_dgemm_jobs (float64), on
+    up to `threads` threads from the budget; ws: threads * the driver's
+    jobs_ws elements."""
+    cdef brnn_gemm_job fj[GEMM_SPECS_MAX]
+    cdef brnn_dgemm_job dj[GEMM_SPECS_MAX]
+    cdef int i
+    for i in range(njobs):
+        if floating is float:
+            fj[i] = gemm_job(specs[i].M, specs[i].N, specs[i].K, <const float*>specs[i].a,
+                             specs[i].sam, specs[i].sak, <const float*>specs[i].b,
+                             specs[i].sbk, specs[i].sbn, specs[i].accumulate,
+                             <float*>specs[i].c, specs[i].ldc)
+        else:
+            dj[i].M, dj[i].N, dj[i].K = specs[i].M, specs[i].N, specs[i].K
+            dj[i].a, dj[i].sam, dj[i].sak = <const double*>specs[i].a, specs[i].sam, specs[i].sak
+            dj[i].b, dj[i].sbk, dj[i].sbn = <const double*>specs[i].b, specs[i].sbk, specs[i].sbn
+            dj[i].accumulate = specs[i].accumulate
+            dj[i].c, dj[i].ldc = <double*>specs[i].c, specs[i].ldc
+    if floating is float:
+        packed_gemm_jobs(njobs, fj, ws, threads)
+    else:
+        packed_dgemm_jobs(njobs, dj, ws, threads)
+
+
+def packed_dgemm_memview(const double[:, :] a, const double[:, :] b, bint accumulate,
+                         double[:, ::1] c, str path=None, int parts=1, int threads=1):
+    """packed_gemm_memview for float64 (the double driver of include/brnn_gemm.h,
+    for its tests): C (+)= A @ B, A [M, K] and B [K, N] of any strides, C [M, N];
+    `parts`, `threads` and `path` as there."""
+    cdef Py_ssize_t M = a.shape[0], K = a.shape[1], N = b.shape[1]
+    cdef int p = packed_path if path is None else PACKED_PATHS.get(path, -1)
+    cdef int tid
+    if p < 0 or not brnn_packed_path_supported(p):
+        raise ValueError(f"packed_dgemm_memview: path {path!r} is not one of "
+                         f"{packed_paths_supported()}")
+    if b.shape[0] != K or c.shape[0] != M or c.shape[1] != N or parts < 1 or threads < 1:
+        raise ValueError("packed_dgemm_memview: inconsistent shapes")
+    if M == 0 or N == 0:
+        return
+    cdef double[::1] ws = np.empty(max(parts, threads) * BRNN_DGEMM_WS, dtype=np.float64)
+    cdef brnn_dgemm_job job
+    job.M, job.N, job.K = M, N, K
+    job.a, job.sam, job.sak = &a[0, 0] if K > 0 else NULL, a.strides[0] // 8, a.strides[1] // 8
+    job.b, job.sbk, job.sbn = &b[0, 0] if K > 0 else NULL, b.strides[0] // 8, b.strides[1] // 8
+    job.accumulate = accumulate
+    job.c, job.ldc = &c[0, 0], N
+    cdef brnn_dgemm_fn fn = brnn_dgemm_kernel(p)
+    with nogil:
+        if threads > 1:
+            if p != packed_path:
+                with gil:
+                    raise ValueError("packed_dgemm_memview: threads > 1 runs this "
+                                     "process's variant only")
+            packed_dgemm_jobs(1, &job, &ws[0], threads)
+        else:
+            for tid in range(parts):
+                brnn_gemm_f64(fn, &job, tid, parts, &ws[0])
 
 
 def packed_gemm_memview(const float[:, :] a, const float[:, :] b, bint accumulate,

@@ -3,16 +3,19 @@ thread count 1..4 (OpenMP limit of the calling thread), (b) OpenBLAS's thread co
 1 vs 2, (c) 2-4 Python threads calling at once. float32 and float64, with and
 without sequence_length.
 
-float32's sequence products all run in blockrnn's packed kernel (include/brnn_packed.h,
-include/brnn_gemm.h), whose blocking depends on the shapes only. The cells and the
-float64 products go through SciPy's BLAS: OpenBLAS splits a threaded GEMM's rows
-and columns between its threads, and its kernels' edge tiles sum in another
-order, so a product it threads may change bits with OPENBLAS_NUM_THREADS (measured
-on dgemm: at 600 output rows even with K = 16, so no blocking of K avoids it). (b)
-is asserted for float32 at every shape (its sequence ops by design; its cells,
-whose one product per call is SciPy's sgemm, measured at these shapes) and for
-float64 only at FLOAT64_OPENBLAS_SHAPES: at the larger shapes OpenBLAS's dgemm
-gives the float64 sequence gradients other bits on 2 threads.
+The sequence ops' products over all steps (the backward's x_grad and weight
+gradients) run in blockrnn's GEMM driver (include/brnn_gemm.h, float32 and
+float64 kernels), float32's per-step products in its packed kernel
+(include/brnn_packed.h): their blocking depends on the shapes only. float64's
+forward and per-step recurrent products, and the cells' one product per call,
+go through SciPy's BLAS: OpenBLAS splits a threaded GEMM's rows and columns
+between its threads, and its kernels' edge tiles sum in another order, so a
+product it threads may change bits with OPENBLAS_NUM_THREADS (measured on
+dgemm: at 600 output rows even with K = 16). Those products are small per call
+(B rows, or one step) and, measured, give the same bits on 1 and 2 OpenBLAS
+threads at these shapes: (b) is asserted for every op, both dtypes, every shape
+(the float64 backwards' products over all steps, which did differ on OpenBLAS's
+threads, by design now).
 """
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -28,9 +31,6 @@ from blockrnn import _kernels
 # the GEMM driver after it); batch 1 (GEMV steps, packed input projection); H
 # not a multiple of 16 with an odd batch.
 SHAPES = [(30, 16, 128, 256), (20, 1, 64, 600), (9, 3, 40, 37)]
-# Shapes whose float64 products OpenBLAS runs with the same bits on 1 and 2
-# threads (measured; not a design guarantee, see above).
-FLOAT64_OPENBLAS_SHAPES = [(9, 3, 40, 37)]
 DTYPES = [np.float32, np.float64]
 
 
@@ -39,7 +39,8 @@ def _problem(T, B, I, H, dtype, seed=0):
     r = lambda *s: rng.uniform(-1, 1, s).astype(dtype)  # noqa: E731
     p = dict(T=T, x=r(T, B, I), cs=r(B, H), h=r(B, H), w=r(I + H, 4 * H) / 4, wci=r(H),
              wcf=r(H), wco=r(H), b=r(4 * H), dcs=r(T, B, H), dh=r(T, B, H),
-             w_ru=r(I + H, 2 * H) / 4, w_c=r(I + H, H) / 4, b_ru=r(2 * H), b_c=r(H))
+             w_ru=r(I + H, 2 * H) / 4, w_c=r(I + H, H) / 4, b_ru=r(2 * H), b_c=r(H),
+             w_ih=r(3 * H, I) / 4, w_hh=r(3 * H, H) / 4, b_ih=r(3 * H), b_hh=r(3 * H))
     lengths = rng.integers(0, T + 1, B)
     lengths[0] = T
     p["lengths"] = lengths
@@ -75,6 +76,16 @@ def _all_ops(p, with_lengths):
     gs = blockrnn.block_gru(*gru, sequence_length=lens)
     out["block_gru"] = gs
     out["block_gru_grad"] = blockrnn.block_gru_grad(*gru, *gs, p["dh"], sequence_length=lens)
+    ra_cell = (p["x"][0], p["h"], p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"])
+    ra = (p["T"], p["x"]) + ra_cell[1:]
+    g = blockrnn.gru_cell_reset_after(*ra_cell)
+    out["gru_cell_reset_after"] = g
+    out["gru_cell_reset_after_grad"] = blockrnn.gru_cell_reset_after_grad(
+        *ra_cell, *g[:4], p["dh"][0])
+    gs = blockrnn.block_gru_reset_after(*ra, sequence_length=lens)
+    out["block_gru_reset_after"] = gs
+    out["block_gru_reset_after_grad"] = blockrnn.block_gru_reset_after_grad(
+        *ra, *gs, p["dh"], sequence_length=lens)
     return out
 
 
@@ -102,8 +113,7 @@ def test_blockrnn_thread_count_changes_no_bit(shape, dtype, with_lengths):
 def _openblas_cases():
     for shape in SHAPES:
         for dtype in DTYPES:
-            if dtype == np.float32 or shape in FLOAT64_OPENBLAS_SHAPES:
-                yield shape, dtype
+            yield shape, dtype
 
 
 @pytest.mark.parametrize("shape,dtype", list(_openblas_cases()))
@@ -117,14 +127,16 @@ def test_openblas_thread_count_changes_no_bit(shape, dtype, with_lengths):
     _assert_same(one, two, "OpenBLAS 2 vs 1 threads")
 
 
-def test_the_openblas_test_covers_every_float32_sequence_op():
-    """The float32 sequence ops are checked at every shape, not only where OpenBLAS
-    happens to agree with itself."""
+def test_the_openblas_test_covers_every_sequence_op():
+    """The sequence ops are checked at every shape in both dtypes, not only where
+    OpenBLAS happens to agree with itself."""
     names = set(_all_ops(_problem(2, 2, 3, 4, np.float32), True))
     assert {n for n in names if n.startswith("block_")} == {
         "block_lstm", "block_lstm_grad", "block_lstm_v2", "block_lstm_grad_v2",
-        "block_gru", "block_gru_grad"}
-    assert [s for s, d in _openblas_cases() if d == np.float32] == SHAPES
+        "block_gru", "block_gru_grad", "block_gru_reset_after",
+        "block_gru_reset_after_grad"}
+    for dtype in DTYPES:
+        assert [s for s, d in _openblas_cases() if d == dtype] == SHAPES
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,7 +1,7 @@
 """Memory of the sequence ops: beyond the outputs, one call allocates at most one
-T x B x 4H workspace plus O(B x H); the float32 backwards also allocate the GEMM
+T x B x 4H workspace plus O(B x H); the backwards also allocate the GEMM
 driver's packing blocks for x_grad and the weight gradients (include/brnn_gemm.h:
-at most 629 KB per thread whatever the sizes). The forward ops allocate only
+at most 629 KB per thread for float32, 611 KB for float64, whatever the sizes). The forward ops allocate only
 O(B x H), plus transposed copies of the recurrent weights (4H x H for the LSTM,
 3H x H for the GRU) when those are no larger than T x B x 4H, or for the float32
 forwards a packed copy of the weights (NumPy reports its allocations to
@@ -19,14 +19,14 @@ SLACK = 64 * 1024   # O(B*H) scratch, small NumPy objects, the namedtuple
 
 
 def _driver_blocks(dtype, gates, products):
-    """Bytes of the float32 backward's GEMM-driver blocks: one block per thread,
-    sized for its largest product (M, N, K); `gates` columns of dG (4H or 3H)."""
-    if dtype != np.float32:
-        return 0
+    """Bytes of the backward's GEMM-driver blocks: one block per thread, sized for
+    its largest product (M, N, K); `gates` columns of dG (4H or 3H)."""
     L_B = T * B
     work = L_B * gates * H * (2 * I + H)
     threads = _kernels.packed_gemm_threads_for(work, _config.thread_limit())
-    return threads * max(_kernels.packed_gemm_ws_for(*p) for p in products) * 4
+    ws_for = (_kernels.packed_gemm_ws_for if dtype == np.float32
+              else _kernels.packed_dgemm_ws_for)
+    return threads * max(ws_for(*p) for p in products) * np.dtype(dtype).itemsize
 
 
 def _peak(fn, *args, **kwargs):
