@@ -115,6 +115,7 @@ def extensions():
             "blockrnn/_lstm.pxi",
             "blockrnn/_gru.pxi",
             "blockrnn/_gru_reset_after.pxi",
+            "blockrnn/_inference.pxi",
             "blockrnn/_capi.pxi",
             "blockrnn/_sequence.pxi",
             "blockrnn/_openmp.pxd",

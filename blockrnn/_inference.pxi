@@ -1,0 +1,606 @@
+# Included by _kernels.pyx: the inference forward (issue 26), a family of its
+# own. Weights are packed ONCE, by the constructor of a Packed*Weights object,
+# and every forward(x, h0[, c0], lengths) writes only y [T, B, H] and the
+# final state(s) [B, H]: no gate outputs, no [T, B, 4H] buffer. Per step and
+# thread: the pre-activations of the thread's cells (x[t] @ W_x and
+# h[t-1] @ W_h, each element ONE packed-kernel sum, as the training forwards'
+# packed route), then the same gate row functions as the training forwards
+# (include/brnn_lstm.h, brnn_gru.h, brnn_gru_reset_after.h) right away. So y
+# and the final states equal the training forward's (float32, from
+# PACKED_MIN_ROWS rows; at batch 1 the training forward's recurrent product
+# is a BLAS GEMV, whose bits are BLAS's) bit for bit, at any thread count.
+#
+# Threads: ONE parallel region per call on up to max_threads threads from the
+# thread budget (brnn_budget_take), also at batch 1: each thread owns whole
+# 16-cell panels (unit_start); one barrier per step (two for the TF GRU,
+# whose c product reads every cell's r * h).
+#
+# Conventions as the sequence ops + the layers' _last: row b of y is zero
+# from step lengths[b] on; its final state is the state after step
+# lengths[b] - 1 (h0/c0 when lengths[b] == 0); steps past L = max(lengths)
+# are zeros.
+
+
+cdef inline int inference_threads(Py_ssize_t H, int max_threads) noexcept nogil:
+    """Threads asked of the budget: one per 16-cell panel, at most max_threads."""
+    return <int>max(1, min((H + BRNN_NR - 1) // BRNN_NR, <Py_ssize_t>max_threads))
+
+
+cdef inline bint last_step(const int64_t* lengths, Py_ssize_t row, Py_ssize_t t,
+                           Py_ssize_t L) noexcept nogil:
+    """Whether step t is row `row`'s last valid one (its final state)."""
+    if lengths == NULL:
+        return t == L - 1
+    return t == lengths[row] - 1
+
+
+# ---------------------------------------------------------------------------
+# LSTM
+# ---------------------------------------------------------------------------
+
+cdef void lstm_infer_step(
+        Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        GateOffsets off, const float* packed, const float* b,
+        const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint peep, const int64_t* lengths,
+        const float* x, const float* h_in, const float* c_in,
+        float* xg, float* g, float* c_out, float* co, float* y,
+        float* h_n, float* c_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t for the cells [u0, u1): xg = x[t] @ W_x and g = h_in @ W_h (gate
+    columns in W's layout, [B, 4H] each), then brnn_lstm_forward_row_f32 with
+    acc (pre = (xg + g) + b), writing c_out, h = y[t]; a row's last step also
+    writes its final state."""
+    cdef Py_ssize_t q, r, k, nu = u1 - u0, G4 = 4 * H
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    cdef float* xr
+    cdef float* gr
+    cdef float* yt = y + t * B * H
+    if nu <= 0:
+        return
+    for q in range(4):
+        packed_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+                       xg + q * H, G4)
+        packed_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, G4)
+    for r in range(B):
+        k = r * H + u0
+        if finished(lengths, r, t):   # as lstm_forward_block: zeros
+            memset(yt + k, 0, nu * sizeof(float))
+            memset(c_out + k, 0, nu * sizeof(float))
+            continue
+        xr = xg + r * G4 + u0
+        gr = g + r * G4 + u0
+        brnn_lstm_forward_row_f32(
+            nu, gr + off.i, gr + off.c, gr + off.f, gr + off.o, b + off.i + u0,
+            b + off.c + u0, b + off.f + u0, b + off.o + u0, wci + u0, wcf + u0, wco + u0,
+            forget_bias, cell_clip, peep, True, c_in + k, xr + off.i, c_out + k,
+            xr + off.f, xr + off.o, xr + off.c, co + k, yt + k)
+        if last_step(lengths, r, t, L):
+            memcpy(h_n + k, yt + k, nu * sizeof(float))
+            memcpy(c_n + k, c_out + k, nu * sizeof(float))
+
+
+cdef void lstm_infer(
+        Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        GateOffsets off,
+        const float* packed,      # IN  W_h's then W_x's four gate blocks packed
+        const float* b, const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint peep,
+        const float* x,           # IN  [T, B, I]
+        const float* h0, const float* c0,  # IN [B, H]
+        const int64_t* lengths,   # IN  [B] or NULL (then L == T)
+        float* ws,                # workspace [lstm_infer_workspace(B, H)]
+        float* y,                 # OUT [T, B, H]
+        float* h_n, float* c_n,   # OUT [B, H]
+        int max_threads) noexcept nogil:
+    """The float32 LSTM inference forward (see the top of this file)."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    cdef float* xg = ws
+    cdef float* g = ws + B * 4 * H
+    cdef float* cbuf = g + B * 4 * H     # [2, B, H]: c of even / odd steps
+    cdef float* co = cbuf + 2 * BH
+    cdef int tid, nt, granted
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    memcpy(h_n, h0, BH * sizeof(float))
+    memcpy(c_n, c0, BH * sizeof(float))
+    granted = brnn_budget_take(inference_threads(H, max_threads), max_threads)
+    if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
+                            cell_clip, peep, lengths, x, h0 if t == 0 else y + (t - 1) * BH,
+                            c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, xg, g,
+                            cbuf + (t % 2) * BH, co, y, h_n, c_n, 0, H)
+    else:
+        with parallel(num_threads=granted):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            u0 = unit_start(H, tid, nt)
+            u1 = unit_start(H, tid + 1, nt)
+            for t in range(L):
+                lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
+                                cell_clip, peep, lengths, x,
+                                h0 if t == 0 else y + (t - 1) * BH,
+                                c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, xg, g,
+                                cbuf + (t % 2) * BH, co, y, h_n, c_n, u0, u1)
+                brnn_barrier_wait(&bar, nt)
+    brnn_budget_give(granted)
+    memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
+
+
+# ---------------------------------------------------------------------------
+# TF GRU (GRUBlockCell, reset before)
+# ---------------------------------------------------------------------------
+
+cdef void gru_infer_half(
+        int half, Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed, const float* b_ru, const float* b_c, const int64_t* lengths,
+        const float* x, const float* h_in, float* ru, float* rh, float* sr, float* su,
+        float* sc, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Half 0 or 1 of step t for the cells [u0, u1), as gru_forward_packed_half
+    but into the scratch sr, su, sc [B, H] and y[t]. Packed block q (r, u, c)
+    at packed + q * ps: its x rows, then at + psx its h rows."""
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef Py_ssize_t BH = B * H, row, k, nu = u1 - u0
+    cdef const float* xt = x + t * B * I
+    cdef float* yt = y + t * BH
+    if nu <= 0:
+        return
+    if half == 0:
+        packed_product(B, I, xt, I, packed, u0, u1, False, sr, H)
+        packed_product(B, I, xt, I, packed + ps, u0, u1, False, su, H)
+        packed_product(B, I, xt, I, packed + 2 * ps, u0, u1, False, sc, H)
+        packed_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
+        packed_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+        for row in range(B):
+            k = row * H + u0
+            brnn_gru_gates_row_f32(nu, ru + row * 2 * H + u0, ru + row * 2 * H + H + u0,
+                                   b_ru + u0, b_ru + H + u0, h_in + k, True,
+                                   sr + k, su + k, rh + k)
+        return
+    packed_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, sc, H)
+    for row in range(B):
+        k = row * H + u0
+        if finished(lengths, row, t):
+            memset(yt + k, 0, nu * sizeof(float))
+            continue
+        brnn_gru_output_row_f32(nu, b_c + u0, h_in + k, su + k, sc + k, yt + k)
+        if last_step(lengths, row, t, L):
+            memcpy(h_n + k, yt + k, nu * sizeof(float))
+
+
+cdef void gru_infer(
+        Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed,      # IN  w_ru's r, u blocks and w_c, each x rows then h rows
+        const float* b_ru, const float* b_c,
+        const float* x, const float* h0, const int64_t* lengths,
+        float* ws,                # workspace [gru_infer_workspace(B, H)]
+        float* y, float* h_n, int max_threads) noexcept nogil:
+    """The float32 TF-GRU inference forward: two barriers per step (the c
+    product reads every cell's r * h[t-1])."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    cdef float* ru = ws
+    cdef float* rh = ws + 2 * BH
+    cdef float* sr = rh + BH
+    cdef float* su = sr + BH
+    cdef float* sc = su + BH
+    cdef int tid, nt, granted
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    memcpy(h_n, h0, BH * sizeof(float))
+    granted = brnn_budget_take(inference_threads(H, max_threads), max_threads)
+    if granted == 1:
+        for t in range(L):
+            gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
+                           h0 if t == 0 else y + (t - 1) * BH, ru, rh, sr, su, sc, y, h_n,
+                           0, H)
+            gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
+                           h0 if t == 0 else y + (t - 1) * BH, ru, rh, sr, su, sc, y, h_n,
+                           0, H)
+    else:
+        with parallel(num_threads=granted):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            u0 = unit_start(H, tid, nt)
+            u1 = unit_start(H, tid + 1, nt)
+            for t in range(L):
+                gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
+                               h0 if t == 0 else y + (t - 1) * BH, ru, rh, sr, su, sc, y,
+                               h_n, u0, u1)
+                brnn_barrier_wait(&bar, nt)
+                gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
+                               h0 if t == 0 else y + (t - 1) * BH, ru, rh, sr, su, sc, y,
+                               h_n, u0, u1)
+                brnn_barrier_wait(&bar, nt)
+    brnn_budget_give(granted)
+    memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
+
+
+# ---------------------------------------------------------------------------
+# Reset-after GRU (nn.GRU)
+# ---------------------------------------------------------------------------
+
+cdef void gru_ra_infer_step(
+        Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed, const float* b_ih, const float* b_hh, const int64_t* lengths,
+        const float* x, const float* h_in, float* xg, float* g, float* hn, float* y,
+        float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t for the cells [u0, u1): xg = x[t] @ w_ih^T, g = h_in @ w_hh^T
+    ([B, 3H] each, blocks r, z, n), then brnn_gru_ra_forward_row_f32 into y[t]."""
+    cdef Py_ssize_t q, row, k, nu = u1 - u0, H3 = 3 * H
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    cdef float* xr
+    cdef float* gr
+    cdef float* yt = y + t * B * H
+    if nu <= 0:
+        return
+    for q in range(3):
+        packed_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
+                       xg + q * H, H3)
+        packed_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, H3)
+    for row in range(B):
+        k = row * H + u0
+        if finished(lengths, row, t):
+            memset(yt + k, 0, nu * sizeof(float))
+            continue
+        xr = xg + row * H3 + u0
+        gr = g + row * H3 + u0
+        brnn_gru_ra_forward_row_f32(
+            nu, gr, gr + H, gr + 2 * H, b_ih + u0, b_ih + H + u0, b_ih + 2 * H + u0,
+            b_hh + u0, b_hh + H + u0, b_hh + 2 * H + u0, h_in + k,
+            xr, xr + H, xr + 2 * H, hn + k, yt + k)
+        if last_step(lengths, row, t, L):
+            memcpy(h_n + k, yt + k, nu * sizeof(float))
+
+
+cdef void gru_ra_infer(
+        Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
+        const float* b_ih, const float* b_hh,
+        const float* x, const float* h0, const int64_t* lengths,
+        float* ws,                # workspace [gru_ra_infer_workspace(B, H)]
+        float* y, float* h_n, int max_threads) noexcept nogil:
+    """The float32 reset-after GRU inference forward, one barrier per step."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    cdef float* xg = ws
+    cdef float* g = ws + 3 * BH
+    cdef float* hn = g + 3 * BH
+    cdef int tid, nt, granted
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    memcpy(h_n, h0, BH * sizeof(float))
+    granted = brnn_budget_take(inference_threads(H, max_threads), max_threads)
+    if granted == 1:
+        for t in range(L):
+            gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
+                              h0 if t == 0 else y + (t - 1) * BH, xg, g, hn, y, h_n, 0, H)
+    else:
+        with parallel(num_threads=granted):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            u0 = unit_start(H, tid, nt)
+            u1 = unit_start(H, tid + 1, nt)
+            for t in range(L):
+                gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
+                                  h0 if t == 0 else y + (t - 1) * BH, xg, g, hn, y, h_n,
+                                  u0, u1)
+                brnn_barrier_wait(&bar, nt)
+    brnn_budget_give(granted)
+    memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
+
+
+# ---------------------------------------------------------------------------
+# The packed-weight objects
+# ---------------------------------------------------------------------------
+
+cdef object _f32_array(str where, str name, value, tuple shape):
+    """value as a C-contiguous float32 array of `shape` (None entries free);
+    ValueError/TypeError naming the argument otherwise."""
+    arr = np.asarray(value)
+    if arr.dtype != np.float32:
+        raise TypeError(f"{where}: {name} must have dtype float32, got {arr.dtype}")
+    if arr.ndim != len(shape) or any(s is not None and s != a
+                                     for s, a in zip(shape, arr.shape)):
+        want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(f"{where}: {name} must have shape {want}, got {arr.shape}")
+    return np.ascontiguousarray(arr)
+
+
+cdef object _lengths_array(str where, lengths, Py_ssize_t B, Py_ssize_t T):
+    if lengths is None:
+        return None
+    arr = np.asarray(lengths)
+    if arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
+        raise TypeError(f"{where}: sequence_length must be an integer array of shape "
+                        f"({B},), got dtype {arr.dtype}")
+    if arr.shape != (B,):
+        raise ValueError(f"{where}: sequence_length must have shape ({B},), got {arr.shape}")
+    if B and (arr.min() < 0 or arr.max() > T):
+        raise ValueError(f"{where}: sequence_length must be in [0, {T}], got values in "
+                         f"[{arr.min()}, {arr.max()}]")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+cdef void pack_blocks(Py_ssize_t K, Py_ssize_t H, int nq, const float[:, :] w,
+                      bint rows_are_gates, float* dst) noexcept nogil:
+    """Pack nq gate blocks of H columns of W [K, nq*H] (view `w` is W itself,
+    or W^T [nq*H, K] if rows_are_gates: nn.LSTM / nn.GRU's layout) at
+    dst + q * brnn_packed_size(K, H)."""
+    cdef Py_ssize_t q, s0 = w.strides[0] // 4, s1 = w.strides[1] // 4
+    cdef Py_ssize_t ps = brnn_packed_size(K, H)
+    if K == 0:
+        return
+    for q in range(nq):
+        if rows_are_gates:   # W(k, n) = w[q*H + n, k]
+            brnn_pack_f32(K, H, &w[q * H, 0], s1, s0, dst + q * ps)
+        else:                # W(k, n) = w[k, q*H + n]
+            brnn_pack_f32(K, H, &w[0, q * H], s0, s1, dst + q * ps)
+
+
+cdef class _PackedBase:
+    """What every packed-weight object shares: sizes, the packed copy, the
+    number of packings it did (always 1: counted to test that forward never
+    repacks), the thread limit."""
+    cdef readonly Py_ssize_t input_size, hidden_size
+    cdef readonly int packings
+    cdef float[::1] packed
+    cdef float[::1] bias
+
+    @property
+    def nbytes(self):
+        """Bytes of the packed weights and bias this object holds."""
+        return (self.packed.shape[0] + self.bias.shape[0]) * 4
+
+    @property
+    def packed_address(self):
+        """Address of the packed copy (for tests: it never changes)."""
+        return <size_t>&self.packed[0]
+
+    cdef tuple _prepare(self, str where, x, Py_ssize_t nstates, states, sequence_length):
+        """Checked x [T, B, I], states [B, H] each (None: zeros), lengths and L."""
+        xa = _f32_array(where, "x", x, (None, None, self.input_size))
+        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], H = self.hidden_size
+        out = [xa]
+        names = ("h0", "c0")
+        for k in range(nstates):
+            s = states[k]
+            out.append(np.zeros((B, H), np.float32) if s is None
+                       else _f32_array(where, names[k], s, (B, H)))
+        lens = _lengths_array(where, sequence_length, B, T)
+        L = T if lens is None or B == 0 else min(T, int(lens.max()))
+        out.append(lens)
+        out.append(L)
+        return tuple(out)
+
+
+cdef int _threads(max_threads) except -1:
+    if max_threads is None:
+        return brnn_omp_get_max_threads()
+    if isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1:
+        raise ValueError(f"max_threads must be None or a positive int, got {max_threads!r}")
+    return min(<int>max_threads, brnn_omp_get_max_threads())
+
+
+cdef class PackedLSTMWeights(_PackedBase):
+    """An LSTM's weights packed once for inference (float32).
+
+    PackedLSTMWeights(w_x, w_h, b, wci=None, wcf=None, wco=None, layout=IFCO,
+                      forget_bias=0.0, cell_clip=0.0, use_peephole=False,
+                      gates_in_rows=False)
+
+    w_x [I, 4H], w_h [H, 4H] (TensorFlow's w[:I], w[I:]; any strides), or with
+    gates_in_rows=True nn.LSTM's weight_ih_l0 [4H, I] and weight_hh_l0 [4H, H]
+    (gate order i, f, g, o: layout IFCO; b = bias_ih + bias_hh). b [4H]. The
+    arrays are copied: later changes to them are not seen."""
+    cdef float[::1] peep_w     # [3H]: wci, wcf, wco (zeros without peepholes)
+    cdef readonly int layout
+    cdef readonly float forget_bias, cell_clip
+    cdef readonly bint use_peephole
+
+    def __init__(self, w_x, w_h, b, wci=None, wcf=None, wco=None, int layout=IFCO,
+                 double forget_bias=0.0, double cell_clip=0.0, bint use_peephole=False,
+                 bint gates_in_rows=False):
+        cdef Py_ssize_t I, H4, H
+        where = "PackedLSTMWeights"
+        wx = np.asarray(w_x)
+        wh = np.asarray(w_h)
+        for name, a in (("w_x", wx), ("w_h", wh)):
+            if a.dtype != np.float32 or a.ndim != 2:
+                raise TypeError(f"{where}: {name} must be a 2-D float32 array, got "
+                                f"{a.dtype} {a.shape}")
+        if gates_in_rows:
+            H4, I = wx.shape
+        else:
+            I, H4 = wx.shape
+        if H4 % 4 or H4 == 0:
+            raise ValueError(f"{where}: w_x must have 4H gate columns, got {wx.shape}")
+        H = H4 // 4
+        want = (H4, H) if gates_in_rows else (H, H4)
+        if wh.shape != want:
+            raise ValueError(f"{where}: w_h must have shape {want}, got {wh.shape}")
+        if layout not in (ICFO, IFCO):
+            raise ValueError(f"{where}: layout must be ICFO (0) or IFCO (1), got {layout}")
+        self.input_size, self.hidden_size = I, H
+        self.layout, self.forget_bias, self.cell_clip = layout, forget_bias, cell_clip
+        self.use_peephole = use_peephole
+        self.bias = _f32_array(where, "b", b, (H4,)).copy()
+        peep = np.zeros(3 * H, np.float32)
+        if use_peephole:
+            for q, (name, v) in enumerate((("wci", wci), ("wcf", wcf), ("wco", wco))):
+                peep[q * H:(q + 1) * H] = _f32_array(where, name, v, (H,))
+        self.peep_w = peep
+        self.packed = np.empty(4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1,
+                               np.float32)
+        cdef const float[:, :] vx = wx
+        cdef const float[:, :] vh = wh
+        with nogil:
+            pack_blocks(H, H, 4, vh, gates_in_rows, &self.packed[0])
+            pack_blocks(I, H, 4, vx, gates_in_rows, &self.packed[4 * brnn_packed_size(H, H)])
+        self.packings = 1
+
+    def forward(self, x, h0=None, c0=None, sequence_length=None, max_threads=None):
+        """y [T, B, H], h_n [B, H], c_n [B, H] of x [T, B, I] from h0, c0 [B, H]
+        (None: zeros); sequence_length None or int (B,) in [0, T]."""
+        xa, h0a, c0a, lens, L = self._prepare("PackedLSTMWeights.forward", x, 2,
+                                             (h0, c0), sequence_length)
+        cdef int nt = _threads(max_threads)
+        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
+        cdef Py_ssize_t H = self.hidden_size
+        y = np.empty((T, B, H), np.float32)
+        h_n = np.empty((B, H), np.float32)
+        c_n = np.empty((B, H), np.float32)
+        if B == 0 or T == 0:
+            if B:
+                h_n[...] = h0a
+                c_n[...] = c0a
+            return y, h_n, c_n
+        cdef float[::1] ws = np.empty(B * 8 * H + 3 * B * H + 1, np.float32)
+        cdef const float[:, :, ::1] vx = xa
+        cdef const float[:, ::1] vh0 = h0a
+        cdef const float[:, ::1] vc0 = c0a
+        cdef float[:, :, ::1] vy = y
+        cdef float[:, ::1] vhn = h_n
+        cdef float[:, ::1] vcn = c_n
+        cdef const int64_t[::1] vl
+        cdef const int64_t* lp = NULL
+        if lens is not None:
+            vl = lens
+            lp = &vl[0]
+        cdef Py_ssize_t L_ = L
+        cdef GateOffsets off = gate_offsets(self.layout, H)
+        with nogil:
+            lstm_infer(T, L_, B, I, H, off, &self.packed[0], &self.bias[0],
+                       &self.peep_w[0], &self.peep_w[H], &self.peep_w[2 * H],
+                       self.forget_bias, self.cell_clip, self.use_peephole, &vx[0, 0, 0],
+                       &vh0[0, 0], &vc0[0, 0], lp, &ws[0], &vy[0, 0, 0], &vhn[0, 0],
+                       &vcn[0, 0], nt)
+        return y, h_n, c_n
+
+
+cdef class PackedGRUWeights(_PackedBase):
+    """TensorFlow's GRUBlockCell GRU's weights packed once for inference
+    (float32): w_ru [I+H, 2H], w_c [I+H, H], b_ru [2H], b_c [H] (copied)."""
+    cdef float[::1] bias_c
+
+    def __init__(self, w_ru, w_c, b_ru, b_c):
+        where = "PackedGRUWeights"
+        wru = np.asarray(w_ru)
+        wc = np.asarray(w_c)
+        for name, a in (("w_ru", wru), ("w_c", wc)):
+            if a.dtype != np.float32 or a.ndim != 2:
+                raise TypeError(f"{where}: {name} must be a 2-D float32 array, got "
+                                f"{a.dtype} {a.shape}")
+        cdef Py_ssize_t H = wc.shape[1], I = wc.shape[0] - H
+        if H == 0 or I < 0 or wru.shape != (I + H, 2 * H):
+            raise ValueError(f"{where}: w_ru must have shape (I+H, 2H) and w_c (I+H, H), "
+                             f"got {wru.shape} and {wc.shape}")
+        self.input_size, self.hidden_size = I, H
+        self.bias = _f32_array(where, "b_ru", b_ru, (2 * H,)).copy()
+        self.bias_c = _f32_array(where, "b_c", b_c, (H,)).copy()
+        cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+        self.packed = np.empty(3 * ps + 1, np.float32)
+        cdef const float[:, :] vru = wru
+        cdef const float[:, :] vc = wc
+        cdef int q
+        with nogil:
+            for q in range(2):
+                pack_blocks(I, H, 1, vru[:I, q * H:(q + 1) * H], False, &self.packed[q * ps])
+                pack_blocks(H, H, 1, vru[I:, q * H:(q + 1) * H], False,
+                            &self.packed[q * ps + psx])
+            pack_blocks(I, H, 1, vc[:I], False, &self.packed[2 * ps])
+            pack_blocks(H, H, 1, vc[I:], False, &self.packed[2 * ps + psx])
+        self.packings = 1
+
+    @property
+    def nbytes(self):
+        return (self.packed.shape[0] + self.bias.shape[0] + self.bias_c.shape[0]) * 4
+
+    def forward(self, x, h0=None, sequence_length=None, max_threads=None):
+        """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
+        xa, h0a, lens, L = self._prepare("PackedGRUWeights.forward", x, 1, (h0,),
+                                         sequence_length)
+        cdef int nt = _threads(max_threads)
+        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
+        cdef Py_ssize_t H = self.hidden_size
+        y = np.empty((T, B, H), np.float32)
+        h_n = np.empty((B, H), np.float32)
+        if B == 0 or T == 0:
+            if B:
+                h_n[...] = h0a
+            return y, h_n
+        cdef float[::1] ws = np.empty(6 * B * H + 1, np.float32)   # ru, rh, r, u, c
+        cdef const float[:, :, ::1] vx = xa
+        cdef const float[:, ::1] vh0 = h0a
+        cdef float[:, :, ::1] vy = y
+        cdef float[:, ::1] vhn = h_n
+        cdef const int64_t[::1] vl
+        cdef const int64_t* lp = NULL
+        if lens is not None:
+            vl = lens
+            lp = &vl[0]
+        cdef Py_ssize_t L_ = L
+        with nogil:
+            gru_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0], &self.bias_c[0],
+                      &vx[0, 0, 0], &vh0[0, 0], lp, &ws[0], &vy[0, 0, 0], &vhn[0, 0], nt)
+        return y, h_n
+
+
+cdef class PackedGRUResetAfterWeights(_PackedBase):
+    """nn.GRU's (reset-after) weights packed once for inference (float32):
+    w_ih [3H, I], w_hh [3H, H], b_ih, b_hh [3H] (copied; any strides)."""
+
+    def __init__(self, w_ih, w_hh, b_ih, b_hh):
+        where = "PackedGRUResetAfterWeights"
+        wih = np.asarray(w_ih)
+        whh = np.asarray(w_hh)
+        for name, a in (("w_ih", wih), ("w_hh", whh)):
+            if a.dtype != np.float32 or a.ndim != 2:
+                raise TypeError(f"{where}: {name} must be a 2-D float32 array, got "
+                                f"{a.dtype} {a.shape}")
+        cdef Py_ssize_t H = whh.shape[1], I = wih.shape[1]
+        if H == 0 or whh.shape != (3 * H, H) or wih.shape[0] != 3 * H:
+            raise ValueError(f"{where}: w_ih must have shape (3H, I) and w_hh (3H, H), "
+                             f"got {wih.shape} and {whh.shape}")
+        self.input_size, self.hidden_size = I, H
+        self.bias = np.concatenate([_f32_array(where, "b_ih", b_ih, (3 * H,)),
+                                    _f32_array(where, "b_hh", b_hh, (3 * H,))])
+        self.packed = np.empty(3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1,
+                               np.float32)
+        cdef const float[:, :] vih = wih
+        cdef const float[:, :] vhh = whh
+        with nogil:
+            pack_blocks(H, H, 3, vhh, True, &self.packed[0])
+            pack_blocks(I, H, 3, vih, True, &self.packed[3 * brnn_packed_size(H, H)])
+        self.packings = 1
+
+    def forward(self, x, h0=None, sequence_length=None, max_threads=None):
+        """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
+        xa, h0a, lens, L = self._prepare("PackedGRUResetAfterWeights.forward", x, 1,
+                                         (h0,), sequence_length)
+        cdef int nt = _threads(max_threads)
+        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
+        cdef Py_ssize_t H = self.hidden_size
+        y = np.empty((T, B, H), np.float32)
+        h_n = np.empty((B, H), np.float32)
+        if B == 0 or T == 0:
+            if B:
+                h_n[...] = h0a
+            return y, h_n
+        cdef float[::1] ws = np.empty(7 * B * H + 1, np.float32)
+        cdef const float[:, :, ::1] vx = xa
+        cdef const float[:, ::1] vh0 = h0a
+        cdef float[:, :, ::1] vy = y
+        cdef float[:, ::1] vhn = h_n
+        cdef const int64_t[::1] vl
+        cdef const int64_t* lp = NULL
+        if lens is not None:
+            vl = lens
+            lp = &vl[0]
+        cdef Py_ssize_t L_ = L
+        with nogil:
+            gru_ra_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0],
+                         &self.bias[3 * H], &vx[0, 0, 0], &vh0[0, 0], lp, &ws[0],
+                         &vy[0, 0, 0], &vhn[0, 0], nt)
+        return y, h_n
