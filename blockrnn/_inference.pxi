@@ -296,16 +296,30 @@ cdef void gru_ra_infer(
 # ---------------------------------------------------------------------------
 
 cdef object _f32_array(str where, str name, value, tuple shape):
-    """value as a C-contiguous float32 array of `shape` (None entries free);
-    ValueError/TypeError naming the argument otherwise."""
+    """value as a C-contiguous float32 array of `shape` (None entries free):
+    float32 as is, float16 converted exactly (float16 is computed in float32,
+    as the ops do); ValueError/TypeError naming the argument otherwise."""
     arr = np.asarray(value)
-    if arr.dtype != np.float32:
-        raise TypeError(f"{where}: {name} must have dtype float32, got {arr.dtype}")
+    if arr.dtype != np.float32 and arr.dtype != np.float16:
+        raise TypeError(f"{where}: {name} must have dtype float32 (or float16), "
+                        f"got {arr.dtype}")
     if arr.ndim != len(shape) or any(s is not None and s != a
                                      for s, a in zip(shape, arr.shape)):
-        want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
+        want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + \
+            ("," if len(shape) == 1 else "") + ")"
         raise ValueError(f"{where}: {name} must have shape {want}, got {arr.shape}")
-    return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+cdef object _weight(str where, str name, value):
+    """A 2-D float32 weight (any strides, not copied) or float16's float32 copy."""
+    arr = np.asarray(value)
+    if arr.dtype == np.float16:
+        arr = arr.astype(np.float32)
+    if arr.dtype != np.float32 or arr.ndim != 2:
+        raise TypeError(f"{where}: {name} must be a 2-D float32 (or float16) array, got "
+                        f"{arr.dtype} of shape {arr.shape}")
+    return arr
 
 
 cdef object _lengths_array(str where, lengths, Py_ssize_t B, Py_ssize_t T):
@@ -360,19 +374,31 @@ cdef class _PackedBase:
 
     cdef tuple _prepare(self, str where, x, Py_ssize_t nstates, states, sequence_length):
         """Checked x [T, B, I], states [B, H] each (None: zeros), lengths and L."""
+        xd = np.asarray(x).dtype
         xa = _f32_array(where, "x", x, (None, None, self.input_size))
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], H = self.hidden_size
         out = [xa]
         names = ("h0", "c0")
         for k in range(nstates):
             s = states[k]
+            if s is not None and np.asarray(s).dtype != xd:
+                raise TypeError(f"{where}: {names[k]} must have x's dtype {xd}, got "
+                                f"{np.asarray(s).dtype}")
             out.append(np.zeros((B, H), np.float32) if s is None
                        else _f32_array(where, names[k], s, (B, H)))
         lens = _lengths_array(where, sequence_length, B, T)
         L = T if lens is None or B == 0 else min(T, int(lens.max()))
         out.append(lens)
         out.append(L)
+        out.append(xd)
         return tuple(out)
+
+
+cdef tuple _stored(dtype, tuple outs):
+    """The outputs in the storage dtype: float16 rounded once, as the ops do."""
+    if dtype == np.float16:
+        return tuple(o.astype(np.float16) for o in outs)
+    return outs
 
 
 cdef int _threads(max_threads) except -1:
@@ -404,12 +430,8 @@ cdef class PackedLSTMWeights(_PackedBase):
                  bint gates_in_rows=False):
         cdef Py_ssize_t I, H4, H
         where = "PackedLSTMWeights"
-        wx = np.asarray(w_x)
-        wh = np.asarray(w_h)
-        for name, a in (("w_x", wx), ("w_h", wh)):
-            if a.dtype != np.float32 or a.ndim != 2:
-                raise TypeError(f"{where}: {name} must be a 2-D float32 array, got "
-                                f"{a.dtype} {a.shape}")
+        wx = _weight(where, "w_x", w_x)
+        wh = _weight(where, "w_h", w_h)
         if gates_in_rows:
             H4, I = wx.shape
         else:
@@ -443,7 +465,7 @@ cdef class PackedLSTMWeights(_PackedBase):
     def forward(self, x, h0=None, c0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H], c_n [B, H] of x [T, B, I] from h0, c0 [B, H]
         (None: zeros); sequence_length None or int (B,) in [0, T]."""
-        xa, h0a, c0a, lens, L = self._prepare("PackedLSTMWeights.forward", x, 2,
+        xa, h0a, c0a, lens, L, xd = self._prepare("PackedLSTMWeights.forward", x, 2,
                                              (h0, c0), sequence_length)
         cdef int nt = _threads(max_threads)
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
@@ -455,7 +477,7 @@ cdef class PackedLSTMWeights(_PackedBase):
             if B:
                 h_n[...] = h0a
                 c_n[...] = c0a
-            return y, h_n, c_n
+            return _stored(xd, (y, h_n, c_n))
         cdef float[::1] ws = np.empty(B * 8 * H + 3 * B * H + 1, np.float32)
         cdef const float[:, :, ::1] vx = xa
         cdef const float[:, ::1] vh0 = h0a
@@ -476,7 +498,7 @@ cdef class PackedLSTMWeights(_PackedBase):
                        self.forget_bias, self.cell_clip, self.use_peephole, &vx[0, 0, 0],
                        &vh0[0, 0], &vc0[0, 0], lp, &ws[0], &vy[0, 0, 0], &vhn[0, 0],
                        &vcn[0, 0], nt)
-        return y, h_n, c_n
+        return _stored(xd, (y, h_n, c_n))
 
 
 cdef class PackedGRUWeights(_PackedBase):
@@ -486,12 +508,8 @@ cdef class PackedGRUWeights(_PackedBase):
 
     def __init__(self, w_ru, w_c, b_ru, b_c):
         where = "PackedGRUWeights"
-        wru = np.asarray(w_ru)
-        wc = np.asarray(w_c)
-        for name, a in (("w_ru", wru), ("w_c", wc)):
-            if a.dtype != np.float32 or a.ndim != 2:
-                raise TypeError(f"{where}: {name} must be a 2-D float32 array, got "
-                                f"{a.dtype} {a.shape}")
+        wru = _weight(where, "w_ru", w_ru)
+        wc = _weight(where, "w_c", w_c)
         cdef Py_ssize_t H = wc.shape[1], I = wc.shape[0] - H
         if H == 0 or I < 0 or wru.shape != (I + H, 2 * H):
             raise ValueError(f"{where}: w_ru must have shape (I+H, 2H) and w_c (I+H, H), "
@@ -519,7 +537,7 @@ cdef class PackedGRUWeights(_PackedBase):
 
     def forward(self, x, h0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
-        xa, h0a, lens, L = self._prepare("PackedGRUWeights.forward", x, 1, (h0,),
+        xa, h0a, lens, L, xd = self._prepare("PackedGRUWeights.forward", x, 1, (h0,),
                                          sequence_length)
         cdef int nt = _threads(max_threads)
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
@@ -529,7 +547,7 @@ cdef class PackedGRUWeights(_PackedBase):
         if B == 0 or T == 0:
             if B:
                 h_n[...] = h0a
-            return y, h_n
+            return _stored(xd, (y, h_n))
         cdef float[::1] ws = np.empty(6 * B * H + 1, np.float32)   # ru, rh, r, u, c
         cdef const float[:, :, ::1] vx = xa
         cdef const float[:, ::1] vh0 = h0a
@@ -544,7 +562,7 @@ cdef class PackedGRUWeights(_PackedBase):
         with nogil:
             gru_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0], &self.bias_c[0],
                       &vx[0, 0, 0], &vh0[0, 0], lp, &ws[0], &vy[0, 0, 0], &vhn[0, 0], nt)
-        return y, h_n
+        return _stored(xd, (y, h_n))
 
 
 cdef class PackedGRUResetAfterWeights(_PackedBase):
@@ -553,12 +571,8 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
 
     def __init__(self, w_ih, w_hh, b_ih, b_hh):
         where = "PackedGRUResetAfterWeights"
-        wih = np.asarray(w_ih)
-        whh = np.asarray(w_hh)
-        for name, a in (("w_ih", wih), ("w_hh", whh)):
-            if a.dtype != np.float32 or a.ndim != 2:
-                raise TypeError(f"{where}: {name} must be a 2-D float32 array, got "
-                                f"{a.dtype} {a.shape}")
+        wih = _weight(where, "w_ih", w_ih)
+        whh = _weight(where, "w_hh", w_hh)
         cdef Py_ssize_t H = whh.shape[1], I = wih.shape[1]
         if H == 0 or whh.shape != (3 * H, H) or wih.shape[0] != 3 * H:
             raise ValueError(f"{where}: w_ih must have shape (3H, I) and w_hh (3H, H), "
@@ -577,7 +591,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
 
     def forward(self, x, h0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
-        xa, h0a, lens, L = self._prepare("PackedGRUResetAfterWeights.forward", x, 1,
+        xa, h0a, lens, L, xd = self._prepare("PackedGRUResetAfterWeights.forward", x, 1,
                                          (h0,), sequence_length)
         cdef int nt = _threads(max_threads)
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
@@ -587,7 +601,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         if B == 0 or T == 0:
             if B:
                 h_n[...] = h0a
-            return y, h_n
+            return _stored(xd, (y, h_n))
         cdef float[::1] ws = np.empty(7 * B * H + 1, np.float32)
         cdef const float[:, :, ::1] vx = xa
         cdef const float[:, ::1] vh0 = h0a
@@ -603,4 +617,4 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
             gru_ra_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0],
                          &self.bias[3 * H], &vx[0, 0, 0], &vh0[0, 0], lp, &ws[0],
                          &vy[0, 0, 0], &vhn[0, 0], nt)
-        return y, h_n
+        return _stored(xd, (y, h_n))
