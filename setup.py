@@ -105,6 +105,7 @@ def extensions():
             "include/brnn_math.h",
             "include/brnn_gru.h",
             "include/brnn_gru_reset_after.h",
+            "include/brnn_inference.h",
             "include/brnn_lstm.h",
             "include/brnn_openmp.h",
             "include/brnn_packed.h",

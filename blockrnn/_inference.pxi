@@ -1,14 +1,23 @@
 # Included by _kernels.pyx: the inference forward (issue 26), a family of its
 # own. Weights are packed ONCE, by the constructor of a Packed*Weights object,
 # and every forward(x, h0[, c0], lengths) writes only y [T, B, H] and the
-# final state(s) [B, H]: no gate outputs, no [T, B, 4H] buffer. Per step and
-# thread: the pre-activations of the thread's cells (x[t] @ W_x and
-# h[t-1] @ W_h, each element ONE packed-kernel sum, as the training forwards'
-# packed route), then the same gate row functions as the training forwards
-# (include/brnn_lstm.h, brnn_gru.h, brnn_gru_reset_after.h) right away. So y
-# and the final states equal the training forward's (float32, from
-# PACKED_MIN_ROWS rows; at batch 1 the training forward's recurrent product
-# is a BLAS GEMV, whose bits are BLAS's) bit for bit, at any thread count.
+# final state(s) [B, H]: no gate outputs. Per step and thread: the
+# pre-activations of the thread's cells (x[t] @ W_x and h[t-1] @ W_h, each
+# element ONE packed-kernel sum, as the training forwards' packed route), then
+# the same gate row functions as the training forwards (include/brnn_lstm.h,
+# brnn_gru.h, brnn_gru_reset_after.h) right away, on a [B, 4H] / [B, 3H]
+# scratch. So y and the final states equal the training forward's (float32,
+# from PACKED_MIN_ROWS rows; at batch 1 the training forward's recurrent
+# product is a BLAS GEMV, whose bits are BLAS's) bit for bit, at any thread
+# count.
+#
+# Small batches (B < INFER_HOIST_ROWS) hoist the input projection of all
+# steps before the time loop ([L, B, G] floats: full 12-row tiles instead of
+# B-row ones), and one row's products run 8 panels at once
+# (include/brnn_inference.h: the packed kernel's one row is one FMA chain per
+# panel, latency-bound). Measured at T=64, B=1, I=H=256, 1 thread, loaded
+# 2-core Zen 4: LSTM 7.6 -> 1.2 ms (the layer's forward 2.1 ms), reset-after
+# GRU 5.0 -> 0.83 ms (1.2 ms).
 #
 # Threads: ONE parallel region per call on up to max_threads threads from the
 # thread budget (brnn_budget_take), also at batch 1: each thread owns whole
@@ -19,6 +28,54 @@
 # from step lengths[b] on; its final state is the state after step
 # lengths[b] - 1 (h0/c0 when lengths[b] == 0); steps past L = max(lengths)
 # are zeros.
+
+cdef extern from "brnn_inference.h" nogil:
+    ctypedef void (*brnn_row1_fn)(Py_ssize_t K, const float* a, const float* P, Py_ssize_t n0,
+                                  Py_ssize_t n1, int accumulate, float* c)
+    brnn_row1_fn brnn_row1_kernel(int path)
+
+
+# The one-row kernel of this process's packed variant (NULL: portable), fixed at import.
+cdef brnn_row1_fn row1_product = brnn_row1_kernel(packed_path)
+
+
+cdef inline void infer_product(Py_ssize_t rows, Py_ssize_t K, const float* A, Py_ssize_t lda,
+                               const float* P, Py_ssize_t n0, Py_ssize_t n1, bint accumulate,
+                               float* C, Py_ssize_t ldc) noexcept nogil:
+    """packed_product, with one row by brnn_row1_kernel's 8 independent chains
+    (the same sums, the same bits)."""
+    if rows == 1 and row1_product != NULL:
+        row1_product(K, A, P, n0, n1, accumulate, C)
+    else:
+        packed_product(rows, K, A, lda, P, n0, n1, accumulate, C, ldc)
+
+
+cdef enum:
+    # Batches of fewer rows hoist the input projection of all steps out of the
+    # time loop (before it, in the same region: each thread its own columns,
+    # no barrier), as one product of L*B rows: full tiles instead of B-row
+    # ones. Its buffer [L, B, G] is allocated only then, and only up to
+    # INFER_HOIST_MAX floats.
+    INFER_HOIST_ROWS = 12
+    INFER_HOIST_MAX = 1 << 22
+
+
+cdef inline bint infer_hoisted(Py_ssize_t L, Py_ssize_t B, Py_ssize_t G) noexcept nogil:
+    """Whether a call hoists its input projection ([L*B, G] floats)."""
+    return B < INFER_HOIST_ROWS and L * B * G <= INFER_HOIST_MAX
+
+
+cdef void infer_inputs(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
+                       const float* x, const float* packed_x, Py_ssize_t stride, float* xall,
+                       Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """xall[:, q*H + u0 : q*H + u1] = x @ W_x block q, for the nq blocks
+    (xall [rows, nq*H]; block q packed at packed_x + q * stride)."""
+    cdef Py_ssize_t q
+    if u1 <= u0 or rows == 0:
+        return
+    for q in range(nq):
+        infer_product(rows, I, x, I, packed_x + q * stride, u0, u1, False, xall + q * H,
+                      nq * H)
 
 
 cdef inline int inference_threads(Py_ssize_t H, int max_threads) noexcept nogil:
@@ -43,13 +100,13 @@ cdef void lstm_infer_step(
         GateOffsets off, const float* packed, const float* b,
         const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint peep, const int64_t* lengths,
-        const float* x, const float* h_in, const float* c_in,
+        const float* x, const float* h_in, const float* c_in, bint hoisted,
         float* xg, float* g, float* c_out, float* co, float* y,
         float* h_n, float* c_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Step t for the cells [u0, u1): xg = x[t] @ W_x and g = h_in @ W_h (gate
-    columns in W's layout, [B, 4H] each), then brnn_lstm_forward_row_f32 with
-    acc (pre = (xg + g) + b), writing c_out, h = y[t]; a row's last step also
-    writes its final state."""
+    """Step t for the cells [u0, u1): xg = x[t] @ W_x (unless hoisted: then xg
+    already holds it) and g = h_in @ W_h (gate columns in W's layout, [B, 4H]
+    each), then brnn_lstm_forward_row_f32 with acc (pre = (xg + g) + b),
+    writing c_out and h = y[t]; a row's last step also writes its final state."""
     cdef Py_ssize_t q, r, k, nu = u1 - u0, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* xr
@@ -58,9 +115,10 @@ cdef void lstm_infer_step(
     if nu <= 0:
         return
     for q in range(4):
-        packed_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
-                       xg + q * H, G4)
-        packed_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, G4)
+        if not hoisted:
+            infer_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+                          xg + q * H, G4)
+        infer_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, G4)
     for r in range(B):
         k = r * H + u0
         if finished(lengths, r, t):   # as lstm_forward_block: zeros
@@ -79,6 +137,13 @@ cdef void lstm_infer_step(
             memcpy(c_n + k, c_out + k, nu * sizeof(float))
 
 
+cdef inline Py_ssize_t lstm_infer_workspace(Py_ssize_t L, Py_ssize_t B,
+                                            Py_ssize_t H) noexcept nogil:
+    """Floats of lstm_infer's workspace: g [B, 4H], c of even and odd steps
+    [2, B, H], tanh(c) [B, H], then xg: [L, B, 4H] if infer_hoisted, else [B, 4H]."""
+    return B * 4 * H + 3 * B * H + (L if infer_hoisted(L, B, 4 * H) else 1) * B * 4 * H + 1
+
+
 cdef void lstm_infer(
         Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         GateOffsets off,
@@ -88,16 +153,19 @@ cdef void lstm_infer(
         const float* x,           # IN  [T, B, I]
         const float* h0, const float* c0,  # IN [B, H]
         const int64_t* lengths,   # IN  [B] or NULL (then L == T)
-        float* ws,                # workspace [lstm_infer_workspace(B, H)]
+        float* ws,                # workspace [lstm_infer_workspace(L, B, H)]
         float* y,                 # OUT [T, B, H]
         float* h_n, float* c_n,   # OUT [B, H]
         int max_threads) noexcept nogil:
     """The float32 LSTM inference forward (see the top of this file)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
-    cdef float* xg = ws
-    cdef float* g = ws + B * 4 * H
-    cdef float* cbuf = g + B * 4 * H     # [2, B, H]: c of even / odd steps
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, G4 = 4 * H
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    cdef float* g = ws
+    cdef float* cbuf = g + B * G4        # [2, B, H]: c of even / odd steps
     cdef float* co = cbuf + 2 * BH
+    cdef float* xg = co + BH
+    cdef bint hoisted = infer_hoisted(L, B, G4)
+    cdef Py_ssize_t xstep = B * G4 if hoisted else 0
     cdef int tid, nt, granted
     cdef brnn_barrier bar
     bar.count = 0
@@ -106,23 +174,28 @@ cdef void lstm_infer(
     memcpy(c_n, c0, BH * sizeof(float))
     granted = brnn_budget_take(inference_threads(H, max_threads), max_threads)
     if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        if hoisted:
+            infer_inputs(L * B, I, H, 4, x, packed + 4 * ps, psx, xg, 0, H)
         for t in range(L):
             lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
                             cell_clip, peep, lengths, x, h0 if t == 0 else y + (t - 1) * BH,
-                            c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, xg, g,
-                            cbuf + (t % 2) * BH, co, y, h_n, c_n, 0, H)
+                            c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
+                            xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n, 0, H)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
             nt = brnn_omp_get_num_threads()
             u0 = unit_start(H, tid, nt)
             u1 = unit_start(H, tid + 1, nt)
+            if hoisted:   # each thread its own columns: no barrier needed
+                infer_inputs(L * B, I, H, 4, x, packed + 4 * ps, psx, xg, u0, u1)
             for t in range(L):
                 lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
                                 cell_clip, peep, lengths, x,
                                 h0 if t == 0 else y + (t - 1) * BH,
-                                c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, xg, g,
-                                cbuf + (t % 2) * BH, co, y, h_n, c_n, u0, u1)
+                                c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
+                                xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n,
+                                u0, u1)
                 brnn_barrier_wait(&bar, nt)
     brnn_budget_give(granted)
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
@@ -135,38 +208,48 @@ cdef void lstm_infer(
 cdef void gru_infer_half(
         int half, Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed, const float* b_ru, const float* b_c, const int64_t* lengths,
-        const float* x, const float* h_in, float* ru, float* rh, float* sr, float* su,
-        float* sc, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+        const float* x, const float* h_in, bint hoisted, float* xg, float* ru, float* rh,
+        float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
     """Half 0 or 1 of step t for the cells [u0, u1), as gru_forward_packed_half
-    but into the scratch sr, su, sc [B, H] and y[t]. Packed block q (r, u, c)
-    at packed + q * ps: its x rows, then at + psx its h rows."""
+    but into the scratch xg [B, 3H] (blocks r, u, c: x[t]'s products, unless
+    hoisted, then the gates) and y[t]. Packed block q (r, u, c) at
+    packed + q * ps: its x rows, then at + psx its h rows."""
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
-    cdef Py_ssize_t BH = B * H, row, k, nu = u1 - u0
-    cdef const float* xt = x + t * B * I
+    cdef Py_ssize_t BH = B * H, H3 = 3 * H, row, k, kx, nu = u1 - u0, q
     cdef float* yt = y + t * BH
     if nu <= 0:
         return
     if half == 0:
-        packed_product(B, I, xt, I, packed, u0, u1, False, sr, H)
-        packed_product(B, I, xt, I, packed + ps, u0, u1, False, su, H)
-        packed_product(B, I, xt, I, packed + 2 * ps, u0, u1, False, sc, H)
-        packed_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
-        packed_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+        if not hoisted:
+            for q in range(3):
+                infer_product(B, I, x + t * B * I, I, packed + q * ps, u0, u1, False,
+                              xg + q * H, H3)
+        infer_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
+        infer_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
         for row in range(B):
             k = row * H + u0
+            kx = row * H3 + u0
             brnn_gru_gates_row_f32(nu, ru + row * 2 * H + u0, ru + row * 2 * H + H + u0,
                                    b_ru + u0, b_ru + H + u0, h_in + k, True,
-                                   sr + k, su + k, rh + k)
+                                   xg + kx, xg + H + kx, rh + k)
         return
-    packed_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, sc, H)
+    infer_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, xg + 2 * H, H3)
     for row in range(B):
         k = row * H + u0
+        kx = row * H3 + u0
         if finished(lengths, row, t):
             memset(yt + k, 0, nu * sizeof(float))
             continue
-        brnn_gru_output_row_f32(nu, b_c + u0, h_in + k, su + k, sc + k, yt + k)
+        brnn_gru_output_row_f32(nu, b_c + u0, h_in + k, xg + H + kx, xg + 2 * H + kx, yt + k)
         if last_step(lengths, row, t, L):
             memcpy(h_n + k, yt + k, nu * sizeof(float))
+
+
+cdef inline Py_ssize_t gru_infer_workspace(Py_ssize_t L, Py_ssize_t B,
+                                           Py_ssize_t H) noexcept nogil:
+    """Floats of gru_infer's and gru_ra_infer's workspace: 4 [B, H] (ru and rh,
+    or g [B, 3H] and hn) then xg: [L, B, 3H] if infer_hoisted, else [B, 3H]."""
+    return 4 * B * H + (L if infer_hoisted(L, B, 3 * H) else 1) * B * 3 * H + 1
 
 
 cdef void gru_infer(
@@ -174,16 +257,17 @@ cdef void gru_infer(
         const float* packed,      # IN  w_ru's r, u blocks and w_c, each x rows then h rows
         const float* b_ru, const float* b_c,
         const float* x, const float* h0, const int64_t* lengths,
-        float* ws,                # workspace [gru_infer_workspace(B, H)]
+        float* ws,                # workspace [gru_infer_workspace(L, B, H)]
         float* y, float* h_n, int max_threads) noexcept nogil:
     """The float32 TF-GRU inference forward: two barriers per step (the c
     product reads every cell's r * h[t-1])."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     cdef float* ru = ws
     cdef float* rh = ws + 2 * BH
-    cdef float* sr = rh + BH
-    cdef float* su = sr + BH
-    cdef float* sc = su + BH
+    cdef float* xg = rh + 2 * BH
+    cdef bint hoisted = infer_hoisted(L, B, 3 * H)
+    cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
     cdef int tid, nt, granted
     cdef brnn_barrier bar
     bar.count = 0
@@ -191,27 +275,31 @@ cdef void gru_infer(
     memcpy(h_n, h0, BH * sizeof(float))
     granted = brnn_budget_take(inference_threads(H, max_threads), max_threads)
     if granted == 1:
+        if hoisted:
+            infer_inputs(L * B, I, H, 3, x, packed, ps, xg, 0, H)
         for t in range(L):
             gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                           h0 if t == 0 else y + (t - 1) * BH, ru, rh, sr, su, sc, y, h_n,
-                           0, H)
+                           h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                           ru, rh, y, h_n, 0, H)
             gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                           h0 if t == 0 else y + (t - 1) * BH, ru, rh, sr, su, sc, y, h_n,
-                           0, H)
+                           h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                           ru, rh, y, h_n, 0, H)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
             nt = brnn_omp_get_num_threads()
             u0 = unit_start(H, tid, nt)
             u1 = unit_start(H, tid + 1, nt)
+            if hoisted:
+                infer_inputs(L * B, I, H, 3, x, packed, ps, xg, u0, u1)
             for t in range(L):
                 gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                               h0 if t == 0 else y + (t - 1) * BH, ru, rh, sr, su, sc, y,
-                               h_n, u0, u1)
+                               h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                               ru, rh, y, h_n, u0, u1)
                 brnn_barrier_wait(&bar, nt)
                 gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                               h0 if t == 0 else y + (t - 1) * BH, ru, rh, sr, su, sc, y,
-                               h_n, u0, u1)
+                               h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                               ru, rh, y, h_n, u0, u1)
                 brnn_barrier_wait(&bar, nt)
     brnn_budget_give(granted)
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
@@ -224,10 +312,11 @@ cdef void gru_infer(
 cdef void gru_ra_infer_step(
         Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed, const float* b_ih, const float* b_hh, const int64_t* lengths,
-        const float* x, const float* h_in, float* xg, float* g, float* hn, float* y,
-        float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Step t for the cells [u0, u1): xg = x[t] @ w_ih^T, g = h_in @ w_hh^T
-    ([B, 3H] each, blocks r, z, n), then brnn_gru_ra_forward_row_f32 into y[t]."""
+        const float* x, const float* h_in, bint hoisted, float* xg, float* g, float* hn,
+        float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t for the cells [u0, u1): xg = x[t] @ w_ih^T (unless hoisted),
+    g = h_in @ w_hh^T ([B, 3H] each, blocks r, z, n), then
+    brnn_gru_ra_forward_row_f32 into y[t]."""
     cdef Py_ssize_t q, row, k, nu = u1 - u0, H3 = 3 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* xr
@@ -236,9 +325,10 @@ cdef void gru_ra_infer_step(
     if nu <= 0:
         return
     for q in range(3):
-        packed_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
-                       xg + q * H, H3)
-        packed_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, H3)
+        if not hoisted:
+            infer_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
+                          xg + q * H, H3)
+        infer_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, H3)
     for row in range(B):
         k = row * H + u0
         if finished(lengths, row, t):
@@ -259,13 +349,16 @@ cdef void gru_ra_infer(
         const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
         const float* b_ih, const float* b_hh,
         const float* x, const float* h0, const int64_t* lengths,
-        float* ws,                # workspace [gru_ra_infer_workspace(B, H)]
+        float* ws,                # workspace [gru_infer_workspace(L, B, H)]
         float* y, float* h_n, int max_threads) noexcept nogil:
     """The float32 reset-after GRU inference forward, one barrier per step."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
-    cdef float* xg = ws
-    cdef float* g = ws + 3 * BH
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    cdef float* g = ws
     cdef float* hn = g + 3 * BH
+    cdef float* xg = hn + BH
+    cdef bint hoisted = infer_hoisted(L, B, 3 * H)
+    cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
     cdef int tid, nt, granted
     cdef brnn_barrier bar
     bar.count = 0
@@ -273,19 +366,24 @@ cdef void gru_ra_infer(
     memcpy(h_n, h0, BH * sizeof(float))
     granted = brnn_budget_take(inference_threads(H, max_threads), max_threads)
     if granted == 1:
+        if hoisted:
+            infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, 0, H)
         for t in range(L):
             gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
-                              h0 if t == 0 else y + (t - 1) * BH, xg, g, hn, y, h_n, 0, H)
+                              h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                              g, hn, y, h_n, 0, H)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
             nt = brnn_omp_get_num_threads()
             u0 = unit_start(H, tid, nt)
             u1 = unit_start(H, tid + 1, nt)
+            if hoisted:
+                infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, u0, u1)
             for t in range(L):
                 gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
-                                  h0 if t == 0 else y + (t - 1) * BH, xg, g, hn, y, h_n,
-                                  u0, u1)
+                                  h0 if t == 0 else y + (t - 1) * BH, hoisted,
+                                  xg + t * xstep, g, hn, y, h_n, u0, u1)
                 brnn_barrier_wait(&bar, nt)
     brnn_budget_give(granted)
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
@@ -478,7 +576,7 @@ cdef class PackedLSTMWeights(_PackedBase):
                 h_n[...] = h0a
                 c_n[...] = c0a
             return _stored(xd, (y, h_n, c_n))
-        cdef float[::1] ws = np.empty(B * 8 * H + 3 * B * H + 1, np.float32)
+        cdef float[::1] ws = np.empty(lstm_infer_workspace(L, B, H), np.float32)
         cdef const float[:, :, ::1] vx = xa
         cdef const float[:, ::1] vh0 = h0a
         cdef const float[:, ::1] vc0 = c0a
@@ -548,7 +646,7 @@ cdef class PackedGRUWeights(_PackedBase):
             if B:
                 h_n[...] = h0a
             return _stored(xd, (y, h_n))
-        cdef float[::1] ws = np.empty(6 * B * H + 1, np.float32)   # ru, rh, r, u, c
+        cdef float[::1] ws = np.empty(gru_infer_workspace(L, B, H), np.float32)
         cdef const float[:, :, ::1] vx = xa
         cdef const float[:, ::1] vh0 = h0a
         cdef float[:, :, ::1] vy = y
@@ -602,7 +700,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
             if B:
                 h_n[...] = h0a
             return _stored(xd, (y, h_n))
-        cdef float[::1] ws = np.empty(7 * B * H + 1, np.float32)
+        cdef float[::1] ws = np.empty(gru_infer_workspace(L, B, H), np.float32)
         cdef const float[:, :, ::1] vx = xa
         cdef const float[:, ::1] vh0 = h0a
         cdef float[:, :, ::1] vy = y
