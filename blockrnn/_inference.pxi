@@ -78,9 +78,26 @@ cdef void infer_inputs(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
                       nq * H)
 
 
-cdef inline int inference_threads(Py_ssize_t H, int max_threads) noexcept nogil:
-    """Threads asked of the budget: one per 16-cell panel, at most max_threads."""
-    return <int>max(1, min((H + BRNN_NR - 1) // BRNN_NR, <Py_ssize_t>max_threads))
+cdef enum:
+    # Multiply-adds of one step per thread below which a further thread costs
+    # more (its share of the per-step barrier) than it saves: the sequence
+    # ops' PACKED_WORK_PER_THREAD (measured there). On the loaded 2-core
+    # machine of issue 26, 2 threads lost to 1 at every batch-1 and batch-8
+    # size tried (T=64, H=128/256: 0.30 vs 2.97 ms, 1.22 vs 3.67 ms at batch 1).
+    INFER_WORK_PER_THREAD = PACKED_WORK_PER_THREAD
+
+
+cdef inline int inference_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+                                  Py_ssize_t G, int max_threads,
+                                  Py_ssize_t work_per_thread) noexcept nogil:
+    """Threads a call asks of the budget: one per work_per_thread multiply-adds
+    of a step (B x (H, + I unless hoisted) x G; 0: no limit), at most one per
+    16-cell panel, at most max_threads, at least 1."""
+    cdef Py_ssize_t n = (H + BRNN_NR - 1) // BRNN_NR
+    cdef Py_ssize_t work = B * (H + (0 if infer_hoisted(L, B, G) else I)) * G
+    if work_per_thread > 0:
+        n = min(n, work // work_per_thread)
+    return <int>max(1, min(n, <Py_ssize_t>max_threads))
 
 
 cdef inline bint last_step(const int64_t* lengths, Py_ssize_t row, Py_ssize_t t,
@@ -156,7 +173,7 @@ cdef void lstm_infer(
         float* ws,                # workspace [lstm_infer_workspace(L, B, H)]
         float* y,                 # OUT [T, B, H]
         float* h_n, float* c_n,   # OUT [B, H]
-        int max_threads) noexcept nogil:
+        int want, int max_threads) noexcept nogil:
     """The float32 LSTM inference forward (see the top of this file)."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
@@ -172,7 +189,7 @@ cdef void lstm_infer(
     bar.gen = 0
     memcpy(h_n, h0, BH * sizeof(float))
     memcpy(c_n, c0, BH * sizeof(float))
-    granted = brnn_budget_take(inference_threads(H, max_threads), max_threads)
+    granted = brnn_budget_take(want, max_threads)
     if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
         if hoisted:
             infer_inputs(L * B, I, H, 4, x, packed + 4 * ps, psx, xg, 0, H)
@@ -258,7 +275,7 @@ cdef void gru_infer(
         const float* b_ru, const float* b_c,
         const float* x, const float* h0, const int64_t* lengths,
         float* ws,                # workspace [gru_infer_workspace(L, B, H)]
-        float* y, float* h_n, int max_threads) noexcept nogil:
+        float* y, float* h_n, int want, int max_threads) noexcept nogil:
     """The float32 TF-GRU inference forward: two barriers per step (the c
     product reads every cell's r * h[t-1])."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
@@ -273,7 +290,7 @@ cdef void gru_infer(
     bar.count = 0
     bar.gen = 0
     memcpy(h_n, h0, BH * sizeof(float))
-    granted = brnn_budget_take(inference_threads(H, max_threads), max_threads)
+    granted = brnn_budget_take(want, max_threads)
     if granted == 1:
         if hoisted:
             infer_inputs(L * B, I, H, 3, x, packed, ps, xg, 0, H)
@@ -350,7 +367,7 @@ cdef void gru_ra_infer(
         const float* b_ih, const float* b_hh,
         const float* x, const float* h0, const int64_t* lengths,
         float* ws,                # workspace [gru_infer_workspace(L, B, H)]
-        float* y, float* h_n, int max_threads) noexcept nogil:
+        float* y, float* h_n, int want, int max_threads) noexcept nogil:
     """The float32 reset-after GRU inference forward, one barrier per step."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
@@ -364,7 +381,7 @@ cdef void gru_ra_infer(
     bar.count = 0
     bar.gen = 0
     memcpy(h_n, h0, BH * sizeof(float))
-    granted = brnn_budget_take(inference_threads(H, max_threads), max_threads)
+    granted = brnn_budget_take(want, max_threads)
     if granted == 1:
         if hoisted:
             infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, 0, H)
@@ -451,6 +468,23 @@ cdef void pack_blocks(Py_ssize_t K, Py_ssize_t H, int nq, const float[:, :] w,
             brnn_pack_f32(K, H, &w[0, q * H], s0, s1, dst + q * ps)
 
 
+cdef inline float* fdata(arr):
+    """The data of a C-contiguous float32 ndarray (cheaper than a memoryview)."""
+    return <float*>cnp.PyArray_DATA(<cnp.ndarray>arr)
+
+
+cdef inline const int64_t* lengths_data(lens):
+    return NULL if lens is None else <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>lens)
+
+
+cdef inline float* new_floats(Py_ssize_t n) except NULL:
+    """A workspace of n floats (PyMem_RawFree it), or MemoryError."""
+    cdef float* p = <float*>PyMem_RawMalloc(n * sizeof(float))
+    if p == NULL:
+        raise MemoryError(f"cannot allocate an inference workspace of {n} floats")
+    return p
+
+
 cdef class _PackedBase:
     """What every packed-weight object shares: sizes, the packed copy, the
     number of packings it did (always 1: counted to test that forward never
@@ -459,6 +493,7 @@ cdef class _PackedBase:
     cdef readonly int packings
     cdef float[::1] packed
     cdef float[::1] bias
+    cdef readonly Py_ssize_t work_per_thread   # see inference_threads
 
     @property
     def nbytes(self):
@@ -525,7 +560,7 @@ cdef class PackedLSTMWeights(_PackedBase):
 
     def __init__(self, w_x, w_h, b, wci=None, wcf=None, wco=None, int layout=IFCO,
                  double forget_bias=0.0, double cell_clip=0.0, bint use_peephole=False,
-                 bint gates_in_rows=False):
+                 bint gates_in_rows=False, Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
         cdef Py_ssize_t I, H4, H
         where = "PackedLSTMWeights"
         wx = _weight(where, "w_x", w_x)
@@ -559,6 +594,7 @@ cdef class PackedLSTMWeights(_PackedBase):
             pack_blocks(H, H, 4, vh, gates_in_rows, &self.packed[0])
             pack_blocks(I, H, 4, vx, gates_in_rows, &self.packed[4 * brnn_packed_size(H, H)])
         self.packings = 1
+        self.work_per_thread = work_per_thread
 
     def forward(self, x, h0=None, c0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H], c_n [B, H] of x [T, B, I] from h0, c0 [B, H]
@@ -576,26 +612,19 @@ cdef class PackedLSTMWeights(_PackedBase):
                 h_n[...] = h0a
                 c_n[...] = c0a
             return _stored(xd, (y, h_n, c_n))
-        cdef float[::1] ws = np.empty(lstm_infer_workspace(L, B, H), np.float32)
-        cdef const float[:, :, ::1] vx = xa
-        cdef const float[:, ::1] vh0 = h0a
-        cdef const float[:, ::1] vc0 = c0a
-        cdef float[:, :, ::1] vy = y
-        cdef float[:, ::1] vhn = h_n
-        cdef float[:, ::1] vcn = c_n
-        cdef const int64_t[::1] vl
-        cdef const int64_t* lp = NULL
-        if lens is not None:
-            vl = lens
-            lp = &vl[0]
         cdef Py_ssize_t L_ = L
+        cdef int want = inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread)
         cdef GateOffsets off = gate_offsets(self.layout, H)
+        cdef float* ws = new_floats(lstm_infer_workspace(L_, B, H))
+        cdef float *px = fdata(xa), *ph0 = fdata(h0a), *pc0 = fdata(c0a)
+        cdef float *py = fdata(y), *phn = fdata(h_n), *pcn = fdata(c_n)
+        cdef const int64_t* lp = lengths_data(lens)
         with nogil:
             lstm_infer(T, L_, B, I, H, off, &self.packed[0], &self.bias[0],
                        &self.peep_w[0], &self.peep_w[H], &self.peep_w[2 * H],
-                       self.forget_bias, self.cell_clip, self.use_peephole, &vx[0, 0, 0],
-                       &vh0[0, 0], &vc0[0, 0], lp, &ws[0], &vy[0, 0, 0], &vhn[0, 0],
-                       &vcn[0, 0], nt)
+                       self.forget_bias, self.cell_clip, self.use_peephole, px, ph0, pc0,
+                       lp, ws, py, phn, pcn, want, nt)
+        PyMem_RawFree(ws)
         return _stored(xd, (y, h_n, c_n))
 
 
@@ -604,7 +633,7 @@ cdef class PackedGRUWeights(_PackedBase):
     (float32): w_ru [I+H, 2H], w_c [I+H, H], b_ru [2H], b_c [H] (copied)."""
     cdef float[::1] bias_c
 
-    def __init__(self, w_ru, w_c, b_ru, b_c):
+    def __init__(self, w_ru, w_c, b_ru, b_c, Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
         where = "PackedGRUWeights"
         wru = _weight(where, "w_ru", w_ru)
         wc = _weight(where, "w_c", w_c)
@@ -628,6 +657,7 @@ cdef class PackedGRUWeights(_PackedBase):
             pack_blocks(I, H, 1, vc[:I], False, &self.packed[2 * ps])
             pack_blocks(H, H, 1, vc[I:], False, &self.packed[2 * ps + psx])
         self.packings = 1
+        self.work_per_thread = work_per_thread
 
     @property
     def nbytes(self):
@@ -646,20 +676,15 @@ cdef class PackedGRUWeights(_PackedBase):
             if B:
                 h_n[...] = h0a
             return _stored(xd, (y, h_n))
-        cdef float[::1] ws = np.empty(gru_infer_workspace(L, B, H), np.float32)
-        cdef const float[:, :, ::1] vx = xa
-        cdef const float[:, ::1] vh0 = h0a
-        cdef float[:, :, ::1] vy = y
-        cdef float[:, ::1] vhn = h_n
-        cdef const int64_t[::1] vl
-        cdef const int64_t* lp = NULL
-        if lens is not None:
-            vl = lens
-            lp = &vl[0]
         cdef Py_ssize_t L_ = L
+        cdef int want = inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread)
+        cdef float* ws = new_floats(gru_infer_workspace(L_, B, H))
+        cdef float *px = fdata(xa), *ph0 = fdata(h0a), *py = fdata(y), *phn = fdata(h_n)
+        cdef const int64_t* lp = lengths_data(lens)
         with nogil:
             gru_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0], &self.bias_c[0],
-                      &vx[0, 0, 0], &vh0[0, 0], lp, &ws[0], &vy[0, 0, 0], &vhn[0, 0], nt)
+                      px, ph0, lp, ws, py, phn, want, nt)
+        PyMem_RawFree(ws)
         return _stored(xd, (y, h_n))
 
 
@@ -667,7 +692,8 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
     """nn.GRU's (reset-after) weights packed once for inference (float32):
     w_ih [3H, I], w_hh [3H, H], b_ih, b_hh [3H] (copied; any strides)."""
 
-    def __init__(self, w_ih, w_hh, b_ih, b_hh):
+    def __init__(self, w_ih, w_hh, b_ih, b_hh,
+                 Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
         where = "PackedGRUResetAfterWeights"
         wih = _weight(where, "w_ih", w_ih)
         whh = _weight(where, "w_hh", w_hh)
@@ -686,6 +712,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
             pack_blocks(H, H, 3, vhh, True, &self.packed[0])
             pack_blocks(I, H, 3, vih, True, &self.packed[3 * brnn_packed_size(H, H)])
         self.packings = 1
+        self.work_per_thread = work_per_thread
 
     def forward(self, x, h0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
@@ -700,19 +727,13 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
             if B:
                 h_n[...] = h0a
             return _stored(xd, (y, h_n))
-        cdef float[::1] ws = np.empty(gru_infer_workspace(L, B, H), np.float32)
-        cdef const float[:, :, ::1] vx = xa
-        cdef const float[:, ::1] vh0 = h0a
-        cdef float[:, :, ::1] vy = y
-        cdef float[:, ::1] vhn = h_n
-        cdef const int64_t[::1] vl
-        cdef const int64_t* lp = NULL
-        if lens is not None:
-            vl = lens
-            lp = &vl[0]
         cdef Py_ssize_t L_ = L
+        cdef int want = inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread)
+        cdef float* ws = new_floats(gru_infer_workspace(L_, B, H))
+        cdef float *px = fdata(xa), *ph0 = fdata(h0a), *py = fdata(y), *phn = fdata(h_n)
+        cdef const int64_t* lp = lengths_data(lens)
         with nogil:
-            gru_ra_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0],
-                         &self.bias[3 * H], &vx[0, 0, 0], &vh0[0, 0], lp, &ws[0],
-                         &vy[0, 0, 0], &vhn[0, 0], nt)
+            gru_ra_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0], &self.bias[3 * H],
+                         px, ph0, lp, ws, py, phn, want, nt)
+        PyMem_RawFree(ws)
         return _stored(xd, (y, h_n))

@@ -22,7 +22,9 @@ with ``.inference()`` to serve the new weights. ``nbytes`` is the memory of
 the copy. Objects may be called from several Python threads at once: each
 call takes its threads from blockrnn's thread budget (README, Threads), so
 concurrent callers never oversubscribe the cores, and the bits do not depend
-on the number of threads.
+on the number of threads. A call asks for one thread per 2**20 multiply-adds
+of a step (``work_per_thread``; 0: one per 16-cell panel), at most
+``max_threads``.
 """
 import numpy as np
 
@@ -37,7 +39,7 @@ __all__ = ["LSTMInference", "GRUInference"]
 class _Inference:
     """The loop over layers and directions of LSTMInference and GRUInference."""
 
-    def __init__(self, layer, max_threads):
+    def __init__(self, layer, max_threads, work_per_thread):
         if max_threads is not None and (isinstance(max_threads, bool)
                                         or not isinstance(max_threads, int)
                                         or max_threads < 1):
@@ -49,6 +51,8 @@ class _Inference:
         self.bidirectional = layer.bidirectional
         self.dtype = layer.dtype
         self.max_threads = max_threads
+        self._work = ({} if work_per_thread is None
+                      else {"work_per_thread": int(work_per_thread)})
         D = 2 if layer.bidirectional else 1
         suffixes = ("", "_reverse") if layer.bidirectional else ("",)
         self._runs = []   # index layer * D + direction
@@ -73,24 +77,30 @@ class _Inference:
     def __call__(self, x, state=None, sequence_length=None):
         """y (T, B, D*H) and the final state, as ``layer.forward(x, state,
         sequence_length)``'s first two results (see the layer's forward)."""
-        where = f"{type(self).__name__}"
-        x = blockrnn.layers._array(where, "x", x, self.dtype, (None, None, self.input_size))
+        where = type(self).__name__
+        if not (type(x) is np.ndarray and x.dtype == self.dtype and x.ndim == 3
+                and x.shape[2] == self.input_size):   # the common call skips _array
+            x = blockrnn.layers._array(where, "x", x, self.dtype,
+                                       (None, None, self.input_size))
         T, B = x.shape[:2]
         H, D = self.hidden_size, self._D
         shape = (self.num_layers * D, B, H)
-        parts = self._unpack(where, state)
-        init = []
-        for name, part in zip(self._part_names, parts):
-            init.append(np.zeros(shape, self.dtype) if part is None
-                        else blockrnn.layers._array(where, name, part, self.dtype, shape))
-        lengths = check_sequence_length(where, sequence_length, B, T)
+        init = [None if part is None
+                else blockrnn.layers._array(where, name, part, self.dtype, shape)
+                for name, part in zip(self._part_names, self._unpack(where, state))]
+        lengths = (None if sequence_length is None
+                   else check_sequence_length(where, sequence_length, B, T))
+        if len(self._runs) == 1:   # one layer, one direction: no copies
+            y, *fin = self._run(self._runs[0], x, [None if p is None else p[0] for p in init],
+                                lengths)
+            return y, self._pack([f[None] for f in fin])
         final = [np.empty(shape, self.dtype) for _ in init]
         inp = x
         for k in range(self.num_layers):
             outs = []
             for d in range(D):
                 xin = inp if d == 0 else reverse_sequence(inp, lengths)
-                s0 = [part[k * D + d] for part in init]
+                s0 = [None if p is None else p[k * D + d] for p in init]
                 y, *fin = self._run(self._runs[k * D + d], xin, s0, lengths)
                 for f, v in zip(final, fin):
                     f[k * D + d] = v
@@ -108,24 +118,27 @@ class LSTMInference(_Inference):
 
     _part_names = ("state[0] (h)", "state[1] (c)")
 
-    def __init__(self, layer, max_threads=None):
+    def __init__(self, layer, max_threads=None, *, work_per_thread=None):
         self._layer_repr = repr(layer)
         self.use_peephole = layer.use_peephole
         self.cell_clip = layer.cell_clip
-        super().__init__(layer, max_threads)
+        super().__init__(layer, max_threads, work_per_thread)
 
     def _build(self, layer, k, s, I_k):
         w, wci, wcf, wco, b = (np.array(a) for a in layer._weights(k, s))   # copies
         if self.dtype == np.float32:
             return _kernels.PackedLSTMWeights(
                 w[:I_k], w[I_k:], b, wci, wcf, wco, layout=int(_kernels.GateLayout.IFCO),
-                cell_clip=layer.cell_clip, use_peephole=layer.use_peephole)
+                cell_clip=layer.cell_clip, use_peephole=layer.use_peephole, **self._work)
         return (w, wci, wcf, wco, b)
 
     def _run(self, run, x, s0, lengths):
         h0, c0 = s0
         if isinstance(run, _kernels.PackedLSTMWeights):
             return run.forward(x, h0, c0, lengths, self.max_threads)
+        zeros = np.zeros((x.shape[1], self.hidden_size), self.dtype)
+        h0 = zeros if h0 is None else h0
+        c0 = zeros if c0 is None else c0
         out = blockrnn.block_lstm_v2(steps_to_run(x.shape[0], lengths), x, c0, h0, *run,
                                      cell_clip=self.cell_clip,
                                      use_peephole=self.use_peephole, sequence_length=lengths)
@@ -148,23 +161,25 @@ class GRUInference(_Inference):
 
     _part_names = ("state",)
 
-    def __init__(self, layer, max_threads=None):
+    def __init__(self, layer, max_threads=None, *, work_per_thread=None):
         self._layer_repr = repr(layer)
         self.reset_after = layer.reset_after
-        super().__init__(layer, max_threads)
+        super().__init__(layer, max_threads, work_per_thread)
 
     def _build(self, layer, k, s, I_k):
         weights = tuple(np.array(a) for a in layer._weights(k, s))   # copies
         if self.dtype != np.float32:
             return weights
         if self.reset_after:
-            return _kernels.PackedGRUResetAfterWeights(*weights)
-        return _kernels.PackedGRUWeights(*weights)
+            return _kernels.PackedGRUResetAfterWeights(*weights, **self._work)
+        return _kernels.PackedGRUWeights(*weights, **self._work)
 
     def _run(self, run, x, s0, lengths):
         h0 = s0[0]
         if not isinstance(run, tuple):
             return run.forward(x, h0, lengths, self.max_threads)
+        if h0 is None:
+            h0 = np.zeros((x.shape[1], self.hidden_size), self.dtype)
         op = blockrnn.block_gru_reset_after if self.reset_after else blockrnn.block_gru
         out = op(steps_to_run(x.shape[0], lengths), x, h0, *run, sequence_length=lengths)
         return out.h, blockrnn.layers._last(out.h, h0, lengths)

@@ -43,7 +43,8 @@ def _lstm_training(case, layout, peep, clip, lengths):
 def _lstm_packed(case, layout, peep, clip):
     return _kernels.PackedLSTMWeights(
         case["w"][:I], case["w"][I:], case["b"], *case["peep"], layout=layout,
-        forget_bias=0.7 if layout == ICFO else 0.0, cell_clip=clip, use_peephole=peep)
+        forget_bias=0.7 if layout == ICFO else 0.0, cell_clip=clip, use_peephole=peep,
+        work_per_thread=0)   # one thread per 16-cell panel, however small the step
 
 
 def _equal(got, want):
@@ -87,7 +88,7 @@ def test_gru_bits_equal_training_forward(reset_after, lengths, dtype):
     cls = _kernels.PackedGRUResetAfterWeights if reset_after else _kernels.PackedGRUWeights
     out = op(T, case["x"], case["h0"], *case["w"], sequence_length=LENGTHS[lengths])
     want = out.h, _last(out.h, case["h0"], LENGTHS[lengths])
-    packed = cls(*case["w"])
+    packed = cls(*case["w"], work_per_thread=0)
     for n in (1, 2, 3, 4):
         with threadpool_limits(n, user_api="openmp"):
             got = packed.forward(case["x"], case["h0"], LENGTHS[lengths])
@@ -185,7 +186,7 @@ def test_calls_never_repack():
 @pytest.mark.parametrize("name,make", LAYERS)
 def test_concurrent_callers_get_the_serial_bits(name, make):
     layer = make(np.float32)
-    infer = layer.inference()
+    infer = type(layer.inference())(layer, work_per_thread=0)   # threads at any size
     rng = np.random.default_rng(10)
     xs = [_rand(rng, (T, b, I)) for b in (1, 2, 3, 8)]
     want = [infer(x)[0] for x in xs]
@@ -248,3 +249,27 @@ def test_empty_batch_and_time():
     np.testing.assert_array_equal(h_n, h0)
     y, h_n = packed.forward(np.zeros((T, 0, I), np.float32))
     assert y.shape == (T, 0, H) and h_n.shape == (0, H)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "gru_tf"])
+def test_one_layer_fast_path(kind, dtype):
+    """One layer and direction (the call that skips the state copies), batch 1 and 3."""
+    layer = (blockrnn.LSTM(I, H, dtype=dtype, seed=13) if kind == "lstm" else
+             blockrnn.GRU(I, H, reset_after=kind == "gru", dtype=dtype, seed=13))
+    infer = layer.inference()
+    rng = np.random.default_rng(14)
+    for B in (3, 1):
+        x = _rand(rng, (T, B, I), dtype)
+        parts = tuple(_rand(rng, (1, B, H), dtype) for _ in range(2 if kind == "lstm" else 1))
+        for state in (None, parts if kind == "lstm" else parts[0]):
+            for lengths in ([None, np.array([0, 1, T])] if B == 3 else [None, [1]]):
+                y, s, _ = layer.forward(x, state, lengths)
+                y2, s2 = infer(x, state, lengths)
+                if B == 1 and dtype == np.float32:   # batch 1: BLAS's GEMV vs packed sums
+                    np.testing.assert_allclose(y2, y, rtol=1e-5, atol=1e-6)
+                    for a, b in zip(_states(s2), _states(s)):
+                        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+                        assert a.shape == b.shape and a.dtype == b.dtype
+                else:
+                    _equal((y2, *_states(s2)), (y, *_states(s)))
