@@ -415,7 +415,7 @@ cdef object _f32_array(str where, str name, value, tuple shape):
     float32 as is, float16 converted exactly (float16 is computed in float32,
     as the ops do); ValueError/TypeError naming the argument otherwise."""
     arr = np.asarray(value)
-    if arr.dtype != np.float32 and arr.dtype != np.float16:
+    if arr.dtype.newbyteorder("=") not in (np.float32, np.float16):   # any byte order
         raise TypeError(f"{where}: {name} must have dtype float32 (or float16), "
                         f"got {arr.dtype}")
     if arr.ndim != len(shape) or any(s is not None and s != a
@@ -427,9 +427,10 @@ cdef object _f32_array(str where, str name, value, tuple shape):
 
 
 cdef object _weight(str where, str name, value):
-    """A 2-D float32 weight (any strides, not copied) or float16's float32 copy."""
+    """A 2-D float32 weight (any strides, not copied), or the float32 copy of a
+    float16 or non-native-order one."""
     arr = np.asarray(value)
-    if arr.dtype == np.float16:
+    if arr.dtype.newbyteorder("=") in (np.float16, np.float32) and arr.dtype != np.float32:
         arr = arr.astype(np.float32)
     if arr.dtype != np.float32 or arr.ndim != 2:
         raise TypeError(f"{where}: {name} must be a 2-D float32 (or float16) array, got "
@@ -485,6 +486,18 @@ cdef inline float* new_floats(Py_ssize_t n) except NULL:
     return p
 
 
+cdef inline object new_f32(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c=-1):
+    """An uninitialised C-contiguous float32 array (a, b) or (a, b, c)."""
+    cdef cnp.npy_intp dims[3]
+    dims[0], dims[1], dims[2] = a, b, c
+    return cnp.PyArray_EMPTY(2 if c < 0 else 3, dims, cnp.NPY_FLOAT32, 0)
+
+
+cdef inline const float* state_data(arr, const float* zeros):
+    """The data of an initial state, or `zeros` (B x H zeros) for None."""
+    return zeros if arr is None else fdata(arr)
+
+
 cdef class _PackedBase:
     """What every packed-weight object shares: sizes, the packed copy, the
     number of packings it did (always 1: counted to test that forward never
@@ -506,19 +519,26 @@ cdef class _PackedBase:
         return <size_t>&self.packed[0]
 
     cdef tuple _prepare(self, str where, x, Py_ssize_t nstates, states, sequence_length):
-        """Checked x [T, B, I], states [B, H] each (None: zeros), lengths and L."""
-        xd = np.asarray(x).dtype
-        xa = _f32_array(where, "x", x, (None, None, self.input_size))
+        """Checked x [T, B, I] (float32, C-contiguous), states [B, H] each (None
+        stays None: the forward reads zeros), lengths, L and x's dtype."""
+        if (type(x) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_FLOAT32
+                and cnp.PyArray_NDIM(<cnp.ndarray>x) == 3
+                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)
+                and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>x)
+                and x.shape[2] == self.input_size):   # the common call
+            xa, xd = x, x.dtype
+        else:
+            xd = np.asarray(x).dtype.newbyteorder("=")
+            xa = _f32_array(where, "x", x, (None, None, self.input_size))
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], H = self.hidden_size
         out = [xa]
         names = ("h0", "c0")
         for k in range(nstates):
             s = states[k]
-            if s is not None and np.asarray(s).dtype != xd:
+            if s is not None and np.asarray(s).dtype.newbyteorder("=") != xd:
                 raise TypeError(f"{where}: {names[k]} must have x's dtype {xd}, got "
                                 f"{np.asarray(s).dtype}")
-            out.append(np.zeros((B, H), np.float32) if s is None
-                       else _f32_array(where, names[k], s, (B, H)))
+            out.append(None if s is None else _f32_array(where, names[k], s, (B, H)))
         lens = _lengths_array(where, sequence_length, B, T)
         L = T if lens is None or B == 0 else min(T, int(lens.max()))
         out.append(lens)
@@ -604,19 +624,22 @@ cdef class PackedLSTMWeights(_PackedBase):
         cdef int nt = _threads(max_threads)
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
         cdef Py_ssize_t H = self.hidden_size
-        y = np.empty((T, B, H), np.float32)
-        h_n = np.empty((B, H), np.float32)
-        c_n = np.empty((B, H), np.float32)
+        y = new_f32(T, B, H)
+        h_n = new_f32(B, H)
+        c_n = new_f32(B, H)
         if B == 0 or T == 0:
-            if B:
-                h_n[...] = h0a
-                c_n[...] = c0a
+            h_n[...] = 0 if h0a is None else h0a
+            c_n[...] = 0 if c0a is None else c0a
             return _stored(xd, (y, h_n, c_n))
         cdef Py_ssize_t L_ = L
         cdef int want = inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread)
         cdef GateOffsets off = gate_offsets(self.layout, H)
-        cdef float* ws = new_floats(lstm_infer_workspace(L_, B, H))
-        cdef float *px = fdata(xa), *ph0 = fdata(h0a), *pc0 = fdata(c0a)
+        cdef Py_ssize_t nws = lstm_infer_workspace(L_, B, H)
+        cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
+        memset(ws + nws, 0, B * H * sizeof(float))
+        cdef const float* ph0 = state_data(h0a, ws + nws)
+        cdef const float* pc0 = state_data(c0a, ws + nws)
+        cdef float* px = fdata(xa)
         cdef float *py = fdata(y), *phn = fdata(h_n), *pcn = fdata(c_n)
         cdef const int64_t* lp = lengths_data(lens)
         with nogil:
@@ -670,16 +693,18 @@ cdef class PackedGRUWeights(_PackedBase):
         cdef int nt = _threads(max_threads)
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
         cdef Py_ssize_t H = self.hidden_size
-        y = np.empty((T, B, H), np.float32)
-        h_n = np.empty((B, H), np.float32)
+        y = new_f32(T, B, H)
+        h_n = new_f32(B, H)
         if B == 0 or T == 0:
-            if B:
-                h_n[...] = h0a
+            h_n[...] = 0 if h0a is None else h0a
             return _stored(xd, (y, h_n))
         cdef Py_ssize_t L_ = L
         cdef int want = inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread)
-        cdef float* ws = new_floats(gru_infer_workspace(L_, B, H))
-        cdef float *px = fdata(xa), *ph0 = fdata(h0a), *py = fdata(y), *phn = fdata(h_n)
+        cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
+        cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
+        memset(ws + nws, 0, B * H * sizeof(float))
+        cdef const float* ph0 = state_data(h0a, ws + nws)
+        cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
         cdef const int64_t* lp = lengths_data(lens)
         with nogil:
             gru_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0], &self.bias_c[0],
@@ -721,16 +746,18 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         cdef int nt = _threads(max_threads)
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
         cdef Py_ssize_t H = self.hidden_size
-        y = np.empty((T, B, H), np.float32)
-        h_n = np.empty((B, H), np.float32)
+        y = new_f32(T, B, H)
+        h_n = new_f32(B, H)
         if B == 0 or T == 0:
-            if B:
-                h_n[...] = h0a
+            h_n[...] = 0 if h0a is None else h0a
             return _stored(xd, (y, h_n))
         cdef Py_ssize_t L_ = L
         cdef int want = inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread)
-        cdef float* ws = new_floats(gru_infer_workspace(L_, B, H))
-        cdef float *px = fdata(xa), *ph0 = fdata(h0a), *py = fdata(y), *phn = fdata(h_n)
+        cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
+        cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
+        memset(ws + nws, 0, B * H * sizeof(float))
+        cdef const float* ph0 = state_data(h0a, ws + nws)
+        cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
         cdef const int64_t* lp = lengths_data(lens)
         with nogil:
             gru_ra_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0], &self.bias[3 * H],

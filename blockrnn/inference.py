@@ -10,6 +10,15 @@ gate outputs, no context for a backward) and never repacks::
     infer = layer.inference()
     y, state = infer(x, state=None, sequence_length=None)   # as layer.forward's
 
+The one-layer building blocks, for other frontends (the torch modules' no-grad
+path): ``PackedLSTMWeights(w_x, w_h, b, ..., gates_in_rows=False)`` (TF's
+``w[:I]``, ``w[I:]``; or with ``gates_in_rows=True`` nn.LSTM's ``weight_ih_l0``
+[4H, I], ``weight_hh_l0`` [4H, H] and ``b = bias_ih_l0 + bias_hh_l0``, gate order
+i, f, g, o = layout IFCO), ``PackedGRUWeights(w_ru, w_c, b_ru, b_c)`` (GRUBlockCell)
+and ``PackedGRUResetAfterWeights(weight_ih, weight_hh, bias_ih, bias_hh)``
+(nn.GRU), each with ``forward(x, h0=None[, c0=None], sequence_length=None,
+max_threads=None)`` returning y (T, B, H) and the final state(s) (B, H).
+
 ``y`` and ``state`` are bit for bit those of ``layer.forward`` (float32 from 2
 batch rows; at batch 1 ``layer.forward``'s recurrent product is a BLAS GEMV,
 so the two may differ in the last bits there: the inference object's batch-1
@@ -30,10 +39,12 @@ import numpy as np
 
 import blockrnn
 from blockrnn import _kernels
+from blockrnn._kernels import PackedGRUResetAfterWeights, PackedGRUWeights, PackedLSTMWeights
 from blockrnn._validation import check_sequence_length, steps_to_run
 from blockrnn.sequence import reverse_sequence
 
-__all__ = ["LSTMInference", "GRUInference"]
+__all__ = ["LSTMInference", "GRUInference", "PackedLSTMWeights", "PackedGRUWeights",
+           "PackedGRUResetAfterWeights"]
 
 
 class _Inference:

@@ -273,3 +273,23 @@ def test_one_layer_fast_path(kind, dtype):
                         assert a.shape == b.shape and a.dtype == b.dtype
                 else:
                     _equal((y2, *_states(s2)), (y, *_states(s)))
+
+
+def test_packed_forward_input_forms():
+    """None states read zeros; a strided or non-native x takes the checked path and
+    gives the same bits as the C-contiguous float32 one."""
+    case = _lstm_case(np.float32)
+    packed = _lstm_packed(case, IFCO, True, 0.0)
+    zeros = np.zeros_like(case["h0"])
+    x = case["x"]
+    want = packed.forward(x, zeros, zeros)
+    _equal(packed.forward(x), want)
+    _equal(packed.forward(x, None, zeros), want)
+    wide = np.zeros((T, 3, 2 * I), np.float32)
+    wide[:, :, ::2] = x
+    _equal(packed.forward(wide[:, :, ::2]), want)
+    _equal(packed.forward(x.astype(">f4")), want)
+    with pytest.raises(TypeError, match="x must have dtype float32"):
+        packed.forward(x.tolist())               # a list has no dtype: float64
+    g = blockrnn.GRU(I, H, seed=15).inference()._runs[0]
+    _equal(g.forward(x), g.forward(x, np.zeros((3, H), np.float32)))
