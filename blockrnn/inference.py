@@ -72,6 +72,8 @@ class _Inference:
             for s in suffixes:
                 self._runs.append(self._build(layer, k, s, I_k))
         self._D = D
+        self._packed_single = (self._runs[0] if len(self._runs) == 1
+                               and not isinstance(self._runs[0], tuple) else None)
 
     @property
     def nbytes(self):
@@ -88,6 +90,12 @@ class _Inference:
     def __call__(self, x, state=None, sequence_length=None):
         """y (T, B, D*H) and the final state, as ``layer.forward(x, state,
         sequence_length)``'s first two results (see the layer's forward)."""
+        packed = self._packed_single
+        if (packed is not None and state is None and sequence_length is None
+                and type(x) is np.ndarray and x.dtype == self.dtype):
+            # the most common call: one packed run from zeros (it checks x's shape)
+            y, *fin = packed.forward(x, max_threads=self.max_threads)
+            return y, self._pack([f[None] for f in fin])
         where = type(self).__name__
         if not (type(x) is np.ndarray and x.dtype == self.dtype and x.ndim == 3
                 and x.shape[2] == self.input_size):   # the common call skips _array
