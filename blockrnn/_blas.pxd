@@ -84,12 +84,16 @@ cdef inline void gemv(bint trans, Py_ssize_t rows, Py_ssize_t cols, floating alp
     OpenBLAS may thread: measured for one caller at 2^20 and 2^21
     multiply-adds, 41 vs 52-61 us and 72 vs 104 us. The blocks depend only on
     the shapes. beta == 0 never reads y (y is zeroed first: some OpenBLAS
-    versions scale y by beta, and 0 * NaN is NaN)."""
+    versions scale y by beta, and 0 * NaN is NaN).
+    float32 always runs on the calling thread, in blocks: its GEMVs are batch
+    1's sequence steps, which must not wake OpenBLAS's pool (its workers then
+    spin on the cores blockrnn's threads use, and a threaded product's bits
+    may depend on OpenBLAS's thread count)."""
     cdef Py_ssize_t r, step, n_y = cols if trans else rows
     if beta == 0:
         for r in range(n_y):
             y[r * incy] = 0
-    if rows * cols > WIDE_GEMM_WORK:
+    if floating is double and rows * cols > WIDE_GEMM_WORK:
         blas_gemv(trans, rows, cols, alpha, a, lda, x, incx, beta, y, incy)
         return
     step = max(1, CALLER_GEMM_WORK // cols)

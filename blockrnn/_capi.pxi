@@ -50,7 +50,7 @@ cdef int api_block_lstm_grad(
         floating* h_prev_grad, floating* w_grad, floating* wci_grad, floating* wcf_grad,
         floating* wco_grad, floating* b_grad) noexcept nogil:
     cdef floating* ws = <floating*>malloc(
-        block_lstm_backward_workspace(L, B, H, floating is float) * sizeof(floating))
+        block_lstm_backward_workspace(L, B, H, I, floating is float, 1) * sizeof(floating))
     cdef double* acc = <double*>malloc((3 * 4 * H + 1) * sizeof(double))
     if ws == NULL or acc == NULL:
         free(ws)
@@ -102,7 +102,7 @@ cdef int api_block_gru_grad(
         floating* x_grad, floating* h_prev_grad, floating* w_ru_grad, floating* w_c_grad,
         floating* b_ru_grad, floating* b_c_grad) noexcept nogil:
     cdef floating* ws = <floating*>malloc(
-        block_gru_backward_workspace(L, B, H, floating is float) * sizeof(floating))
+        block_gru_backward_workspace(L, B, H, I, floating is float, 1) * sizeof(floating))
     cdef double* acc = <double*>malloc((2 * H + 1) * sizeof(double))
     if ws == NULL or acc == NULL:
         free(ws)

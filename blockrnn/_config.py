@@ -6,10 +6,12 @@ import scipy
 from blockrnn import _kernels
 from blockrnn._version import __version__
 
-# Threading scheme. The matrix products (the hoisted input GEMM, the per-step
-# recurrent GEMM, the weight-gradient GEMMs) run on SciPy's OpenBLAS and its
-# thread pool. The elementwise gate math between them is vectorised and
-# serial: handing it to OpenMP at every step makes libgomp's spinning workers
+# Threading scheme of the BLAS route (float64, the cells, batch 1's steps; the
+# float32 sequence ops run their products in blockrnn's packed kernel on the
+# thread budget instead, see _kernels.pyx). The matrix products (the hoisted
+# input GEMM, the per-step recurrent GEMM, float64's weight-gradient GEMMs) run
+# on SciPy's OpenBLAS and its thread pool. The elementwise gate math between
+# them is vectorised and serial: handing it to OpenMP at every step makes libgomp's spinning workers
 # and OpenBLAS's threads starve each other (measured on 2 cores at T,B,I,H =
 # 100,64,512,512 float32, forward: 192 ms serial, 1078 ms with this threshold
 # lowered to 2^14 so that every step's gates ran on OpenMP; with

@@ -599,15 +599,66 @@ def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_
     return outs
 
 
-cdef inline Py_ssize_t block_gru_backward_workspace(Py_ssize_t L, Py_ssize_t B,
-                                                    Py_ssize_t H, bint packed) noexcept nogil:
+cdef inline int gru_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                          Py_ssize_t H, int max_threads) noexcept nogil:
+    """Threads of the float32 backward's products after its loop (x_grad and
+    the weight gradients: L*B * 3H * (2I + H) multiply-adds), see
+    gru_backward_gemms."""
+    return packed_gemm_threads(L * B * 3 * H * (2 * I + H), max_threads)
+
+
+cdef inline Py_ssize_t gru_backward_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                            Py_ssize_t H) noexcept nogil:
+    """Floats of one thread's GEMM-driver block for gru_backward_gemms (a
+    bound over its jobs: brnn_gemm_ws grows with each size)."""
+    return max(brnn_gemm_ws(L * B, I, 2 * H), brnn_gemm_ws(I, 2 * H, L * B),
+               brnn_gemm_ws(H, 2 * H, L * B))
+
+
+cdef inline Py_ssize_t block_gru_backward_workspace(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t I, bint packed,
+        int max_threads) noexcept nogil:
     """Elements of block_gru_backward_compute's workspace: [L*B, 4H] (see there),
     then d(r * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and
-    w_ru[I:]^T packed. Its double accumulator `acc` has 2H + 1 elements."""
+    w_ru[I:]^T packed and the GEMM driver's blocks for the products after the
+    loop [gru_backward_gemm_threads(...) * gru_backward_gemm_ws(...)]. Its double
+    accumulator `acc` has 2H + 1 elements."""
     if packed:
         return (L * B * 4 * H + B * H + brnn_packed_size(H, H) + brnn_packed_size(2 * H, H)
-                + 1)
+                + gru_backward_gemm_threads(L, B, I, H, max_threads)
+                * gru_backward_gemm_ws(L, B, I, H) + 1)
     return L * B * 4 * H + B * H + 1
+
+
+cdef void gru_backward_gemms(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* x,           # IN  [L*B, I]
+        const float* h_prev,      # IN  [B, H]
+        const float* h,           # IN  [L*B, H] (rows [0, (L-1)*B) used)
+        const float* rh,          # IN  [L*B, H] r[t] * h[t-1]
+        const float* w_ru, const float* w_c,  # IN [I+H, 2H], [I+H, H]
+        const float* d_ru, const float* d_c,  # IN [L*B, 2H], [L*B, H]
+        float* x_grad,            # OUT [L*B, I]
+        float* w_ru_grad, float* w_c_grad,    # OUT [I+H, 2H], [I+H, H]
+        float* ws,                # workspace [threads * gru_backward_gemm_ws(L, B, I, H)]
+        int threads) noexcept nogil:
+    """The float32 GRU backward's products over all steps, in the packed
+    kernel through the GEMM driver (packed_gemm_jobs, on blockrnn's threads,
+    bits independent of their count):
+      x_grad = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
+      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC."""
+    cdef Py_ssize_t H2 = 2 * H, LB = L * B
+    cdef brnn_gemm_job jobs[7]
+    jobs[0] = gemm_job(LB, I, H2, d_ru, H2, 1, w_ru, 1, H2, False, x_grad, I)
+    jobs[1] = gemm_job(LB, I, H, d_c, H, 1, w_c, 1, H, True, x_grad, I)
+    jobs[2] = gemm_job(I, H2, LB, x, 1, I, d_ru, H2, 1, False, w_ru_grad, H2)
+    jobs[3] = gemm_job(H, H2, B if L > 0 else 0, h_prev, 1, H, d_ru, H2, 1, False,
+                       w_ru_grad + I * H2, H2)
+    jobs[4] = gemm_job(H, H2, (L - 1) * B if L > 1 else 0, h, 1, H, d_ru + B * H2, H2, 1,
+                       True, w_ru_grad + I * H2, H2)
+    jobs[5] = gemm_job(I, H, LB, x, 1, I, d_c, H, 1, False, w_c_grad, H)
+    jobs[6] = gemm_job(H, H, LB, rh, 1, H, d_c, H, 1, False, w_c_grad + I * H, H)
+    packed_gemm_jobs(7, jobs, ws, threads)
 
 
 cdef void gru_backward_packed(
@@ -690,7 +741,8 @@ cdef void block_gru_backward_compute(
         const floating* c, const floating* h,
         const floating* h_grad,   # IN  [T, B, H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_gru_backward_workspace(L, B, H, float)]
+        floating* ws,             # workspace [block_gru_backward_workspace(L, B, H, I, float,
+                                  #            max_threads)]
         double* acc,              # workspace [2H]
         floating* x_grad,         # OUT [T, B, I]
         floating* h_prev_grad,    # OUT [B, H]
@@ -705,13 +757,16 @@ cdef void block_gru_backward_compute(
     (d_r_bar_u_bar, [L*B, 2H]), dC (d_c_bar, [L*B, H]), and [L*B, H] that hold
     r[t] * h[t-1] once the loop is done (their first B*H are the scratch of the
     recurrent products while it runs). h_prev_grad carries d h[t-1] while
-    the loop runs. After it, x_grad and the weight gradients are single GEMMs
-    over all steps:
+    the loop runs. After it, x_grad and the weight gradients are single
+    products over all steps:
       x_grad[:L] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
       w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC.
     float32 from PACKED_MIN_ROWS rows on runs the loop's two products in the
     packed kernel, on up to max_threads threads from the thread budget
-    (gru_backward_packed); float64 keeps a per-step dgemm."""
+    (gru_backward_packed); float32 (every batch) computes the products after
+    the loop in the packed kernel through the GEMM driver
+    (gru_backward_gemms); float64 keeps a per-step dgemm and SciPy's dgemm
+    after the loop."""
     cdef Py_ssize_t t, k, BH = B * H, H2 = 2 * H
     cdef floating* d_ru = ws                    # [L*B, 2H]
     cdef floating* d_c = ws + L * B * H2        # [L*B, H]
@@ -742,22 +797,27 @@ cdef void block_gru_backward_compute(
             gemm_small_by_weights_t(B, H, H2, d_ru + t * B * H2, H2, w_ru + I * H2, H2,
                                     True, h_prev_grad, H, rh)
 
-    gemm(False, True, L * B, I, H2, 1, d_ru, H2, w_ru, H2, 0, x_grad, I)
-    gemm(False, True, L * B, I, H, 1, d_c, H, w_c, H, 1, x_grad, I)
-    memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
-    gemm(True, False, I, H2, L * B, 1, x, I, d_ru, H2, 0, w_ru_grad, H2)
-    gemm(True, False, H, H2, B if L > 0 else 0, 1, h_prev, H, d_ru, H2,
-         0, w_ru_grad + I * H2, H2)
-    if L > 1:
-        gemm(True, False, H, H2, (L - 1) * B, 1, h, H, d_ru + B * H2, H2,
-             1, w_ru_grad + I * H2, H2)
-    gemm(True, False, I, H, L * B, 1, x, I, d_c, H, 0, w_c_grad, H)
     if L > 0:  # r[t] * h[t-1], step 0 sees h_prev
         for k in range(BH):
             rh[k] = r[k] * h_prev[k]
         for k in range(BH, L * BH):
             rh[k] = r[k] * h[k - BH]
-    gemm(True, False, H, H, L * B, 1, rh, H, d_c, H, 0, w_c_grad + I * H, H)
+    if floating is float:
+        gru_backward_gemms(L, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, x_grad,
+                           w_ru_grad, w_c_grad, w_ru_t + brnn_packed_size(H2, H),
+                           gru_backward_gemm_threads(L, B, I, H, max_threads))
+    else:
+        gemm(False, True, L * B, I, H2, 1, d_ru, H2, w_ru, H2, 0, x_grad, I)
+        gemm(False, True, L * B, I, H, 1, d_c, H, w_c, H, 1, x_grad, I)
+        gemm(True, False, I, H2, L * B, 1, x, I, d_ru, H2, 0, w_ru_grad, H2)
+        gemm(True, False, H, H2, B if L > 0 else 0, 1, h_prev, H, d_ru, H2,
+             0, w_ru_grad + I * H2, H2)
+        if L > 1:
+            gemm(True, False, H, H2, (L - 1) * B, 1, h, H, d_ru + B * H2, H2,
+                 1, w_ru_grad + I * H2, H2)
+        gemm(True, False, I, H, L * B, 1, x, I, d_c, H, 0, w_c_grad, H)
+        gemm(True, False, H, H, L * B, 1, rh, H, d_c, H, 0, w_c_grad + I * H, H)
+    memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
     memset(acc, 0, H2 * sizeof(double))
     column_sums(L * B, H2, d_ru, acc)
     store(H2, acc, b_ru_grad)
@@ -786,8 +846,8 @@ def block_gru_backward(
     """See block_gru_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(block_gru_backward_workspace(L, B, H, floating is float),
-                                     dtype=dtype)
+    cdef floating[::1] ws = np.empty(
+        block_gru_backward_workspace(L, B, H, I, floating is float, max_threads), dtype=dtype)
     cdef double[::1] acc = np.empty(2 * H + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:

@@ -633,15 +633,62 @@ def block_lstm_forward(
             &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads, max_threads)
 
 
-cdef inline Py_ssize_t block_lstm_backward_workspace(Py_ssize_t L, Py_ssize_t B,
-                                                     Py_ssize_t H, bint packed) noexcept nogil:
+cdef inline int lstm_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                           Py_ssize_t H, int max_threads) noexcept nogil:
+    """Threads of the float32 backward's products after its loop (x_grad and
+    w_grad: L*B * 4H * (2I + H) multiply-adds), see lstm_backward_gemms."""
+    return packed_gemm_threads(L * B * 4 * H * (2 * I + H), max_threads)
+
+
+cdef inline Py_ssize_t lstm_backward_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                             Py_ssize_t H) noexcept nogil:
+    """Floats of one thread's GEMM-driver block for lstm_backward_gemms (a
+    bound over its jobs: brnn_gemm_ws grows with each size)."""
+    return max(brnn_gemm_ws(L * B, I, 4 * H), brnn_gemm_ws(I, 4 * H, L * B),
+               brnn_gemm_ws(H, 4 * H, L * B))
+
+
+cdef inline Py_ssize_t block_lstm_backward_workspace(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t I, bint packed,
+        int max_threads) noexcept nogil:
     """Elements of block_lstm_backward_compute's workspace: the gate gradients of
-    every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B]
-    (float64) or W_h^T packed [brnn_packed_size(4H, H)] (float32). Its
-    double accumulator `acc` has 3 * 4H + 1 elements."""
+    every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B];
+    float32 (packed) then W_h^T packed [brnn_packed_size(4H, H)] and the
+    GEMM driver's blocks for the products after the loop
+    [lstm_backward_gemm_threads(...) * lstm_backward_gemm_ws(...)]. Its double accumulator
+    `acc` has 3 * 4H + 1 elements."""
     if packed:
-        return L * B * 4 * H + brnn_packed_size(4 * H, H) + 1
+        return (L * B * 4 * H + B * H + brnn_packed_size(4 * H, H)
+                + lstm_backward_gemm_threads(L, B, I, H, max_threads)
+                * lstm_backward_gemm_ws(L, B, I, H) + 1)
     return L * B * 4 * H + B * H + 1
+
+
+cdef void lstm_backward_gemms(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* x,           # IN  [L*B, I]
+        const float* h_prev,      # IN  [B, H]
+        const float* h,           # IN  [L*B, H] (rows [0, (L-1)*B) used)
+        const float* w,           # IN  [I+H, 4H]
+        const float* dg,          # IN  [L*B, 4H] the gate gradients of every step
+        float* x_grad,            # OUT [L*B, I]
+        float* w_grad,            # OUT [I+H, 4H]
+        float* ws,                # workspace [threads * lstm_backward_gemm_ws(L, B, I, H)]
+        int threads) noexcept nogil:
+    """The float32 backward's products over all steps, in the packed kernel
+    through the GEMM driver (packed_gemm_jobs, on blockrnn's threads, bits
+    independent of their count):
+      x_grad = dG @ w[:I]^T,  w_grad[:I] = x^T @ dG,
+      w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:]."""
+    cdef Py_ssize_t G4 = 4 * H, LB = L * B
+    cdef brnn_gemm_job jobs[4]
+    jobs[0] = gemm_job(LB, I, G4, dg, G4, 1, w, 1, G4, False, x_grad, I)
+    jobs[1] = gemm_job(I, G4, LB, x, 1, I, dg, G4, 1, False, w_grad, G4)
+    jobs[2] = gemm_job(H, G4, B if L > 0 else 0, h_prev, 1, H, dg, G4, 1, False,
+                       w_grad + I * G4, G4)
+    jobs[3] = gemm_job(H, G4, (L - 1) * B if L > 1 else 0, h, 1, H, dg + B * G4, G4, 1,
+                       True, w_grad + I * G4, G4)
+    packed_gemm_jobs(4, jobs, ws, threads)
 
 
 cdef void lstm_backward_packed(
@@ -705,7 +752,8 @@ cdef void block_lstm_backward_compute(
         const floating* cs_grad, const floating* h_grad,  # IN [T, B, H]
         bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_lstm_backward_workspace(L, B, H, float)]
+        floating* ws,             # workspace [block_lstm_backward_workspace(L, B, H, I, float,
+                                  #            max_threads)]
         double* acc,              # workspace [3, 4H]
         floating* x_grad,         # OUT [T, B, I]
         floating* cs_prev_grad, floating* h_prev_grad,  # OUT [B, H]
@@ -720,26 +768,32 @@ cdef void block_lstm_backward_compute(
     workspace dG[t]) and the recurrent product dh = dG[t] @ w[I:]^T. The
     carries live in the outputs: cs_prev_grad holds d cs[t-1] and h_prev_grad
     holds d h[t-1] while the loop runs. After the loop, x_grad, w_grad, b_grad
-    and the peephole gradients are single GEMMs / reductions over all steps:
+    and the peephole gradients are single products / reductions over all steps:
       x_grad[:L] = dG @ w[:I]^T,  w_grad[:I] = x[:L]^T @ dG,
       w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG.
     float32 (B >= PACKED_MIN_ROWS) runs the reverse loop in the packed
-    kernel, on up to max_threads
-    threads from the thread budget (lstm_backward_packed); float64 keeps the
-    per-step dgemm, with gate loops on n_threads."""
+    kernel, on up to max_threads threads from the thread budget
+    (lstm_backward_packed); at batch 1 its steps are GEMVs. float32 (every
+    batch) computes the products after the loop in the packed kernel too,
+    through the GEMM driver (lstm_backward_gemms), so no float32 product of
+    the call runs on OpenBLAS's threads and no thread count changes a bit.
+    float64 keeps the per-step dgemm, with gate loops on n_threads, and
+    SciPy's dgemm after the loop (whose bits OpenBLAS's thread count may
+    change)."""
     cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef floating* dg = ws
-    cdef floating* dh_t = ws + L * B * G4   # float32: W_h^T packed instead
+    cdef floating* dh_t = ws + L * B * G4     # [H, B] (BLAS route)
+    cdef floating* packed_t = dh_t + BH       # float32: W_h^T packed
     memset(cs_prev_grad, 0, BH * sizeof(floating))
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, 3 * G4 * sizeof(double))
     cdef int granted
     if floating is float and B >= PACKED_MIN_ROWS:
-        brnn_pack_f32(G4, H, w + I * G4, 1, G4, dh_t)   # W_h^T packed
+        brnn_pack_f32(G4, H, w + I * G4, 1, G4, packed_t)   # W_h^T packed
         granted = brnn_budget_take(packed_threads(B, G4, H, H, max_threads), max_threads)
-        lstm_backward_packed(L, B, H, off, dh_t, cs_prev, i_, cs, f, o, ci, co, cs_grad,
+        lstm_backward_packed(L, B, H, off, packed_t, cs_prev, i_, cs, f, o, ci, co, cs_grad,
                              h_grad, wci, wcf, wco, use_peephole, lengths, dg,
                              cs_prev_grad, h_prev_grad, granted)
         brnn_budget_give(granted)
@@ -753,13 +807,19 @@ cdef void block_lstm_backward_compute(
             gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w + I * G4, G4,
                                     False, h_prev_grad, H, dh_t)
 
-    gemm(False, True, L * B, I, G4, 1, dg, G4, w, G4, 0, x_grad, I)
+    if floating is float:
+        lstm_backward_gemms(L, B, I, H, x, h_prev, h, w, dg, x_grad, w_grad,
+                            packed_t + brnn_packed_size(G4, H),
+                            lstm_backward_gemm_threads(L, B, I, H, max_threads))
+    else:
+        gemm(False, True, L * B, I, G4, 1, dg, G4, w, G4, 0, x_grad, I)
+        gemm(True, False, I, G4, L * B, 1, x, I, dg, G4, 0, w_grad, G4)
+        gemm(True, False, H, G4, B if L > 0 else 0, 1, h_prev, H, dg, G4, 0, w_grad + I * G4,
+             G4)
+        if L > 1:
+            gemm(True, False, H, G4, (L - 1) * B, 1, h, H, dg + B * G4, G4,
+                 1, w_grad + I * G4, G4)
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
-    gemm(True, False, I, G4, L * B, 1, x, I, dg, G4, 0, w_grad, G4)
-    gemm(True, False, H, G4, B if L > 0 else 0, 1, h_prev, H, dg, G4, 0, w_grad + I * G4, G4)
-    if L > 1:
-        gemm(True, False, H, G4, (L - 1) * B, 1, h, H, dg + B * G4, G4,
-             1, w_grad + I * G4, G4)
     column_sums(L * B, G4, dg, acc)
     store(G4, acc, b_grad)
     if use_peephole:
@@ -797,8 +857,8 @@ def block_lstm_backward(
     """See block_lstm_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(block_lstm_backward_workspace(L, B, H, floating is float),
-                                     dtype=dtype)
+    cdef floating[::1] ws = np.empty(
+        block_lstm_backward_workspace(L, B, H, I, floating is float, max_threads), dtype=dtype)
     cdef double[::1] acc = np.empty(3 * 4 * H + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:

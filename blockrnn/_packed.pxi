@@ -27,6 +27,25 @@ cdef extern from "brnn_packed.h" nogil:
         int gen
     void brnn_barrier_wait(brnn_barrier* b, int n)
 
+cdef extern from "brnn_gemm.h" nogil:
+    enum:
+        BRNN_GEMM_KC
+        BRNN_GEMM_WS
+    Py_ssize_t brnn_gemm_ws(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K)
+    ctypedef struct brnn_gemm_job:
+        Py_ssize_t M, N, K
+        const float* a
+        Py_ssize_t sam, sak
+        const float* b
+        Py_ssize_t sbk, sbn
+        int accumulate
+        float* c
+        Py_ssize_t ldc
+    brnn_packed_fn brnn_gemm_kernel(int path)
+    Py_ssize_t brnn_gemm_jobs_ws(int njobs, const brnn_gemm_job* jobs)
+    void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job* j, int tid, int nt, float* ws)
+    void brnn_gemm_jobs_f32(brnn_packed_fn fn, int njobs, const brnn_gemm_job* jobs, int tid,
+                            int nt, float* ws)
 
 
 PACKED_PATHS = {"portable": BRNN_PACKED_PORTABLE, "avx2": BRNN_PACKED_AVX2,
@@ -58,7 +77,10 @@ cdef int choose_packed_path() except -1:
 
 # Set once at import, read-only afterwards (like an ifunc resolution).
 cdef int packed_path = choose_packed_path()
-cdef brnn_packed_fn packed_product = brnn_packed_kernel(packed_path)
+# Every product, the per-step ones and the GEMM driver's, runs brnn_gemm_kernel: on
+# AVX-512 its 12 x 32 tiles over panel pairs (two FMAs per broadcast; the 12 x 16
+# tile is load-bound), elsewhere the variant itself. Same bits as the 12 x 16 tile.
+cdef brnn_packed_fn packed_product = brnn_gemm_kernel(packed_path)
 
 
 def packed_kernel_name():
@@ -200,3 +222,105 @@ cdef void packed_inputs(
                 for q in range(nq):
                     packed_product(rows, I, x, I, packed + q * psx, u0, u1, False, dst[q], H)
     brnn_budget_give(granted)
+
+
+# ---------------------------------------------------------------------------
+# The deterministic GEMM driver (include/brnn_gemm.h) on blockrnn's threads
+# ---------------------------------------------------------------------------
+
+cdef enum:
+    # Multiply-adds per thread of a driver call below which a further thread
+    # is not asked for (4M multiply-adds: ~0.1 ms of one core).
+    PACKED_GEMM_WORK_PER_THREAD = 1 << 22
+
+
+cdef inline int packed_gemm_threads(Py_ssize_t work, int limit) noexcept nogil:
+    """Threads packed_gemm_jobs asks of the budget for `work` multiply-adds:
+    one per PACKED_GEMM_WORK_PER_THREAD, at most `limit`, at least 1. A
+    caller sizes its workspace with this (packed_gemm_threads(...) times
+    brnn_gemm_jobs_ws(jobs) floats, or a bound of it) before the call."""
+    return <int>max(1, min(work // PACKED_GEMM_WORK_PER_THREAD, limit))
+
+
+def packed_gemm_threads_for(Py_ssize_t work, int limit):
+    """packed_gemm_threads (for the tests)."""
+    return packed_gemm_threads(work, limit)
+
+
+def packed_gemm_ws_for(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K):
+    """brnn_gemm_ws: floats of one thread's driver block for C [M, N], K (for
+    the tests)."""
+    return brnn_gemm_ws(M, N, K)
+
+
+cdef inline brnn_gemm_job gemm_job(
+        Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const float* a, Py_ssize_t sam,
+        Py_ssize_t sak, const float* b, Py_ssize_t sbk, Py_ssize_t sbn, bint accumulate,
+        float* c, Py_ssize_t ldc) noexcept nogil:
+    """C[M, N] (+)= A[M, K] @ B[K, N] with A(m, k) = a[m*sam + k*sak] and
+    B(k, n) = b[k*sbk + n*sbn], C row stride ldc (include/brnn_gemm.h)."""
+    cdef brnn_gemm_job j
+    j.M, j.N, j.K = M, N, K
+    j.a, j.sam, j.sak = a, sam, sak
+    j.b, j.sbk, j.sbn = b, sbk, sbn
+    j.accumulate = accumulate
+    j.c, j.ldc = c, ldc
+    return j
+
+
+cdef void packed_gemm_jobs(int njobs, const brnn_gemm_job* jobs, float* ws,
+                           int threads) noexcept nogil:
+    """The products `jobs`, in order, in the packed kernel through the driver
+    of include/brnn_gemm.h, on up to `threads` threads from the thread budget
+    (one OpenMP region for all jobs). ws: threads * brnn_gemm_jobs_ws(njobs,
+    jobs) floats, one block per thread (BRNN_GEMM_WS at most). Threads split
+    rows or column panels of each C, never K: the bits do not depend on the
+    thread count. A job may accumulate onto an
+    earlier job's C only if both have the same M and N (include/brnn_gemm.h)."""
+    cdef int tid, nt, granted
+    cdef Py_ssize_t stride = brnn_gemm_jobs_ws(njobs, jobs)
+    granted = brnn_budget_take(threads, threads)
+    if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        brnn_gemm_jobs_f32(packed_product, njobs, jobs, 0, 1, ws)
+    else:
+        with parallel(num_threads=granted):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            brnn_gemm_jobs_f32(packed_product, njobs, jobs, tid, nt, ws + tid * stride)
+    brnn_budget_give(granted)
+
+
+def packed_gemm_memview(const float[:, :] a, const float[:, :] b, bint accumulate,
+                        float[:, ::1] c, str path=None, int parts=1, int threads=1):
+    """C (+)= A @ B through the driver of include/brnn_gemm.h (for its tests).
+    A [M, K] and B [K, N] of any strides (transposed views included), C [M, N].
+    `parts` > 1 runs the nt = parts thread parts one after another on this
+    thread (every split the driver can make, without threads); `threads` > 1
+    runs packed_gemm_jobs on up to that many threads instead. `path`: the
+    kernel variant (this process's by default)."""
+    cdef Py_ssize_t M = a.shape[0], K = a.shape[1], N = b.shape[1]
+    cdef int p = packed_path if path is None else PACKED_PATHS.get(path, -1)
+    cdef int tid
+    if p < 0 or not brnn_packed_path_supported(p):
+        raise ValueError(f"packed_gemm_memview: path {path!r} is not one of "
+                         f"{packed_paths_supported()}")
+    if b.shape[0] != K or c.shape[0] != M or c.shape[1] != N or parts < 1 or threads < 1:
+        raise ValueError("packed_gemm_memview: inconsistent shapes")
+    if M == 0 or N == 0:
+        return
+    cdef float[::1] ws = np.empty(max(parts, threads) * BRNN_GEMM_WS, dtype=np.float32)
+    cdef brnn_gemm_job job = gemm_job(
+        M, N, K, &a[0, 0] if K > 0 else NULL, a.strides[0] // 4, a.strides[1] // 4,
+        &b[0, 0] if K > 0 else NULL, b.strides[0] // 4, b.strides[1] // 4, accumulate,
+        &c[0, 0], N)
+    cdef brnn_packed_fn fn = brnn_gemm_kernel(p)
+    with nogil:
+        if threads > 1:
+            if p != packed_path:
+                with gil:
+                    raise ValueError("packed_gemm_memview: threads > 1 runs this "
+                                     "process's variant only")
+            packed_gemm_jobs(1, &job, &ws[0], threads)
+        else:
+            for tid in range(parts):
+                brnn_gemm_f32(fn, &job, tid, parts, &ws[0])

@@ -145,13 +145,14 @@ def from_torch(module, *, dtype=None):
     dtype : None (the module's dtype) or float32 / float64
 
     The NumPy layer gets the module's ``num_layers`` and ``bidirectional`` (and a
-    blockrnn module's ``use_peephole`` and ``cell_clip``); its parameters have
-    the same names as a blockrnn module's (``w_l{k}[_reverse]``, ...). From an
-    nn.LSTM: gate order (i, f, g, o) is IFCO, ``w_l{k}{s} = [W_ih_l{k}{s}.T;
-    W_hh_l{k}{s}.T]`` (I_k+H, 4H) and ``b_l{k}{s} = b_ih + b_hh`` (zeros
-    without bias; a blockrnn module built with ``bias=False`` also gives zero
-    biases). From an nn.GRU: a ``blockrnn.layers.GRU(reset_after=True)``, whose
-    parameters are nn.GRU's own, names and layouts (zero biases without
+    blockrnn module's ``use_peephole`` and ``cell_clip``). From an nn.LSTM or a
+    blockrnn.torch.LSTM (nn.LSTM's parameters): gate order (i, f, g, o) is IFCO,
+    ``w_l{k}{s} = [W_ih_l{k}{s}.T; W_hh_l{k}{s}.T]`` (I_k+H, 4H) and
+    ``b_l{k}{s} = b_ih + b_hh`` (zeros without bias; plus a blockrnn module's
+    ``forget_bias`` on the f block), peepholes ``weight_ci/cf/co_l{k}{s}`` ->
+    ``wci/wcf/wco_l{k}{s}``. From an nn.GRU or a blockrnn.torch.GRU: a
+    ``blockrnn.layers.GRU`` of the same ``reset_after`` (nn.GRU: True), whose
+    parameters are the module's own, names and layouts (zero biases without
     bias). States are (num_layers * num_directions, B, H) on both sides.
     The NumPy layer is time-major: ``batch_first`` is a property of the torch
     module only, so with ``batch_first=True`` transpose the input's first two
@@ -161,19 +162,23 @@ def from_torch(module, *, dtype=None):
     import torch
     where = "blockrnn.convert.from_torch"
     from blockrnn import torch as bt   # convert -> torch, never the other way
-    if isinstance(module, (bt.LSTM, bt.GRU)):
+    if isinstance(module, bt.GRU):      # the layer of the same reset_after, the same names
         params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
         dt = _dtype(where, dtype, next(iter(params.values())).dtype)
-        shape = (module.input_size, module.hidden_size, module.num_layers)
-        if isinstance(module, bt.GRU):   # nn.GRU's names: the reset-after GRU
-            out = GRU(*shape, bidirectional=module.bidirectional, dtype=dt,
-                      reset_after=any(k.startswith("weight_ih") for k in params))
-        else:
-            out = LSTM(*shape, bidirectional=module.bidirectional,
-                       use_peephole=module.use_peephole, cell_clip=module.cell_clip, dtype=dt)
-        # bias=False: the module has no b_* parameters (zero buffers); the layer's are zero
+        out = GRU(module.input_size, module.hidden_size, module.num_layers,
+                  bidirectional=module.bidirectional, reset_after=module.reset_after, dtype=dt)
+        # bias=False: the module has no bias parameters; the layer's are zero
         zeros = {k: np.zeros_like(v) for k, v in out.params.items() if k not in params}
         return _fill(out, **params, **zeros)
+    if isinstance(module, bt.LSTM):
+        # nn.LSTM's parameters -> w_l{k} = [W_ih.T; W_hh.T], b_l{k} = b_ih + b_hh
+        # (+ forget_bias on the f block), peepholes wci/wcf/wco_l{k}
+        a = bt.nn_lstm_arrays(module, where)
+        dt = _dtype(where, dtype, a["params"]["w_l0"].dtype)
+        out = LSTM(module.input_size, module.hidden_size, module.num_layers,
+                   bidirectional=module.bidirectional, use_peephole=module.use_peephole,
+                   cell_clip=module.cell_clip, dtype=dt)
+        return _fill(out, **a["params"])
     if isinstance(module, torch.nn.GRU):
         return _from_nn_gru(module, dtype, where)
     if not isinstance(module, torch.nn.Module):
@@ -205,14 +210,109 @@ def _from_nn_gru(module, dtype, where):
 _ONNX_DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
 
 
+# Ops whose result _onnx_tensors computes when every input is constant: the shape and
+# weight arithmetic exporters write (torch's dynamo exporter with optimize=False slices
+# and concatenates the weights; shapes are Concat of Shape slices).
+_ONNX_FOLDABLE = ("Identity", "Cast", "Concat", "Transpose", "Unsqueeze", "Squeeze",
+                  "Reshape", "Shape", "Expand", "Add", "Sub", "Mul", "Gather", "Slice", "Split")
+# Ops that only move a tensor's elements: node k+1's X is node k's Y through these.
+_ONNX_LAYOUT_OPS = ("Identity", "Transpose", "Reshape", "Squeeze", "Unsqueeze")
+
+
 def _onnx_tensors(graph):
-    """name -> NumPy array of the graph's initializers and Constant nodes' values."""
+    """name -> NumPy array of the graph's initializers, Constant nodes' values, and the
+    outputs of _ONNX_FOLDABLE nodes whose inputs are all such constants (nodes are
+    topologically sorted, as ONNX requires), or of Shape nodes reading dims the graph
+    declares fixed (torch's exporter with optimize=False slices the weights by
+    ``Shape(h0)[2]`` = H)."""
     from onnx import helper, numpy_helper
     out = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    declared = {v.name: [d.dim_value if d.HasField("dim_value") else None
+                         for d in v.type.tensor_type.shape.dim]
+                for v in list(graph.input) + list(graph.value_info)
+                if v.type.tensor_type.HasField("shape")}
     for n in graph.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            out[n.output[0]] = numpy_helper.to_array(helper.get_attribute_value(n.attribute[0]))
+        if n.op_type == "Constant" and len(n.attribute) == 1:
+            a = n.attribute[0]
+            if a.name == "value":
+                out[n.output[0]] = numpy_helper.to_array(helper.get_attribute_value(a))
+            elif a.name in ("value_float", "value_floats"):
+                out[n.output[0]] = np.array(helper.get_attribute_value(a), np.float32)
+            elif a.name in ("value_int", "value_ints"):
+                out[n.output[0]] = np.array(helper.get_attribute_value(a), np.int64)
+        elif n.op_type == "Shape" and n.input[0] not in out and n.input[0] in declared:
+            attrs, dims = _onnx_attrs(n), declared[n.input[0]]
+            dims = dims[attrs.get("start", 0):attrs.get("end", len(dims))]
+            if None not in dims:
+                out[n.output[0]] = np.array(dims, np.int64)
+        elif (n.op_type in _ONNX_FOLDABLE and n.input and n.input[0] in out
+                and all(i == "" or i in out for i in n.input)):
+            try:
+                values = _onnx_fold(n, [out[i] if i else None for i in n.input])
+            except (ValueError, TypeError, IndexError, KeyError):
+                values = None                    # an unusual use: the value stays unknown
+            if values is not None and len(values) == len(n.output):
+                out.update(zip(n.output, values))
     return out
+
+
+def _onnx_fold(n, args):
+    """Node n's outputs (n one of _ONNX_FOLDABLE) from its constant inputs ``args``
+    (None for an absent optional input), or None for a use this evaluator does not cover."""
+    op, attrs = n.op_type, _onnx_attrs(n)
+    x = args[0]
+
+    def ints(pos, attr):
+        a = args[pos] if len(args) > pos and args[pos] is not None else attrs.get(attr)
+        return None if a is None else [int(v) for v in np.ravel(a)]
+
+    if op == "Identity":
+        return [x]
+    if op == "Cast":
+        import onnx
+        return [x.astype(onnx.helper.tensor_dtype_to_np_dtype(attrs["to"]))]
+    if op == "Concat":
+        return [np.concatenate(args, axis=attrs["axis"])]
+    if op == "Transpose":
+        return [np.transpose(x, attrs.get("perm"))]
+    if op == "Unsqueeze":
+        axes = ints(1, "axes")
+        return [np.expand_dims(x, tuple(a % (x.ndim + len(axes)) for a in axes))]
+    if op == "Squeeze":
+        axes = ints(1, "axes")
+        return [np.squeeze(x, None if axes is None else tuple(axes))]
+    if op == "Reshape":
+        shape = ints(1, "shape")
+        if not attrs.get("allowzero", 0):                    # 0 copies the input's dim
+            shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+        return [np.reshape(x, shape)]
+    if op == "Shape":
+        return [np.array(x.shape[attrs.get("start", 0):attrs.get("end", x.ndim)], np.int64)]
+    if op == "Expand":
+        shape = np.broadcast_shapes(x.shape, tuple(ints(1, "shape")))
+        if np.prod(shape) > 1 << 24:
+            return None                      # not the weights' arithmetic: left unknown
+        return [np.broadcast_to(x, shape).copy()]
+    if op in ("Add", "Sub", "Mul"):
+        return [{"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](x, args[1])]
+    if op == "Gather":
+        return [np.take(x, args[1], axis=attrs.get("axis", 0))]
+    if op == "Slice":
+        starts, ends = ints(1, "starts"), ints(2, "ends")
+        axes = ints(3, "axes") or list(range(len(starts)))
+        steps = ints(4, "steps") or [1] * len(starts)
+        index = [slice(None)] * x.ndim
+        for s, e, a, st in zip(starts, ends, axes, steps):
+            index[a] = slice(s, e, st)                       # ONNX clamps as Python does
+        return [x[tuple(index)]]
+    if op == "Split":
+        axis, sizes = attrs.get("axis", 0), ints(1, "split")
+        if sizes is None:
+            if x.shape[axis] % len(n.output):
+                return None                  # opset 18's uneven split: not NumPy's rule
+            return np.split(x, len(n.output), axis=axis)
+        return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+    return None
 
 
 def _onnx_attrs(n):
@@ -226,47 +326,199 @@ def _onnx_attrs(n):
     return attrs
 
 
-def _onnx_chain(graph, rnns, consts, where):
+def _onnx_static_dims(model):
+    """name -> tuple of dims (an int, or None when not fixed) of every tensor ONNX's shape
+    inference (or the model's own value_info) gives a shape."""
+    import onnx
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:                        # noqa: BLE001 (e.g. a model over 2 GB)
+        graph = model.graph
+    return {v.name: tuple(d.dim_value if d.HasField("dim_value") else None
+                          for d in v.type.tensor_type.shape.dim)
+            for v in list(graph.value_info) + list(graph.input) + list(graph.output)
+            if v.type.tensor_type.HasField("shape")}
+
+
+class _Refused(Exception):
+    """A chain link that is not (T, B, D*H) from node k's Y."""
+
+
+def _onnx_link_layout(y, path, sizes, consts, producer):
+    """The dims of the tensor that the layout ops ``path`` (in graph order) make of an
+    LSTM/GRU node's ``Y`` (T, D, B, H), each dim the tuple of the axes it holds,
+    major to minor; axes of size 1 that are not T or B hold no place and are left out.
+    ``sizes`` maps "T", "D", "B", "H" to the size (None when not fixed). The Reshape
+    targets are evaluated symbolically (constants, Shape of a tensor of the path,
+    Slice/Gather/Concat/Mul/...), so a shape computed at run time is followed as well
+    as a constant one. Raises _Refused(op_type) at an op it cannot follow."""
+    def sym(a):                              # sizes Shape reports as unknowns
+        return a in "TB" or sizes[a] is None
+
+    def item(group):                         # one dim's size as (known factor, unknowns)
+        return (int(np.prod([sizes[a] for a in group if not sym(a)])),
+                tuple(sorted(a for a in group if sym(a))))
+
+    dims = {y: [(a,) if a in "TB" or sizes[a] != 1 else () for a in "TDBH"]}
+
+    def value(name):
+        """A 1-d int tensor as a list of (known factor, unknowns) items."""
+        if name in consts:
+            return [(int(v), ()) for v in np.ravel(consts[name])]
+        n = producer.get(name)
+        op = n.op_type if n is not None else None
+        attrs = _onnx_attrs(n) if n is not None else {}
+        if op == "Shape" and n.input[0] in dims:
+            d = dims[n.input[0]]
+            return [item(g) for g in d[attrs.get("start", 0):attrs.get("end", len(d))]]
+        if op in ("Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape"):
+            return value(n.input[0])         # a 1-d (or scalar) value keeps its items
+        if op == "Concat":
+            return [v for i in n.input for v in value(i)]
+        if op == "Mul":
+            a, b = value(n.input[0]), value(n.input[1])
+            if len(a) != 1 or len(b) != 1:
+                raise _Refused(op)
+            return [(a[0][0] * b[0][0], tuple(sorted(a[0][1] + b[0][1])))]
+        if op == "Gather" and n.input[1] in consts:
+            v, index = value(n.input[0]), [int(i) for i in np.ravel(consts[n.input[1]])]
+            if any(not -len(v) <= i < len(v) for i in index):
+                raise _Refused(op)
+            return [v[i] for i in index]
+        if op == "Slice" and len(n.input) > 2 and all(i in consts for i in n.input[1:] if i):
+            v = value(n.input[0])
+            c = [consts[i].ravel() if i else None for i in n.input[1:]] + [None] * 3
+            if c[2] is not None and list(c[2]) not in ([0], [-1]):
+                raise _Refused(op)
+            return v[int(c[0][0]):int(c[1][0]):1 if c[3] is None else int(c[3][0])]
+        raise _Refused(op or "graph input")
+
+    def take(axes, target):
+        """How many of ``axes`` (from the front) make one dim of size ``target``."""
+        k, unknowns = target
+        for count in list(range(1, len(axes) + 1)) + [0]:
+            run = axes[:count]
+            if item(run) == target:
+                return count
+            known = [sizes[a] for a in run]
+            if not unknowns and None not in known and int(np.prod(known)) == k:
+                return count
+        return None
+
+    def reshape(d, shape, allowzero):
+        axes = [a for g in d for a in g]     # the elements' order, major to minor
+        if (0, ()) in shape[len(d):] and not allowzero:
+            raise _Refused("Reshape")        # a 0 copying a dim the input lacks
+        shape = [item(d[i]) if s == (0, ()) and not allowzero else s
+                 for i, s in enumerate(shape)]
+        if shape.count((-1, ())) > 1 or any(s[0] < 0 and s != (-1, ()) for s in shape):
+            raise _Refused("Reshape")
+        wild = shape.index((-1, ())) if (-1, ()) in shape else len(shape)
+        front, back = [], []
+        for s in shape[:wild]:
+            count = take(axes, s)
+            if count is None:
+                raise _Refused("Reshape")
+            front.append(tuple(axes[:count]))
+            axes = axes[count:]
+        for s in reversed(shape[wild + 1:]):
+            count = take(axes[::-1], s)
+            if count is None:
+                raise _Refused("Reshape")
+            back.insert(0, tuple(axes[len(axes) - count:]))
+            axes = axes[:len(axes) - count]
+        if wild == len(shape) and axes:
+            raise _Refused("Reshape")
+        return front + ([tuple(axes)] if wild < len(shape) else []) + back
+
+    for n in path:
+        d, attrs, op = dims[n.input[0]], _onnx_attrs(n), n.op_type
+        if op == "Identity":
+            new = d
+        elif op == "Transpose":
+            perm = list(attrs.get("perm", range(len(d))[::-1]))
+            if sorted(perm) != list(range(len(d))):
+                raise _Refused(op)
+            new = [d[i] for i in perm]
+        elif op in ("Squeeze", "Unsqueeze"):
+            axes = attrs.get("axes", [int(v) for v in np.ravel(consts.get(
+                n.input[1] if len(n.input) > 1 else "", []))])
+            rank = len(d) + (len(axes) if op == "Unsqueeze" else 0)
+            if any(not -rank <= a < rank for a in axes):
+                raise _Refused(op)
+            axes = sorted({a % rank for a in axes})
+            if op == "Squeeze" and (not axes or any(d[a] for a in axes)):
+                raise _Refused(op)           # only dims of size 1 (held no axis) go
+            new = [g for i, g in enumerate(d) if i not in axes] if op == "Squeeze" else d[:]
+            for a in axes if op == "Unsqueeze" else ():
+                new.insert(a, ())
+        else:
+            new = reshape(d, value(n.input[1]), attrs.get("allowzero", 0))
+        dims[n.output[0]] = new
+    return dims[path[-1].output[0]] if path else dims[y]
+
+
+def _onnx_chain(model, rnns, consts, where):
     """The LSTM/GRU nodes of a stacked model in layer order: node k+1's X is node k's Y
-    joined as blockrnn.onnx.export and PyTorch's exporter join layers: Transpose
-    (perm [0, 2, 1, 3]) then Reshape to (T, B, D*H), or (one direction) Squeeze of axis 1.
-    Anything else is refused with a ValueError."""
+    (T, D, B, H) as (T, B, D*H), through any Identity/Transpose/Reshape/Squeeze/Unsqueeze
+    nodes that compute exactly that (blockrnn.onnx.export and torch's dynamo exporter
+    write Transpose(perm [0, 2, 1, 3]) then Reshape; torch's TorchScript exporter, with one
+    direction, Squeeze of axis 1). Anything else is refused with a ValueError."""
+    graph = model.graph
     producer = {out: n for n in graph.node for out in n.output}
     names = [n.name for n in rnns]
+    rnn_ids = {id(n) for n in rnns}
+    static = None                            # the tensors' fixed dims, inferred when needed
 
     def refuse(why):
         raise ValueError(f"{where}: the model has {len(rnns)} LSTM/GRU nodes ({names}) "
                          f"that are not one stacked layer ({why}); pass node=<name> to "
                          f"pick one")
 
-    def const(n, pos, attr):
-        """An int list given as attribute ``attr`` or as constant input ``pos``."""
-        if attr in _onnx_attrs(n):
-            return list(_onnx_attrs(n)[attr])
-        if len(n.input) > pos and n.input[pos] in consts:
-            return [int(v) for v in np.ravel(consts[n.input[pos]])]
-        return None
+    def after_rnn(name):
+        """Whether tensor ``name`` is computed from an LSTM/GRU node's output."""
+        todo, seen = [name], set()
+        while todo:
+            n = producer.get(todo.pop())
+            if n is not None and id(n) not in seen:
+                if id(n) in rnn_ids:
+                    return True
+                seen.add(id(n))
+                todo.extend(i for i in n.input if i)
+        return False
 
     def feeding(n):
-        """The LSTM/GRU node whose Y becomes n's X, or None when X is not computed."""
-        junction = producer.get(n.input[0])
-        if junction is None:
+        """The LSTM/GRU node whose Y becomes n's X, or None when X is not computed from one."""
+        nonlocal static
+        path, x = [], n.input[0]
+        while producer.get(x) is not None and producer[x].op_type in _ONNX_LAYOUT_OPS:
+            path.insert(0, producer[x])
+            x = producer[x].input[0]
+        prev = producer.get(x)
+        if id(prev) not in rnn_ids:
+            if after_rnn(x):
+                refuse(f"node {n.name!r}'s X comes from a {prev.op_type} node")
             return None
-        if junction.op_type == "Squeeze" and const(junction, 1, "axes") == [1]:
-            y = junction.input[0]
-        elif junction.op_type == "Reshape":
-            shape = const(junction, 1, "shape")
-            t = producer.get(junction.input[0])
-            if (shape is None or len(shape) != 3 or shape[:2] != [0, 0] or t is None
-                    or t.op_type != "Transpose" or _onnx_attrs(t).get("perm") != [0, 2, 1, 3]):
-                refuse(f"node {n.name!r}'s X comes from an unexpected Reshape")
-            y = t.input[0]
-        else:
-            refuse(f"node {n.name!r}'s X comes from a {junction.op_type} node")
-        prev = producer.get(y)
-        if prev is None or prev not in rnns or prev.output[0] != y:
+        if prev.output[0] != x:
             refuse(f"node {n.name!r}'s X is not another LSTM/GRU node's Y")
-        return prev
+        attrs = _onnx_attrs(prev)
+        R = consts.get(prev.input[2]) if len(prev.input) > 2 else None
+        static = _onnx_static_dims(model) if static is None else static
+        y_dims = static.get(x, ())                                  # (T, D, B, H)
+        T, B = (y_dims[0], y_dims[2]) if len(y_dims) == 4 else (None, None)
+        sizes = {"T": T, "B": B, "D": 2 if attrs.get("direction") == "bidirectional" else 1,
+                 "H": attrs.get("hidden_size", None if R is None else R.shape[-1])}
+        want = [("T",), ("B",), tuple(a for a in "DH" if sizes[a] != 1)]
+        if not path:
+            refuse(f"node {n.name!r}'s X is node {prev.name!r}'s Y (T, D, B, H) itself, "
+                   f"not (T, B, D*H)")
+        try:
+            if _onnx_link_layout(x, path, sizes, consts, producer) == want:
+                return prev
+            what = path[-1].op_type
+        except _Refused as e:
+            what = e.args[0]
+        refuse(f"node {n.name!r}'s X comes from an unexpected {what}")
 
     nexts = {}
     firsts = []
@@ -379,13 +631,18 @@ def from_onnx(model_or_path, node=None, *, dtype=None):
     dtype : None (the weights' dtype) or float32 / float64
 
     With ``node=None`` the model holds either one ``LSTM`` / ``GRU`` node, or a
-    chain of them joined as ``blockrnn.onnx.export`` (and PyTorch's exporter)
-    writes stacked layers: node k+1 reads node k's ``Y`` (T, D, B, H) through
-    ``Transpose(perm=[0, 2, 1, 3])`` and ``Reshape`` to (T, B, D*H) (or, with one
-    direction, ``Squeeze`` of axis 1); the chain becomes one layer with
-    ``num_layers`` = its length. A node with ``direction="bidirectional"``
-    gives ``bidirectional=True`` (ONNX's reverse direction, like blockrnn's,
-    reads each row's first ``sequence_lens[b]`` steps backwards).
+    chain of them joined as ``blockrnn.onnx.export`` and PyTorch's exporters
+    write stacked layers: node k+1 reads node k's ``Y`` (T, D, B, H) as
+    (T, B, D*H), through ``Transpose(perm=[0, 2, 1, 3])`` and ``Reshape`` (or,
+    with one direction, ``Squeeze`` of axis 1), or any Identity / Transpose /
+    Reshape / Squeeze / Unsqueeze nodes that compute the same (Reshape targets
+    constant or computed from ``Shape``, as torch's dynamo exporter writes them
+    for dynamic T and B); the chain becomes one layer with ``num_layers`` = its
+    length. A node with ``direction="bidirectional"`` gives
+    ``bidirectional=True`` (ONNX's reverse direction, like blockrnn's, reads
+    each row's first ``sequence_lens[b]`` steps backwards). Weights computed
+    from constants (Slice / Concat / Unsqueeze / ... of initializers, as torch's
+    exporter with ``optimize=False`` writes them) count as constants.
 
     Every node must be what blockrnn computes: ``direction`` "forward" or
     "bidirectional" (the same in every node), default activations, no ``clip``,
@@ -422,7 +679,7 @@ def from_onnx(model_or_path, node=None, *, dtype=None):
     elif not rnns:
         raise ValueError(f"{where}: the model has no LSTM or GRU node")
     else:
-        chain = rnns if len(rnns) == 1 else _onnx_chain(model.graph, rnns, consts, where)
+        chain = rnns if len(rnns) == 1 else _onnx_chain(model, rnns, consts, where)
     layers = [_onnx_node_arrays(n, consts, where) for n in chain]
     kind, I, H, first = layers[0]
     D = len(first)

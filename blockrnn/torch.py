@@ -1,49 +1,51 @@
-"""PyTorch adapter: blockrnn's fused sequence ops as autograd functions and nn.Modules.
+"""PyTorch adapter: ``torch.nn.LSTM`` / ``nn.GRU`` drop-ins on blockrnn's fused sequence ops.
 
 Optional: needs PyTorch (``import blockrnn`` never imports it; this module does).
-CPU only; float32 and float64 tensors. CPU tensors are handed to the kernels
-without copies (``Tensor.numpy()`` views) and the results come back as
-``torch.from_numpy`` views.
+CPU only; float32 and float64 tensors.
 
 * ``LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
   dropout=0.0, bidirectional=False, proj_size=0, *, use_peephole=False,
-  cell_clip=0.0, device=None, dtype=None)`` and ``GRU(input_size, hidden_size,
-  num_layers=1, bias=True, batch_first=False, dropout=0.0, bidirectional=False,
-  *, device=None, dtype=None)``: ``torch.nn.LSTM`` / ``nn.GRU``'s constructor
-  and call convention, ``y, (h_n, c_n) = lstm(x, (h0, c0))``,
-  ``y, h_n = gru(x, h0)``, stacked layers, both directions, dropout between
-  layers and ``PackedSequence`` input. The GRU is TensorFlow's GRUBlockCell
-  (reset gate applied BEFORE the recurrent matmul), not nn.GRU's reset-after
-  math: their weights are not interchangeable. ``LSTM.from_torch(nn_lstm)``
-  converts an ``nn.LSTM``'s weights.
-* ``BlockLSTMFunction``, ``BlockGRUFunction``: the ``torch.autograd.Function``s
-  underneath, one layer in one direction (forward = ``block_lstm_v2`` /
-  ``block_gru``, backward = their grad ops; first-order gradients only: a
-  double backward, ``create_graph=True``, raises a RuntimeError).
-
-Parameters are ``nn.Parameter``s in TensorFlow's layouts (see
-``blockrnn.layers``), named with nn.LSTM's suffixes: layer k's LSTM weights
-``w_l{k}`` (I_k+H, 4H) with IFCO gate columns, ``b_l{k}`` (4H,), peepholes
-``wci_l{k}``, ``wcf_l{k}``, ``wco_l{k}`` (H,) when ``use_peephole``; GRU
-``w_ru_l{k}`` (I_k+H, 2H) columns [r | u], ``w_c_l{k}`` (I_k+H, H),
-``b_ru_l{k}`` (2H,), ``b_c_l{k}`` (H,); the reverse direction's add
-``_reverse``. I_0 = input_size, I_k = num_directions * H above.
-Any torch optimizer, ``.double()``, ``state_dict()`` and
-``DistributedDataParallel`` work as with any module.
+  cell_clip=0.0, forget_bias=0.0, device=None, dtype=None)`` and
+  ``GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
+  dropout=0.0, bidirectional=False, *, reset_after=True, device=None,
+  dtype=None)``: ``torch.nn.LSTM`` / ``nn.GRU``'s constructor, call convention
+  (``y, (h_n, c_n) = lstm(x, (h0, c0))``, ``y, h_n = gru(x, h0)``, stacked
+  layers, both directions, dropout between layers, ``PackedSequence`` input),
+  parameters (names, shapes, gate order, registration order, initialisation),
+  so that a ``state_dict`` moves strictly both ways and an optimizer, weight
+  decay and gradient clipping see what they see with nn.LSTM / nn.GRU.
+  ``LSTM.from_torch(nn_lstm)``, ``GRU.from_torch(nn_gru)`` copy a module.
+  blockrnn's extras (peepholes, cell clipping, forget bias; the GRUBlockCell
+  GRU with ``reset_after=False``) exist only when asked for.
+* The ops underneath are PyTorch custom operators (``torch.library.custom_op``,
+  namespace ``blockrnn``): ``lstm_op`` / ``lstm_backward_op``, ``gru_op`` /
+  ``gru_backward_op`` (nn.GRU's math), ``gru_block_op`` /
+  ``gru_block_backward_op`` (GRUBlockCell), one layer in one direction each,
+  with fake (shape) implementations and autograd, so ``torch.compile(...,
+  fullgraph=True)`` and ``torch.export`` trace a model holding these modules.
+  Gradients are first-order only: a double backward raises a RuntimeError.
+* ``upgrade_state_dict_v01(state_dict, module)``: a blockrnn 0.1 state_dict
+  (TensorFlow-layout ``w_l{k}``, ``b_l{k}``) in 0.2's names (CHANGELOG.md).
+* ``BlockLSTMFunction``, ``BlockGRUFunction``: autograd Functions over the ops in
+  TensorFlow's layouts (``block_lstm_v2``'s w (I+H, 4H), ``block_gru``'s w_ru,
+  w_c), kept from 0.1 for code that calls them directly.
 """
 import math
 import numbers
 import warnings
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 import blockrnn
 from blockrnn._validation import RESET_AFTER, check_float, check_sequence_length, steps_to_run
 
-__all__ = ["LSTM", "GRU", "BlockLSTMFunction", "BlockGRUFunction"]
+__all__ = ["LSTM", "GRU", "upgrade_state_dict_v01", "lstm_op", "lstm_backward_op", "gru_op",
+           "gru_backward_op", "gru_block_op", "gru_block_backward_op", "BlockLSTMFunction",
+           "BlockGRUFunction"]
 
 _DTYPES = (torch.float32, torch.float64)
 
@@ -63,29 +65,8 @@ def _numpy(where, name, t, dtype=None):
     return t.detach().numpy()
 
 
-def _lengths(where, sequence_length, T, B):
-    """sequence_length (tensor, array or list of B ints in [0, T]) as int64 NumPy, or None."""
-    if isinstance(sequence_length, torch.Tensor):
-        sequence_length = sequence_length.detach().cpu().numpy()
-    return check_sequence_length(where, sequence_length, B, T)
-
-
 def _tensor(a):
     return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def _first_order_only(where):
-    """Raise when the backward runs under create_graph=True (double backward).
-
-    The gradient ops are not differentiable: under create_graph=True their
-    result would carry no graph, and a gradient penalty or Hessian product
-    through them would silently contribute nothing.
-    """
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            f"{where}: double backward (torch.autograd.grad(..., create_graph=True) or "
-            f".backward(create_graph=True)) is not supported; blockrnn's gradients are "
-            f"first-order only. Use torch.nn.LSTM / nn.GRU for higher-order gradients.")
 
 
 def _grad(where, name, g, dtype, lengths, reverse):
@@ -93,6 +74,360 @@ def _grad(where, name, g, dtype, lengths, reverse):
     g = _numpy(where, name, g, None).astype(dtype, copy=False)
     return blockrnn.reverse_sequence(g, lengths) if reverse else g
 
+
+# ---------------------------------------------------------------------------
+# The ops as PyTorch custom operators (namespace "blockrnn")
+#
+# torch.compile and torch.export see each op as one opaque node: its eager
+# implementation (NumPy views, the compiled kernels, the thread-limit rules that
+# read os.getpid) never runs under tracing; register_fake gives the shapes. Each
+# op is functional: its outputs are new tensors, never views of an input, and no
+# two of them overlap. The forward ops also return the gate activations the backward
+# needs (in the op's time order); the backward is a custom op of its own.
+# ---------------------------------------------------------------------------
+
+_T = torch.Tensor
+_OptT = Optional[torch.Tensor]
+
+
+def _op_lengths(where, lengths, T, B):
+    """The lengths argument of an op (None or an integer tensor (B,)) as checked int64 NumPy."""
+    if lengths is None:
+        return None
+    if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise TypeError(f"{where}: sequence_length must be an integer tensor, got {lengths.dtype}")
+    return check_sequence_length(where, lengths.detach().cpu().numpy(), B, T)
+
+
+def _in_op_order(a, lengths, reverse):
+    """A (T, B, ·) array in the op's time order: each row's valid prefix reversed for the
+    reverse direction (reverse_sequence is its own inverse, so this also maps back)."""
+    return blockrnn.reverse_sequence(a, lengths) if reverse else a
+
+
+def _fresh(*arrays):
+    """The op's NumPy results as C-contiguous tensors (what the fake kernels promise).
+
+    The arrays are the kernels' new outputs (never an input: a non-reversed
+    ``_in_op_order`` returns its argument only for the kernels' own outputs), so
+    only a transposed gradient is copied."""
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+
+
+def _lstm_v2_weights(w_ih, w_hh, b_ih, b_hh, forget_bias):
+    """nn.LSTM's layout -> BlockLSTMV2's: w = [W_ih^T; W_hh^T] (I+H, 4H), IFCO columns
+    (nn.LSTM's gate rows i, f, g, o), b = b_ih + b_hh (+ forget_bias on the f block).
+
+    One copy of the weights per call: the kernels do not read nn.LSTM's layout
+    directly yet; this is the one place that builds it (the gradient maps back in
+    ``_lstm_grads_to_torch``).
+    """
+    w = np.concatenate([w_ih.T, w_hh.T], axis=0)
+    H = w_hh.shape[1]
+    b = np.zeros(4 * H, w.dtype) if b_ih is None else b_ih + b_hh
+    if forget_bias:
+        b[H:2 * H] += forget_bias
+    return w, b
+
+
+def _lstm_grads_to_torch(w_grad, I):
+    """BlockLSTMV2's w gradient (I+H, 4H) -> (weight_ih grad (4H, I), weight_hh grad (4H, H))."""
+    return w_grad[:I].T, w_grad[I:].T
+
+
+def _arrays(where, names, tensors, dtype):
+    """NumPy views of the op's tensor arguments (None stays None)."""
+    return [None if t is None else _numpy(where, n, t, dtype) for n, t in zip(names, tensors)]
+
+
+@torch.library.custom_op("blockrnn::lstm", mutates_args=())
+def lstm_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
+            bias_hh: _OptT, weight_ci: _OptT, weight_cf: _OptT, weight_co: _OptT,
+            lengths: _OptT, cell_clip: float, forget_bias: float,
+            reverse: bool) -> Tuple[_T, _T, _T, _T, _T, _T, _T]:
+    """One LSTM layer in one direction on ``block_lstm_v2``, nn.LSTM's parameter layout.
+
+    x (T, B, I); h0, c0 (B, H); weight_ih (4H, I), weight_hh (4H, H), bias_ih,
+    bias_hh (4H,) or None (no bias), gate rows i, f, g, o; weight_ci/cf/co (H,)
+    peepholes or None (no peepholes); lengths None or an integer tensor (B,) in
+    [0, T]. reverse: each row's valid prefix runs backwards (the reverse direction
+    of a bidirectional layer). Returns (h, cs, i, f, o, ci, co), each (T, B, H):
+    h and cs in the input's time order (zero past a row's length), the gates in
+    the op's time order (saved for the backward).
+    """
+    where = "blockrnn.torch.lstm_op"
+    dt = weight_ih.dtype
+    xa, h0a, c0a, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco = _arrays(
+        where, ("x", "h0", "c0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_ci",
+                "weight_cf", "weight_co"),
+        (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, weight_co),
+        dt)
+    T, B = xa.shape[:2]
+    n = _op_lengths(where, lengths, T, B)
+    w, b = _lstm_v2_weights(w_ih, w_hh, b_ih, b_hh, forget_bias)
+    peep = wci is not None
+    zeros = np.zeros(w_hh.shape[1], w.dtype)
+    fwd = blockrnn.block_lstm_v2(steps_to_run(T, n), _in_op_order(xa, n, reverse), c0a, h0a,
+                                 w, *((wci, wcf, wco) if peep else (zeros,) * 3), b,
+                                 cell_clip=cell_clip, use_peephole=peep, sequence_length=n)
+    return _fresh(_in_op_order(fwd.h, n, reverse), _in_op_order(fwd.cs, n, reverse),
+                  fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co)
+
+
+@lstm_op.register_fake
+def _(x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, weight_co,
+      lengths, cell_clip, forget_bias, reverse):
+    T, B, H = x.shape[0], x.shape[1], weight_hh.shape[1]
+    return tuple(x.new_empty(T, B, H) for _ in range(7))
+
+
+@torch.library.custom_op("blockrnn::lstm_backward", mutates_args=())
+def lstm_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
+                     bias_hh: _OptT, weight_ci: _OptT, weight_cf: _OptT, weight_co: _OptT,
+                     lengths: _OptT, forget_bias: float, reverse: bool, h: _T, cs: _T, i: _T,
+                     f: _T, o: _T, ci: _T, co: _T, h_grad: _T,
+                     cs_grad: _T) -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T, _T]:
+    """The gradient of ``lstm_op`` (``block_lstm_grad_v2``; cell clipping is ignored by the
+    gradient, as in TensorFlow). h, cs and the grads in the input's time order, the gates
+    as ``lstm_op`` returned them. Returns the gradients of (x, h0, c0, weight_ih,
+    weight_hh, bias (4H,: that of bias_ih and of bias_hh alike), weight_ci, weight_cf,
+    weight_co) -- the last three zero without peepholes."""
+    where = "blockrnn.torch.lstm_backward_op"
+    dt = weight_ih.dtype
+    xa, h0a, c0a, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, ha, csa, ia, fa, oa, cia, coa = \
+        _arrays(where, ("x", "h0", "c0", "weight_ih", "weight_hh", "bias_ih", "bias_hh",
+                        "weight_ci", "weight_cf", "weight_co", "h", "cs", "i", "f", "o", "ci",
+                        "co"),
+                (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf,
+                 weight_co, h, cs, i, f, o, ci, co), dt)
+    dh, dcs = (_numpy(where, name, g).astype(_np_dtype(dt), copy=False)
+               for name, g in (("h_grad", h_grad), ("cs_grad", cs_grad)))
+    T, B = xa.shape[:2]
+    n = _op_lengths(where, lengths, T, B)
+    w, b = _lstm_v2_weights(w_ih, w_hh, b_ih, b_hh, forget_bias)
+    peep = wci is not None
+    zeros = np.zeros(w_hh.shape[1], w.dtype)
+    order = lambda a: _in_op_order(a, n, reverse)  # noqa: E731
+    g = blockrnn.block_lstm_grad_v2(steps_to_run(T, n), order(xa), c0a, h0a, w,
+                                    *((wci, wcf, wco) if peep else (zeros,) * 3), b,
+                                    ia, order(csa), fa, oa, cia, coa, order(ha), order(dcs),
+                                    order(dh), use_peephole=peep, sequence_length=n)
+    return _fresh(order(g.x_grad), g.h_prev_grad, g.cs_prev_grad,
+                  *_lstm_grads_to_torch(g.w_grad, xa.shape[2]), g.b_grad,
+                  g.wci_grad, g.wcf_grad, g.wco_grad)
+
+
+@lstm_backward_op.register_fake
+def _(x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, weight_co,
+      lengths, forget_bias, reverse, h, cs, i, f, o, ci, co, h_grad, cs_grad):
+    H = weight_hh.shape[1]
+    return (torch.empty_like(x), torch.empty_like(h0), torch.empty_like(c0),
+            torch.empty_like(weight_ih), torch.empty_like(weight_hh),
+            x.new_empty(4 * H), x.new_empty(H), x.new_empty(H), x.new_empty(H))
+
+
+def _np_dtype(dtype):
+    return np.float64 if dtype == torch.float64 else np.float32
+
+
+def _first_order_only(where):
+    """Raise when the backward runs under create_graph=True (double backward).
+
+    The gradient ops are not differentiable: under create_graph=True their
+    result would carry no graph, and a gradient penalty or Hessian product
+    through them would silently contribute nothing. (Under torch.compile the
+    backward is traced, not run: there the backward ops' own autograd raises.)
+    """
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        raise RuntimeError(
+            f"{where}: double backward (torch.autograd.grad(..., create_graph=True) or "
+            f".backward(create_graph=True)) is not supported; blockrnn's gradients are "
+            f"first-order only. Use torch.nn.LSTM / nn.GRU for higher-order gradients.")
+
+
+def _no_double_backward(op_name):
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"blockrnn.torch: {op_name} is not differentiable (double backward is not "
+            f"supported; blockrnn's gradients are first-order only)")
+    return backward
+
+
+def _lstm_setup(ctx, inputs, output):
+    (x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, _, forget_bias,
+     reverse) = inputs
+    ctx.save_for_backward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, *output)
+    ctx.forget_bias, ctx.reverse = forget_bias, reverse
+
+
+def _lstm_autograd(ctx, h_grad, cs_grad, *gate_grads):
+    _first_order_only("blockrnn.torch.LSTM backward")
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, h, cs, *gates = \
+        ctx.saved_tensors
+    if h_grad is None:
+        h_grad = torch.zeros_like(h)
+    if cs_grad is None:
+        cs_grad = torch.zeros_like(cs)
+    dx, dh0, dc0, dw_ih, dw_hh, db, dwci, dwcf, dwco = lstm_backward_op(
+        x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, ctx.forget_bias,
+        ctx.reverse, h, cs, *gates, h_grad, cs_grad)
+    has_b, peep = b_ih is not None, wci is not None
+    return (dx, dh0, dc0, dw_ih, dw_hh, db if has_b else None,
+            db.clone() if has_b else None,          # its own tensor: b_hh.grad is not b_ih.grad
+            *((dwci, dwcf, dwco) if peep else (None,) * 3), None, None, None, None)
+
+
+lstm_op.register_autograd(_lstm_autograd, setup_context=_lstm_setup)
+lstm_backward_op.register_autograd(_no_double_backward("lstm_backward"))
+
+
+@torch.library.custom_op("blockrnn::gru", mutates_args=())
+def gru_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT, bias_hh: _OptT,
+           lengths: _OptT, reverse: bool) -> Tuple[_T, _T, _T, _T, _T]:
+    """One nn.GRU layer in one direction on ``blockrnn.block_gru_reset_after`` (nn.GRU's
+    math and layout, gate rows r, z, n). x (T, B, I); h0 (B, H); weight_ih (3H, I);
+    weight_hh (3H, H); bias_ih, bias_hh (3H,) or None; lengths, reverse as for
+    ``lstm_op``. Returns (h, r, z, n, hn), each (T, B, H): h in the input's time
+    order, the rest in the op's (saved for the backward)."""
+    where = "blockrnn.torch.gru_op"
+    xa, h0a, w_ih, w_hh, b_ih, b_hh = _arrays(
+        where, ("x", "h0", "weight_ih", "weight_hh", "bias_ih", "bias_hh"),
+        (x, h0, weight_ih, weight_hh, bias_ih, bias_hh), weight_ih.dtype)
+    T, B = xa.shape[:2]
+    n = _op_lengths(where, lengths, T, B)
+    if b_ih is None:
+        b_ih = b_hh = np.zeros(w_hh.shape[0], w_hh.dtype)
+    fwd = blockrnn.block_gru_reset_after(steps_to_run(T, n), _in_op_order(xa, n, reverse),
+                                         h0a, w_ih, w_hh, b_ih, b_hh, sequence_length=n)
+    return _fresh(_in_op_order(fwd.h, n, reverse), fwd.r, fwd.z, fwd.n, fwd.hn)
+
+
+@gru_op.register_fake
+def _(x, h0, weight_ih, weight_hh, bias_ih, bias_hh, lengths, reverse):
+    T, B, H = x.shape[0], x.shape[1], weight_hh.shape[1]
+    return tuple(x.new_empty(T, B, H) for _ in range(5))
+
+
+@torch.library.custom_op("blockrnn::gru_backward", mutates_args=())
+def gru_backward_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
+                    bias_hh: _OptT, lengths: _OptT, reverse: bool, h: _T, r: _T, z: _T,
+                    n: _T, hn: _T, h_grad: _T) -> Tuple[_T, _T, _T, _T, _T, _T]:
+    """The gradient of ``gru_op`` (``block_gru_reset_after_grad``): the gradients of
+    (x, h0, weight_ih, weight_hh, bias_ih, bias_hh)."""
+    where = "blockrnn.torch.gru_backward_op"
+    dt = weight_ih.dtype
+    xa, h0a, w_ih, w_hh, b_ih, b_hh, ha, ra, za, na, hna = _arrays(
+        where, ("x", "h0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "h", "r", "z", "n",
+                "hn"), (x, h0, weight_ih, weight_hh, bias_ih, bias_hh, h, r, z, n, hn), dt)
+    dh = _numpy(where, "h_grad", h_grad).astype(_np_dtype(dt), copy=False)
+    T, B = xa.shape[:2]
+    m = _op_lengths(where, lengths, T, B)
+    if b_ih is None:
+        b_ih = b_hh = np.zeros(w_hh.shape[0], w_hh.dtype)
+    order = lambda a: _in_op_order(a, m, reverse)  # noqa: E731
+    g = blockrnn.block_gru_reset_after_grad(steps_to_run(T, m), order(xa), h0a, w_ih, w_hh,
+                                            b_ih, b_hh, ra, za, na, hna, order(ha), order(dh),
+                                            sequence_length=m)
+    return _fresh(order(g.x_grad), g.h_prev_grad, g.w_ih_grad, g.w_hh_grad, g.b_ih_grad,
+                  g.b_hh_grad)
+
+
+@gru_backward_op.register_fake
+def _(x, h0, weight_ih, weight_hh, bias_ih, bias_hh, lengths, reverse, h, r, z, n, hn,
+      h_grad):
+    G = weight_hh.shape[0]
+    return (torch.empty_like(x), torch.empty_like(h0), torch.empty_like(weight_ih),
+            torch.empty_like(weight_hh), x.new_empty(G), x.new_empty(G))
+
+
+def _register_gru_autograd(op, backward_op, name):
+    """Registers the autograd of a GRU op (either variant: x, h0, two weights, two
+    optional biases, lengths and reverse in; h and the gates out) on its backward op,
+    which takes the forward's inputs, its outputs and h's gradient and returns the
+    gradients of the six tensors; the backward op itself is first-order only."""
+    def setup(ctx, inputs, output):
+        x, h0, w1, w2, b1, b2, lengths, reverse = inputs
+        ctx.save_for_backward(x, h0, w1, w2, b1, b2, lengths, *output)
+        ctx.reverse = reverse
+
+    def backward(ctx, h_grad, *gate_grads):
+        _first_order_only("blockrnn.torch.GRU backward")
+        x, h0, w1, w2, b1, b2, lengths, h, *gates = ctx.saved_tensors
+        if h_grad is None:
+            h_grad = torch.zeros_like(h)
+        dx, dh0, dw1, dw2, db1, db2 = backward_op(x, h0, w1, w2, b1, b2, lengths,
+                                                  ctx.reverse, h, *gates, h_grad)
+        has_b = b1 is not None
+        return (dx, dh0, dw1, dw2, db1 if has_b else None, db2 if has_b else None,
+                None, None)
+
+    op.register_autograd(backward, setup_context=setup)
+    backward_op.register_autograd(_no_double_backward(name))
+
+
+_register_gru_autograd(gru_op, gru_backward_op, "gru_backward")
+
+
+@torch.library.custom_op("blockrnn::gru_block", mutates_args=())
+def gru_block_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _OptT, lengths: _OptT,
+                 reverse: bool) -> Tuple[_T, _T, _T, _T]:
+    """One TensorFlow GRUBlockCell layer in one direction on ``block_gru`` (reset before
+    the recurrent matmul). x (T, B, I); h0 (B, H); w_ru (I+H, 2H) columns [r | u];
+    w_c (I+H, H); b_ru (2H,), b_c (H,) or None. Returns (h, r, u, c), each (T, B, H):
+    h in the input's time order, the gates in the op's."""
+    where = "blockrnn.torch.gru_block_op"
+    xa, h0a, wru, wc, bru, bc = _arrays(where, ("x", "h0", "w_ru", "w_c", "b_ru", "b_c"),
+                                        (x, h0, w_ru, w_c, b_ru, b_c), w_ru.dtype)
+    T, B = xa.shape[:2]
+    n = _op_lengths(where, lengths, T, B)
+    if bru is None:
+        bru, bc = np.zeros(wru.shape[1], wru.dtype), np.zeros(wc.shape[1], wc.dtype)
+    fwd = blockrnn.block_gru(steps_to_run(T, n), _in_op_order(xa, n, reverse), h0a, wru, wc,
+                             bru, bc, sequence_length=n)
+    return _fresh(_in_op_order(fwd.h, n, reverse), fwd.r, fwd.u, fwd.c)
+
+
+@gru_block_op.register_fake
+def _(x, h0, w_ru, w_c, b_ru, b_c, lengths, reverse):
+    T, B, H = x.shape[0], x.shape[1], w_c.shape[1]
+    return tuple(x.new_empty(T, B, H) for _ in range(4))
+
+
+@torch.library.custom_op("blockrnn::gru_block_backward", mutates_args=())
+def gru_block_backward_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _OptT,
+                          lengths: _OptT, reverse: bool, h: _T, r: _T, u: _T, c: _T,
+                          h_grad: _T) -> Tuple[_T, _T, _T, _T, _T, _T]:
+    """The gradient of ``gru_block_op`` (``block_gru_grad``): the gradients of
+    (x, h0, w_ru, w_c, b_ru, b_c)."""
+    where = "blockrnn.torch.gru_block_backward_op"
+    dt = w_ru.dtype
+    xa, h0a, wru, wc, bru, bc, ha, ra, ua, ca = _arrays(
+        where, ("x", "h0", "w_ru", "w_c", "b_ru", "b_c", "h", "r", "u", "c"),
+        (x, h0, w_ru, w_c, b_ru, b_c, h, r, u, c), dt)
+    dh = _numpy(where, "h_grad", h_grad).astype(_np_dtype(dt), copy=False)
+    T, B = xa.shape[:2]
+    n = _op_lengths(where, lengths, T, B)
+    if bru is None:
+        bru, bc = np.zeros(wru.shape[1], wru.dtype), np.zeros(wc.shape[1], wc.dtype)
+    order = lambda a: _in_op_order(a, n, reverse)  # noqa: E731
+    g = blockrnn.block_gru_grad(steps_to_run(T, n), order(xa), h0a, wru, wc, bru, bc, ra, ua,
+                                ca, order(ha), order(dh), sequence_length=n)
+    return _fresh(order(g.x_grad), g.h_prev_grad, g.w_ru_grad, g.w_c_grad, g.b_ru_grad,
+                  g.b_c_grad)
+
+
+@gru_block_backward_op.register_fake
+def _(x, h0, w_ru, w_c, b_ru, b_c, lengths, reverse, h, r, u, c, h_grad):
+    return (torch.empty_like(x), torch.empty_like(h0), torch.empty_like(w_ru),
+            torch.empty_like(w_c), w_ru.new_empty(w_ru.shape[1]), w_c.new_empty(w_c.shape[1]))
+
+
+_register_gru_autograd(gru_block_op, gru_block_backward_op, "gru_block_backward")
+
+
+# ---------------------------------------------------------------------------
+# 0.1's autograd Functions (TensorFlow layouts)
+# ---------------------------------------------------------------------------
 
 class BlockLSTMFunction(torch.autograd.Function):
     """``(h, cs) = BlockLSTMFunction.apply(x, h0, c0, w, wci, wcf, wco, b, use_peephole,
@@ -214,24 +549,31 @@ class BlockGRUFunction(torch.autograd.Function):
         return (*[_tensor(gr) if n else None for gr, n in zip(grads, need)], None, None)
 
 
+# ---------------------------------------------------------------------------
+# The modules
+# ---------------------------------------------------------------------------
+
 def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
-    """The weights of any ``torch.nn.LSTM`` without projection, in TensorFlow's layout.
+    """The weights of a ``torch.nn.LSTM`` without projection (or of a
+    ``blockrnn.torch.LSTM``: the same parameters) in TensorFlow's layout.
 
     Returns a dict with ``input_size``, ``hidden_size``, ``num_layers``,
-    ``bidirectional``, ``batch_first``, ``bias`` (nn.LSTM's flag),
-    ``torch_dtype`` and ``params``: NumPy arrays named as blockrnn's layers name
-    them, for layer k and direction suffix s ("" forward, "_reverse" reverse):
-    ``w_l{k}{s}`` (I_k+H, 4H) = ``[W_ih_l{k}{s}.T; W_hh_l{k}{s}.T]``, IFCO gate
-    columns (nn.LSTM's gate rows i, f, g, o), and ``b_l{k}{s}`` (4H,) =
-    ``b_ih + b_hh`` (zeros without bias), layer by layer, forward before
-    reverse. I_0 = input_size, I_k = num_directions * H for k >= 1.
-    ``blockrnn.convert.from_torch`` uses it too (convert imports this module,
-    never the reverse).
+    ``bidirectional``, ``batch_first``, ``bias`` (the module's flag),
+    ``torch_dtype`` and ``params``: NumPy arrays named as blockrnn's NumPy
+    layers name them, for layer k and direction suffix s ("" forward,
+    "_reverse" reverse): ``w_l{k}{s}`` (I_k+H, 4H) = ``[W_ih_l{k}{s}.T;
+    W_hh_l{k}{s}.T]``, IFCO gate columns (nn.LSTM's gate rows i, f, g, o), and
+    ``b_l{k}{s}`` (4H,) = ``b_ih + b_hh`` (zeros without bias; plus a
+    blockrnn module's forget_bias on the f block), and a blockrnn module's
+    peepholes ``wci_l{k}{s}``, ``wcf_l{k}{s}``, ``wco_l{k}{s}``, layer by layer,
+    forward before reverse. I_0 = input_size, I_k = num_directions * H for
+    k >= 1. ``blockrnn.convert.from_torch`` uses it too (convert imports this
+    module, never the reverse).
     """
-    if isinstance(module, nn.GRU):
+    if isinstance(module, (nn.GRU, GRU)):
         raise ValueError(f"{where}: " + RESET_AFTER.format(
-            what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU and train it instead."))
-    if not isinstance(module, nn.LSTM):
+            what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU.from_torch instead."))
+    if not isinstance(module, (nn.LSTM, LSTM)):
         raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
     if getattr(module, "proj_size", 0):
         raise ValueError(f"{where}: nn.LSTM with proj_size={module.proj_size} (projected "
@@ -239,7 +581,7 @@ def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
     if module.weight_ih_l0.dtype not in _DTYPES:
         raise TypeError(f"{where}: nn.LSTM weights must be float32 or float64, got "
                         f"{module.weight_ih_l0.dtype}")
-    H = module.hidden_size
+    ours = isinstance(module, LSTM)
 
     def array(name):
         return getattr(module, name).detach().cpu().numpy()
@@ -247,11 +589,16 @@ def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
     params = {}
     for k in range(module.num_layers):
         for s in ("", "_reverse") if module.bidirectional else ("",):
-            w_ih, w_hh = array(f"weight_ih_l{k}{s}"), array(f"weight_hh_l{k}{s}")
-            params[f"w_l{k}{s}"] = np.concatenate([w_ih.T, w_hh.T], axis=0)
-            params[f"b_l{k}{s}"] = (array(f"bias_ih_l{k}{s}") + array(f"bias_hh_l{k}{s}")
-                                    if module.bias else np.zeros(4 * H, w_ih.dtype))
-    return {"input_size": module.input_size, "hidden_size": H,
+            sfx = f"_l{k}{s}"
+            w, b = _lstm_v2_weights(
+                array(f"weight_ih{sfx}"), array(f"weight_hh{sfx}"),
+                *((array(f"bias_ih{sfx}"), array(f"bias_hh{sfx}")) if module.bias
+                  else (None, None)), module.forget_bias if ours else 0.0)
+            params[f"w{sfx}"], params[f"b{sfx}"] = w, b
+            if ours and module.use_peephole:
+                for tf_name, name in zip(("wci", "wcf", "wco"), _PEEPHOLES):
+                    params[f"{tf_name}{sfx}"] = array(f"{name}{sfx}").copy()
+    return {"input_size": module.input_size, "hidden_size": module.hidden_size,
             "num_layers": module.num_layers, "bidirectional": bool(module.bidirectional),
             "batch_first": bool(module.batch_first), "bias": bool(module.bias),
             "torch_dtype": module.weight_ih_l0.dtype, "params": params}
@@ -259,28 +606,93 @@ def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
 
 def _final(seq, init, lengths):
     """The state after each row's last step: seq[n_b - 1, b], or init[b] when n_b == 0
-    (differentiable: the gradient lands in seq's gradient at [n_b - 1, b])."""
+    (differentiable: the gradient lands in seq's gradient at [n_b - 1, b]). lengths: None
+    or an int64 tensor (B,); no data-dependent branch, so torch.compile traces it."""
     T = seq.shape[0]
-    if lengths is None:
-        return seq[T - 1] if T else init
-    if steps_to_run(T, lengths) == 0:
+    if T == 0:
         return init
-    B = seq.shape[1]
-    idx = torch.from_numpy(np.maximum(lengths - 1, 0))
-    picked = seq[idx, torch.arange(B)]
-    live = torch.from_numpy(lengths > 0)[:, None]
-    return torch.where(live, picked, init)
+    if lengths is None:
+        return seq[T - 1]
+    lengths = torch.as_tensor(lengths)
+    picked = seq[(lengths - 1).clamp(min=0), torch.arange(seq.shape[1])]
+    return torch.where((lengths > 0)[:, None], picked, init)
 
 
 def _first(seq, init, lengths):
     """The reverse direction's final state: the state after its last step, taken at
     original time 0 -- seq[0, b], or init[b] when n_b == 0."""
-    T = seq.shape[0]
-    if lengths is None:
-        return seq[0] if T else init
-    if steps_to_run(T, lengths) == 0:
+    if seq.shape[0] == 0:
         return init
-    return torch.where(torch.from_numpy(lengths > 0)[:, None], seq[0], init)
+    if lengths is None:
+        return seq[0]
+    return torch.where((torch.as_tensor(lengths) > 0)[:, None], seq[0], init)
+
+
+def _unpack(packed):
+    """A PackedSequence -> (padded (T, B, I) in the caller's batch order, lengths int64 (B,)).
+
+    pad_packed_sequence's result, written with index ops that torch.compile traces (Dynamo
+    does not trace pad_packed_sequence). Packed element p of time t is sorted row
+    j = p - offset[t], offset = cumsum(batch_sizes) - batch_sizes. B is known from the
+    shape of sorted_indices; a sorted input (no indices) has B = batch_sizes[0], a value,
+    and goes through pad_packed_sequence."""
+    if packed.sorted_indices is None:
+        padded, lengths = pad_packed_sequence(packed)
+        return padded, lengths.to(torch.int64)
+    bs, data = packed.batch_sizes, packed.data
+    B = packed.sorted_indices.shape[0]
+    j = torch.arange(B)
+    live = j[None, :] < bs[:, None]                          # (T, B), sorted rows
+    idx = ((torch.cumsum(bs, 0) - bs)[:, None] + j[None, :]).clamp(max=data.shape[0] - 1)
+    padded = torch.where(live[..., None], data[idx], torch.zeros((), dtype=data.dtype))
+    order = packed.unsorted_indices
+    return padded.index_select(1, order), live.sum(0).index_select(0, order)
+
+
+def _repack(y, packed):
+    """y (T, B, ·) padded, in the caller's batch order -> a PackedSequence with packed's
+    batch_sizes and indices (pack_padded_sequence's data, gathered with traceable index
+    ops: packed element p is y[t, sorted row p - offset[t]], t = the step p falls in)."""
+    bs = packed.batch_sizes
+    if packed.sorted_indices is not None:
+        y = y.index_select(1, packed.sorted_indices)
+    cum = torch.cumsum(bs, 0)
+    p = torch.arange(packed.data.shape[0])
+    t = torch.searchsorted(cum, p, right=True)
+    data = y[t, p - (cum - bs)[t]]
+    return PackedSequence(data, bs, packed.sorted_indices, packed.unsorted_indices)
+
+
+def _check_tensor(where, name, t, dtype):
+    """A CPU float tensor of the parameters' dtype (checked on its metadata only, so that
+    torch.compile traces it: no .numpy())."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{where}: blockrnn runs on the CPU only; {name} is on {t.device} "
+                         f"(move it with .cpu())")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{where}: {name} must be float32 or float64, got {t.dtype}")
+    if t.dtype != dtype:
+        raise TypeError(f"{where}: {name} has dtype {t.dtype} but the parameters have "
+                        f"{dtype}; convert the input or the module (e.g. module.double())")
+
+
+def _lengths_tensor(where, sequence_length, T, B):
+    """sequence_length (None, an integer tensor, an array or a list of B ints) -> None or an
+    int64 tensor (B,). The values (in [0, T]) are checked inside the ops."""
+    if sequence_length is None:
+        return None
+    if not isinstance(sequence_length, torch.Tensor):
+        return torch.from_numpy(check_sequence_length(where, sequence_length, B, T))
+    if sequence_length.dtype.is_floating_point or sequence_length.dtype.is_complex \
+            or sequence_length.dtype == torch.bool:
+        raise TypeError(f"{where}: sequence_length must be an integer array of shape (B,), "
+                        f"got a tensor of {sequence_length.dtype}")
+    if tuple(sequence_length.shape) != (B,):
+        raise ValueError(f"{where}: sequence_length must have shape (B,) = ({B},), got "
+                         f"{tuple(sequence_length.shape)}")
+    return sequence_length.to(device="cpu", dtype=torch.int64)
 
 
 def _check_device(where, device):
@@ -341,13 +753,9 @@ class _RNNBase(nn.Module):
                 yield k, d, f"_l{k}" + ("_reverse" if d else ""), \
                     self.input_size if k == 0 else D * H
 
-    def _add(self, name, shape, trainable):
-        """A parameter (trainable) or a zero buffer kept out of state_dict."""
-        t = torch.empty(*shape, **self._factory)
-        if trainable:
-            setattr(self, name, nn.Parameter(t))
-        else:
-            self.register_buffer(name, t.zero_(), persistent=False)
+    def _add(self, name, *shape):
+        """A parameter (uninitialised until reset_parameters)."""
+        setattr(self, name, nn.Parameter(torch.empty(*shape, **self._factory)))
 
     def reset_parameters(self):
         """Uniform in [-1/sqrt(H), 1/sqrt(H)], as torch.nn.LSTM / nn.GRU."""
@@ -362,13 +770,13 @@ class _RNNBase(nn.Module):
             if sequence_length is not None:
                 raise ValueError(f"{where}: sequence_length must be None with a "
                                  f"PackedSequence input (the lengths are in it)")
-            _numpy(where, "input.data", x.data, self._param_dtype())
+            _check_tensor(where, "input.data", x.data, self._param_dtype())
             if x.data.dim() != 2 or x.data.shape[-1] != self.input_size:
                 raise ValueError(f"{where}: a PackedSequence's data must have shape (N, I) "
                                  f"with I = {self.input_size}, got {tuple(x.data.shape)}")
-            padded, lengths = pad_packed_sequence(x)      # (T, B, I), original batch order
-            return padded, True, lengths.numpy().astype(np.int64), x
-        _numpy(where, "input", x, self._param_dtype())
+            padded, lengths = _unpack(x)      # (T, B, I), original batch order
+            return padded, True, lengths, x
+        _check_tensor(where, "input", x, self._param_dtype())
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
             layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
             raise ValueError(f"{where}: input must have shape {layout} or (T, I) with "
@@ -378,14 +786,14 @@ class _RNNBase(nn.Module):
             x = x.unsqueeze(1)
         elif self.batch_first:
             x = x.transpose(0, 1)
-        return x, batched, _lengths(where, sequence_length, *x.shape[:2]), None
+        return x, batched, _lengths_tensor(where, sequence_length, *x.shape[:2]), None
 
     def _state(self, where, name, s, B, batched):
         """h0 / c0: None (zeros) or (L*D, B, H) ((L*D, H) unbatched) -> (L*D, B, H)."""
         LD, H = self.num_layers * self.num_directions, self.hidden_size
         if s is None:
             return torch.zeros(LD, B, H, **self._factory_now())
-        _numpy(where, name, s, self._param_dtype())
+        _check_tensor(where, name, s, self._param_dtype())
         want = (LD, B, H) if batched else (LD, H)
         if tuple(s.shape) != want:
             raise ValueError(f"{where}: {name} must have shape {want} (num_layers * "
@@ -417,13 +825,7 @@ class _RNNBase(nn.Module):
         """y (T, B, D*H) time-major -> nn.LSTM's output layout (a PackedSequence with the
         input's batch_sizes and indices for a packed input)."""
         if packed is not None:
-            order = packed.sorted_indices
-            lens = torch.from_numpy(lengths)
-            if order is not None:
-                y, lens = y.index_select(1, order), lens[order]
-            data = pack_padded_sequence(y, lens, enforce_sorted=True).data
-            return PackedSequence(data, packed.batch_sizes, packed.sorted_indices,
-                                  packed.unsorted_indices)
+            return _repack(y, packed)
         if not batched:
             return y[:, 0]
         return y.transpose(0, 1) if self.batch_first else y
@@ -449,8 +851,12 @@ class _RNNBase(nn.Module):
         return s
 
 
+_PEEPHOLES = ("weight_ci", "weight_cf", "weight_co")
+
+
 class LSTM(_RNNBase):
-    """An LSTM on blockrnn's ``block_lstm_v2``, constructed and called like ``nn.LSTM``.
+    """``torch.nn.LSTM`` on blockrnn's ``block_lstm_v2``: the same constructor, call,
+    parameters, initialisation and state_dict.
 
     Parameters
     ----------
@@ -458,7 +864,7 @@ class LSTM(_RNNBase):
     num_layers : int, default 1
         Stacked layers; layer k > 0 reads layer k-1's output (T, B, D*H).
     bias : bool, default True
-        False: no ``b_l*`` parameters (the op adds zeros).
+        False: no ``bias_*`` parameters.
     batch_first : bool, default False
         Input and output are (B, T, ·) instead of (T, B, ·) (states are not).
     dropout : float in [0, 1], default 0.0
@@ -468,49 +874,70 @@ class LSTM(_RNNBase):
         A reverse direction per layer that reads each row's valid prefix
         backwards; the layer output is [forward | reverse] (T, B, 2H).
     proj_size : 0
-        Anything else raises ValueError (blockrnn has no projected LSTM).
+        Anything else raises ValueError (blockrnn has no projected LSTM yet).
     use_peephole : bool, default False (keyword only; every layer)
+        Adds the parameters ``weight_ci_l{k}``, ``weight_cf_l{k}``,
+        ``weight_co_l{k}`` (H,): TensorFlow's peepholes wci, wcf, wco.
     cell_clip : float, default 0.0 (no clipping; keyword only; every layer)
+    forget_bias : float, default 0.0 (keyword only): a constant added to the
+        forget gate's pre-activation (TensorFlow's forget_bias; not a parameter).
     device : None or 'cpu' (blockrnn is CPU-only; anything else raises ValueError)
     dtype : torch.float32 / torch.float64, default torch's default dtype
 
-    Parameters (``nn.Parameter``), per layer k and direction (suffix ``_l{k}``,
-    ``_l{k}_reverse``), in nn.LSTM's order: ``w_l{k}`` (I_k+H, 4H), rows [x; h],
-    gate columns i, f, g (cell input), o (IFCO = nn.LSTM's order); ``b_l{k}``
-    (4H,) (absent with bias=False); with ``use_peephole``, ``wci_l{k}``,
-    ``wcf_l{k}``, ``wco_l{k}`` (H,). I_0 = input_size, I_k = D*H for k > 0.
+    Parameters (``nn.Parameter``), exactly nn.LSTM's: per layer k and direction
+    (suffix ``_l{k}``, ``_l{k}_reverse``), in nn.LSTM's order,
+    ``weight_ih_l{k}`` (4H, I_k), ``weight_hh_l{k}`` (4H, H), ``bias_ih_l{k}``,
+    ``bias_hh_l{k}`` (4H,) (absent with bias=False), gate rows i, f, g, o;
+    then the peepholes when asked for. I_0 = input_size, I_k = D*H for k > 0.
+    Initialised uniform in [-1/sqrt(H), 1/sqrt(H)], as nn.LSTM. A
+    ``state_dict`` loads strictly into / from an nn.LSTM of the same
+    configuration (without the extras).
 
     ``forward(x, hx=None, sequence_length=None)``: x (T, B, I) (or (B, T, I)
     with batch_first, or unbatched (T, I), or a ``PackedSequence``); hx None or
     (h0, c0), each (L*D, B, H) ((L*D, H) unbatched), index layer * D +
-    direction; sequence_length None or B ints in [0, T] (padded input only).
-    Returns ``y, (h_n, c_n)``: y (T, B, D*H) the output of the last layer
-    (zero past a row's length; a PackedSequence with the input's batch_sizes
-    and indices for a packed input), h_n and c_n (L*D, B, H) the state after
-    each row's last step (for the reverse direction: after its step at time 0),
-    in the input's batch order.
+    direction; sequence_length None or B ints in [0, T] (padded input only; a
+    tensor under torch.compile). Returns ``y, (h_n, c_n)``: y (T, B, D*H) the
+    output of the last layer (zero past a row's length; a PackedSequence with
+    the input's batch_sizes and indices for a packed input), h_n and c_n
+    (L*D, B, H) the state after each row's last step (for the reverse
+    direction: after its step at time 0), in the input's batch order.
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, proj_size=0, *, use_peephole=False,
-                 cell_clip=0.0, device=None, dtype=None):
+                 cell_clip=0.0, forget_bias=0.0, device=None, dtype=None):
         if proj_size != 0:
             raise ValueError(f"LSTM: proj_size must be 0, got {proj_size!r}: blockrnn has no "
-                             f"projected LSTM (use torch.nn.LSTM for proj_size)")
+                             f"projected LSTM yet (use torch.nn.LSTM for proj_size)")
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, device, dtype)
         if not isinstance(use_peephole, bool):
             raise TypeError(f"LSTM: use_peephole must be a bool, got "
                             f"{type(use_peephole).__name__}")
+        self.proj_size = 0
         self.use_peephole = use_peephole
         self.cell_clip = check_float("LSTM", "cell_clip", cell_clip)
+        self.forget_bias = check_float("LSTM", "forget_bias", forget_bias)
         H = hidden_size
         for _, _, sfx, I in self._cells():
-            self._add(f"w{sfx}", (I + H, 4 * H), True)
-            self._add(f"b{sfx}", (4 * H,), self.bias)
-            for name in ("wci", "wcf", "wco"):
-                self._add(f"{name}{sfx}", (H,), use_peephole)
+            self._add(f"weight_ih{sfx}", 4 * H, I)
+            self._add(f"weight_hh{sfx}", 4 * H, H)
+            if self.bias:
+                self._add(f"bias_ih{sfx}", 4 * H)
+                self._add(f"bias_hh{sfx}", 4 * H)
+            if use_peephole:
+                for name in _PEEPHOLES:
+                    self._add(f"{name}{sfx}", H)
         self.reset_parameters()
+
+    def _cell_params(self, sfx):
+        """(weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, weight_co) of
+        one cell, None for those it does not have."""
+        get = lambda n: getattr(self, f"{n}{sfx}")  # noqa: E731
+        return (get("weight_ih"), get("weight_hh"),
+                *((get("bias_ih"), get("bias_hh")) if self.bias else (None, None)),
+                *((get(n) for n in _PEEPHOLES) if self.use_peephole else (None,) * 3))
 
     def forward(self, x, hx=None, sequence_length=None):
         where = "blockrnn.torch.LSTM"
@@ -525,32 +952,23 @@ class LSTM(_RNNBase):
                   self._state(where, "c0", hx[1], B, batched))
 
         def step(x, init, sfx, reverse):
-            p = [getattr(self, f"{n}{sfx}") for n in ("w", "wci", "wcf", "wco", "b")]
-            return BlockLSTMFunction.apply(x, *init, *p, self.use_peephole, self.cell_clip,
-                                           lengths, reverse)
+            out = lstm_op(x, *init, *self._cell_params(sfx), lengths, self.cell_clip,
+                          self.forget_bias, reverse)
+            return out[0], out[1]
 
         y, (h_n, c_n) = self._run(xt, states, lengths, batched, step)
         return self._output(y, batched, packed, lengths), (h_n, c_n)
 
     @classmethod
     def from_torch(cls, module):
-        """A ``blockrnn.torch.LSTM`` with the weights and configuration of a
-        ``torch.nn.LSTM`` without projection (num_layers, bidirectional, bias,
-        batch_first, dropout, dtype and training mode kept).
-
-        nn.LSTM's gate order (i, f, g, o) is IFCO, so per layer and direction
-        ``w_l{k} = [W_ih_l{k}.T; W_hh_l{k}.T]`` and ``b_l{k} = b_ih + b_hh``.
-        The gradients map back as ``W_ih.grad = w.grad[:I_k].T``,
-        ``W_hh.grad = w.grad[I_k:].T``; ``b_ih.grad = b_hh.grad = b.grad``.
-        """
-        a = nn_lstm_arrays(module)
-        out = cls(a["input_size"], a["hidden_size"], a["num_layers"], a["bias"],
-                  a["batch_first"], module.dropout, a["bidirectional"], dtype=a["torch_dtype"])
-        mine = dict(out.named_parameters())
-        with torch.no_grad():
-            for name, value in a["params"].items():
-                if name in mine:      # without bias the zero b_l* stay buffers
-                    mine[name].copy_(torch.from_numpy(value))
+        """A ``blockrnn.torch.LSTM`` with the configuration (num_layers, bidirectional,
+        bias, batch_first, dropout, dtype, training mode) and the state_dict of a
+        ``torch.nn.LSTM`` without projection (the parameters are the same)."""
+        nn_lstm_arrays(module)     # the checks: an nn.LSTM, no proj_size, float32/64
+        out = cls(module.input_size, module.hidden_size, module.num_layers, module.bias,
+                  module.batch_first, module.dropout, module.bidirectional,
+                  dtype=module.weight_ih_l0.dtype)
+        out.load_state_dict(module.state_dict(), strict=True)
         return out.train(module.training)
 
     def extra_repr(self):
@@ -559,51 +977,162 @@ class LSTM(_RNNBase):
             s += ", use_peephole=True"
         if self.cell_clip > 0:
             s += f", cell_clip={self.cell_clip}"
+        if self.forget_bias:
+            s += f", forget_bias={self.forget_bias}"
         return s
 
 
 class GRU(_RNNBase):
-    """A GRU on blockrnn's ``block_gru``, constructed and called like ``nn.GRU``.
+    """``torch.nn.GRU`` on blockrnn's ``block_gru_reset_after``: the same constructor,
+    call, math, parameters, initialisation and state_dict (``reset_after=True``,
+    the default), or TensorFlow's GRUBlockCell on ``block_gru``
+    (``reset_after=False``).
 
-    The math is TensorFlow's GRUBlockCell: ``r, u = sigmoid([x, h] @ w_ru + b_ru)``,
-    ``c = tanh([x, r * h] @ w_c + b_c)``, ``h' = u * h + (1 - u) * c`` (reset
-    before the recurrent matmul; nn.GRU resets after it, so nn.GRU weights
-    cannot be converted).
+    nn.GRU (reset after the recurrent matmul), gate rows r, z, n:
+    ``r = σ(x W_ir^T + b_ir + h W_hr^T + b_hr)``, ``z`` likewise,
+    ``n = tanh(x W_in^T + b_in + r ⊙ (h W_hn^T + b_hn))``, ``h' = (1 − z) ⊙ n + z ⊙ h``.
+    Parameters per layer k and direction, in nn.GRU's order: ``weight_ih_l{k}``
+    (3H, I_k), ``weight_hh_l{k}`` (3H, H), ``bias_ih_l{k}``, ``bias_hh_l{k}``
+    (3H,) (absent with bias=False).
+
+    ``reset_after=False``, GRUBlockCell (reset before the recurrent matmul):
+    ``r, u = σ([x, h] @ w_ru + b_ru)``, ``c = tanh([x, r ⊙ h] @ w_c + b_c)``,
+    ``h' = u ⊙ h + (1 − u) ⊙ c``; parameters ``w_ru_l{k}`` (I_k+H, 2H) columns
+    [r | u], ``w_c_l{k}`` (I_k+H, H), ``b_ru_l{k}`` (2H,), ``b_c_l{k}`` (H,).
+    The two GRUs are different functions: their weights do not convert.
 
     Constructor: nn.GRU's, ``GRU(input_size, hidden_size, num_layers=1,
     bias=True, batch_first=False, dropout=0.0, bidirectional=False, *,
-    device=None, dtype=None)``, with the meanings of ``LSTM``'s.
-
-    Parameters (``nn.Parameter``), per layer k and direction (suffix ``_l{k}``,
-    ``_l{k}_reverse``): ``w_ru_l{k}`` (I_k+H, 2H) columns [r | u], ``w_c_l{k}``
-    (I_k+H, H), ``b_ru_l{k}`` (2H,), ``b_c_l{k}`` (H,) (biases absent with
-    bias=False).
-
-    ``forward(x, hx=None, sequence_length=None)``: x as for ``LSTM``; hx None
-    or h0 (L*D, B, H). Returns ``y, h_n``: y (T, B, D*H) (or a PackedSequence),
-    h_n (L*D, B, H).
+    reset_after=True, device=None, dtype=None)``, with the meanings of
+    ``LSTM``'s. ``forward(x, hx=None, sequence_length=None)``: x as for
+    ``LSTM``; hx None or h0 (L*D, B, H). Returns ``y, h_n``: y (T, B, D*H) (or
+    a PackedSequence), h_n (L*D, B, H).
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, *, device=None, dtype=None):
+                 dropout=0.0, bidirectional=False, *, reset_after=True, device=None,
+                 dtype=None):
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, device, dtype)
+        if not isinstance(reset_after, bool):
+            raise TypeError(f"GRU: reset_after must be a bool, got {type(reset_after).__name__}")
+        self.reset_after = reset_after
         H = hidden_size
         for _, _, sfx, I in self._cells():
-            self._add(f"w_ru{sfx}", (I + H, 2 * H), True)
-            self._add(f"w_c{sfx}", (I + H, H), True)
-            self._add(f"b_ru{sfx}", (2 * H,), self.bias)
-            self._add(f"b_c{sfx}", (H,), self.bias)
+            if reset_after:
+                self._add(f"weight_ih{sfx}", 3 * H, I)
+                self._add(f"weight_hh{sfx}", 3 * H, H)
+                if self.bias:
+                    self._add(f"bias_ih{sfx}", 3 * H)
+                    self._add(f"bias_hh{sfx}", 3 * H)
+            else:
+                self._add(f"w_ru{sfx}", I + H, 2 * H)
+                self._add(f"w_c{sfx}", I + H, H)
+                if self.bias:
+                    self._add(f"b_ru{sfx}", 2 * H)
+                    self._add(f"b_c{sfx}", H)
         self.reset_parameters()
+
+    def _cell_params(self, sfx):
+        names = (("weight_ih", "weight_hh", "bias_ih", "bias_hh") if self.reset_after
+                 else ("w_ru", "w_c", "b_ru", "b_c"))
+        p = [getattr(self, f"{n}{sfx}") for n in names[:2]]
+        return (*p, *((getattr(self, f"{n}{sfx}") for n in names[2:]) if self.bias
+                      else (None, None)))
 
     def forward(self, x, hx=None, sequence_length=None):
         where = "blockrnn.torch.GRU"
         xt, batched, lengths, packed = self._input(where, x, sequence_length)
         states = (self._state(where, "hx", hx, xt.shape[1], batched),)
+        op = gru_op if self.reset_after else gru_block_op
 
         def step(x, init, sfx, reverse):
-            p = [getattr(self, f"{n}{sfx}") for n in ("w_ru", "w_c", "b_ru", "b_c")]
-            return (BlockGRUFunction.apply(x, *init, *p, lengths, reverse),)
+            return (op(x, *init, *self._cell_params(sfx), lengths, reverse)[0],)
 
         y, (h_n,) = self._run(xt, states, lengths, batched, step)
         return self._output(y, batched, packed, lengths), h_n
+
+    @classmethod
+    def from_torch(cls, module):
+        """A ``blockrnn.torch.GRU`` (nn.GRU's math) with the configuration and the
+        state_dict of a ``torch.nn.GRU`` (the parameters are the same)."""
+        where = "blockrnn.torch.GRU.from_torch"
+        if not isinstance(module, nn.GRU):
+            raise TypeError(f"{where}: expected a torch.nn.GRU, got {type(module).__name__}")
+        if module.weight_ih_l0.dtype not in _DTYPES:
+            raise TypeError(f"{where}: nn.GRU weights must be float32 or float64, got "
+                            f"{module.weight_ih_l0.dtype}")
+        out = cls(module.input_size, module.hidden_size, module.num_layers, module.bias,
+                  module.batch_first, module.dropout, module.bidirectional,
+                  dtype=module.weight_ih_l0.dtype)
+        out.load_state_dict(module.state_dict(), strict=True)
+        return out.train(module.training)
+
+    def extra_repr(self):
+        s = super().extra_repr()
+        return s if self.reset_after else s + ", reset_after=False"
+
+
+def upgrade_state_dict_v01(state_dict, module):
+    """A blockrnn 0.1 ``state_dict`` of a ``blockrnn.torch.LSTM`` / ``GRU`` in the
+    names and layouts of 0.2's ``module`` (load it with ``module.load_state_dict``).
+
+    0.1's LSTM held TensorFlow's layout: ``w_l{k}{s}`` (I_k+H, 4H) = [W_ih^T; W_hh^T]
+    (IFCO columns = nn.LSTM's i, f, g, o rows), ``b_l{k}{s}`` (4H,) = the folded
+    b_ih + b_hh, peepholes ``wci/wcf/wco_l{k}{s}``. They become ``weight_ih_l{k}{s}
+    = w[:I_k].T``, ``weight_hh_l{k}{s} = w[I_k:].T`` and, since only the sum of the two
+    biases was stored, ``bias_ih_l{k}{s} = b`` and ``bias_hh_l{k}{s} = 0`` (the module
+    computes exactly what 0.1 computed; under SGD the two biases then move together
+    from there, as nn.LSTM's do); peepholes ``weight_ci/cf/co_l{k}{s}``. A 0.1 LSTM
+    saved with bias=False has no b; a 0.2 module with bias=False refuses a nonzero b.
+
+    0.1's GRU was TensorFlow's GRUBlockCell with the names 0.2 keeps for
+    ``GRU(reset_after=False)``: its state_dict is returned unchanged for such a
+    module; a ``reset_after=True`` module (nn.GRU's math) cannot take it.
+
+    ``state_dict``: a mapping of the module's own keys (no prefix). Tensors are new
+    (contiguous copies), the input is not modified.
+    """
+    where = "blockrnn.torch.upgrade_state_dict_v01"
+    if isinstance(module, GRU):
+        if module.reset_after:
+            raise ValueError(
+                f"{where}: blockrnn 0.1's GRU was TensorFlow's GRUBlockCell (reset before the "
+                f"recurrent matmul); build the module with GRU(..., reset_after=False) to load "
+                f"it (nn.GRU's reset-after GRU is a different function)")
+        return {k: v.clone() for k, v in state_dict.items()}
+    if not isinstance(module, LSTM):
+        raise TypeError(f"{where}: module must be a blockrnn.torch.LSTM or GRU, got "
+                        f"{type(module).__name__}")
+    old = dict(state_dict)
+    out = {}
+    for _, _, sfx, I in module._cells():
+        try:
+            w = old.pop(f"w{sfx}")
+        except KeyError:
+            raise ValueError(f"{where}: no 'w{sfx}' in the state_dict: not a blockrnn 0.1 "
+                             f"LSTM of this configuration (keys: {sorted(state_dict)})") from None
+        if tuple(w.shape) != (I + module.hidden_size, 4 * module.hidden_size):
+            raise ValueError(f"{where}: w{sfx} has shape {tuple(w.shape)}, the module needs "
+                             f"({I + module.hidden_size}, {4 * module.hidden_size})")
+        out[f"weight_ih{sfx}"] = w[:I].T.contiguous()
+        out[f"weight_hh{sfx}"] = w[I:].T.contiguous()
+        b = old.pop(f"b{sfx}", None)
+        if module.bias:
+            b = torch.zeros(4 * module.hidden_size, dtype=w.dtype) if b is None else b
+            out[f"bias_ih{sfx}"] = b.clone()
+            out[f"bias_hh{sfx}"] = torch.zeros_like(b)
+        elif b is not None and bool(torch.any(b != 0)):
+            raise ValueError(f"{where}: b{sfx} is nonzero but the module has bias=False")
+        for tf_name, name in zip(("wci", "wcf", "wco"), _PEEPHOLES):
+            p = old.pop(f"{tf_name}{sfx}", None)
+            if module.use_peephole:
+                out[f"{name}{sfx}"] = (torch.zeros(module.hidden_size, dtype=w.dtype)
+                                       if p is None else p.clone())
+            elif p is not None and bool(torch.any(p != 0)):
+                raise ValueError(f"{where}: {tf_name}{sfx} is nonzero but the module has "
+                                 f"use_peephole=False")
+    if old:
+        raise ValueError(f"{where}: keys not of a blockrnn 0.1 LSTM of this configuration: "
+                         f"{sorted(old)}")
+    return out

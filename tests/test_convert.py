@@ -194,19 +194,36 @@ def test_from_blockrnn_torch_modules():
     x = _x(np.float64, seed=11).transpose(1, 0, 2).copy()
     torch.manual_seed(5)
     for module in (bt.LSTM(I, H, use_peephole=True, cell_clip=2.0).double(),
-                   bt.GRU(I, H).double(),
+                   bt.GRU(I, H, reset_after=False).double(),
                    bt.LSTM(I, H, 2, bidirectional=True, use_peephole=True, cell_clip=2.0,
-                           dtype=torch.float64),
+                           forget_bias=0.5, dtype=torch.float64),
                    bt.LSTM(I, H, 2, bias=False, bidirectional=True, dtype=torch.float64),
-                   bt.GRU(I, H, 3, bias=False, bidirectional=True, dtype=torch.float64)):
+                   bt.GRU(I, H, 3, bias=False, bidirectional=True, reset_after=False,
+                          dtype=torch.float64),
+                   bt.GRU(I, H, 2, bidirectional=True, dtype=torch.float64),
+                   bt.GRU(I, H, bias=False, dtype=torch.float64)):
         ours = convert.from_torch(module)
         assert isinstance(ours, NpGRU if isinstance(module, bt.GRU) else LSTM)
+        if isinstance(module, bt.GRU):
+            assert ours.reset_after == module.reset_after
         assert (ours.num_layers, ours.bidirectional) == (module.num_layers,
                                                          module.bidirectional)
-        named = dict(module.named_parameters())
+        named = {k: v.detach().numpy() for k, v in module.named_parameters()}
+        if isinstance(module, bt.LSTM):        # nn.LSTM's parameters -> TensorFlow's layout
+            H_ = module.hidden_size
+            for _, _, sfx, _ in module._cells():
+                w_ih, w_hh = named.pop(f"weight_ih{sfx}"), named.pop(f"weight_hh{sfx}")
+                named[f"w{sfx}"] = np.concatenate([w_ih.T, w_hh.T])
+                b = (named.pop(f"bias_ih{sfx}") + named.pop(f"bias_hh{sfx}") if module.bias
+                     else np.zeros(4 * H_))
+                b[H_:2 * H_] += module.forget_bias
+                named[f"b{sfx}"] = b
+                for tf_name, name in zip(("wci", "wcf", "wco"), bt._PEEPHOLES):
+                    if module.use_peephole:
+                        named[f"{tf_name}{sfx}"] = named.pop(f"{name}{sfx}")
         for k, v in ours.params.items():
             if k in named:
-                np.testing.assert_array_equal(v, named[k].detach().numpy(), err_msg=k)
+                np.testing.assert_array_equal(v, named[k], err_msg=k)
             else:            # bias=False: the module has no biases, the layer's are zero
                 assert not module.bias and k.startswith("b") and not np.any(v), k
         with torch.no_grad():

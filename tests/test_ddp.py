@@ -115,7 +115,9 @@ def test_ddp_two_ranks_equal_single_process(tmp_path):
     _train(single, x, target)
     expected = {k: v.detach().numpy() for k, v in single.named_parameters()}
     initial = {k: v.detach().numpy() for k, v in _model().named_parameters()}
-    assert set(expected) == {"rnn.w_l0", "rnn.b_l0", "rnn.wci_l0", "rnn.wcf_l0", "rnn.wco_l0",
+    assert set(expected) == {"rnn.weight_ih_l0", "rnn.weight_hh_l0", "rnn.bias_ih_l0",
+                             "rnn.bias_hh_l0", "rnn.weight_ci_l0", "rnn.weight_cf_l0",
+                             "rnn.weight_co_l0",
                              "head.weight", "head.bias"}
     for rank in range(WORLD):
         got = np.load(tmp_path / f"rank{rank}.npz")

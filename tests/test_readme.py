@@ -1,13 +1,14 @@
 """The README's Python examples run as printed and give what their comments say.
 
-Each ```python block of README.md is executed verbatim. Blocks that continue an earlier
-one (they use its variables) run in that block's namespace; the variables a block only
-assumes (``dy``, ``keras_lstm``, ...) are defined here, in the setup of its test. One
-block is not run here: the ``torchrun`` one needs two processes (tests/test_ddp.py trains
-that way).
+Every ```python block of README.md is extracted from the file and executed verbatim, in
+order, top to bottom, in ONE namespace (as a reader pasting them into one session would);
+each test then checks the namespace as it stood right after the block it is about. The
+environment is the one the blocks assume (tests/test_readme.py's ``readme`` fixture): the
+variables torchrun sets for one rank and a scratch working directory.
 """
 import os
 import re
+import socket
 
 import numpy as np
 import pytest
@@ -30,34 +31,63 @@ def python_blocks():
     return blocks
 
 
-def block(first_line):
-    """The one block whose first line starts with `first_line` (the test fails, rather
-    than passing vacuously, if the README no longer has it)."""
-    found = [b for b in python_blocks() if b.startswith(first_line)]
-    assert len(found) == 1, f"README: {len(found)} python blocks start with {first_line!r}"
-    return found[0]
-
-
 def run(code, namespace):
     exec(compile(code, README, "exec"), namespace)
     return namespace
 
 
-def test_every_block_is_run_or_named_as_not_run():
-    firsts = [b.splitlines()[0] for b in python_blocks()]
-    tested = ("import numpy as np", "lengths = ", "lstm = blockrnn.LSTM",
-              "import blockrnn.torch", "import jax", "from blockrnn import convert",
-              "import onnxruntime", "x_rev = ", "from threadpoolctl import threadpool_limits")
-    not_run = ("# torchrun",)
-    unknown = [f for f in firsts if not f.startswith(tested + not_run)]
-    assert not unknown, f"README python blocks this test does not know: {unknown}"
-    assert len(firsts) == len(tested) + len(not_run)
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def readme(tmp_path_factory):
+    """Every python block of the README, run as it stands, in order, in ONE namespace.
+
+    Yields {"blocks": [(code, snapshot of the namespace after it)], "dir": the working
+    directory the blocks ran in}. The environment is what the blocks assume: the
+    variables torchrun sets (one rank) and a scratch working directory (the ONNX block
+    writes files)."""
+    workdir = tmp_path_factory.mktemp("readme")
+    namespace, snapshots = {}, []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(workdir)
+        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
+            mp.setenv(key, value)
+        try:
+            for code in python_blocks():
+                run(code, namespace)
+                snapshots.append((code, dict(namespace)))
+            yield {"blocks": snapshots, "dir": workdir}
+        finally:
+            if "blas_limit" in namespace:          # the Threads block's process-wide limit
+                namespace["blas_limit"].restore_original_limits()
+
+
+def after(readme, first_line):
+    """The namespace right after the one block whose first line starts with `first_line`
+    (the test fails, rather than passing vacuously, if the README no longer has it)."""
+    found = [ns for code, ns in readme["blocks"] if code.startswith(first_line)]
+    assert len(found) == 1, f"README: {len(found)} python blocks start with {first_line!r}"
+    return found[0]
+
+
+def test_every_block_runs_in_order(readme):
+    firsts = [code.splitlines()[0] for code, _ in readme["blocks"]]
+    known = ("import numpy as np", "lengths = ", "x_rev = ", "lstm = blockrnn.LSTM",
+             "import torch", "# train.py", "import jax", "from torch import nn",
+             "import keras", "import onnxruntime", "from threadpoolctl import threadpool_limits")
+    assert len(firsts) == len(python_blocks()) == len(known), firsts
+    assert [f for f in firsts if not f.startswith(known)] == [], firsts
 
 
 @pytest.fixture
-def example():
+def example(readme):
     """The namespace after the README's first example (## Example)."""
-    return run(block("import numpy as np\nimport blockrnn\n"), {})
+    return after(readme, "import numpy as np\nimport blockrnn\n")
 
 
 def test_example(example):
@@ -82,8 +112,8 @@ def test_example(example):
                                rtol=1e-3, atol=1e-4)
 
 
-def test_sequence_length(example):
-    ns = run(block("lengths = "), example)
+def test_sequence_length(readme):
+    ns = after(readme, "lengths = ")
     lengths, fwd, B = ns["lengths"], ns["fwd"], ns["B"]
     assert 0 in lengths
     for row in range(B):
@@ -92,12 +122,9 @@ def test_sequence_length(example):
         assert not fwd.h[lengths[row]:, row].any()      # zero after each row's length
 
 
-def test_training_in_numpy(example):
-    ns = run(block("lengths = "), example)
+def test_training_in_numpy(readme):
+    ns = after(readme, "lstm = blockrnn.LSTM")
     T, B = ns["T"], ns["B"]
-    ns["dy"] = np.ones((T, B, 32), np.float32)
-    ns["dh"] = np.ones((1, B, 32), np.float32)
-    run("import blockrnn\n" + block("lstm = blockrnn.LSTM"), ns)
     assert ns["y"].shape == (T, B, 32) and ns["dx"].shape == ns["x"].shape
     # The loop applied the gradients: the parameters are no longer the seed's.
     import blockrnn
@@ -108,46 +135,57 @@ def test_training_in_numpy(example):
                                    rtol=1e-6, atol=1e-7)
 
 
-def test_torch():
+def test_torch(readme):
     import torch
-    B, T = 4, 6
-    g = torch.Generator().manual_seed(0)
-    ns = {"x": torch.randn(B, T, 16, generator=g),
-          "h0": torch.zeros(4, B, 32), "c0": torch.zeros(4, B, 32),
-          "x_time_major": torch.randn(T, B, 16, generator=g),
-          "nn_lstm": torch.nn.LSTM(16, 32, 2, bidirectional=True)}
-    run(block("import blockrnn.torch"), ns)
+    ns = after(readme, "import torch\nimport blockrnn.torch")
+    T, B = ns["T"], ns["B"]
     assert ns["y"].shape == (T, B, 32) and ns["h_n"].shape == (2, B, 32)   # the GRU's
     # The LSTM ran before y, h_n were rebound by the GRU; check its layout of states.
     lstm = ns["lstm"].eval()
-    y, (h_n, c_n) = lstm(ns["x"], (ns["h0"], ns["c0"]))
+    y, (h_n, c_n) = lstm(ns["x_bf"], (ns["h0_t"], ns["c0_t"]))
     assert y.shape == (B, T, 64) and h_n.shape == c_n.shape == (4, B, 32)
     torch.testing.assert_close(y[:, -1, :32], h_n[2])    # layer 1 forward: after step T-1
     torch.testing.assert_close(y[:, 0, 32:], h_n[3])     # layer 1 reverse: after step 0
-    want, _ = ns["nn_lstm"](ns["x_time_major"])
-    torch.testing.assert_close(ns["converted"](ns["x_time_major"])[0], want)
+    x_t = torch.from_numpy(ns["x"])
+    want, _ = ns["nn_lstm"](x_t)
+    torch.testing.assert_close(ns["converted"](x_t)[0], want)
+    assert [n for n, _ in ns["converted"].named_parameters()] == \
+        [n for n, _ in ns["nn_lstm"].named_parameters()]
+    assert "weight_ci_l0" in dict(ns["peephole"].named_parameters())
+    assert "w_ru_l0" in dict(ns["gru_block"].named_parameters())
 
 
-def test_weight_import():
-    import keras
+def test_ddp_block_single_rank(readme):
+    """The train.py block ran as one torchrun rank: one SGD step, the group torn down."""
+    import torch.distributed as dist
+    ns = after(readme, "# train.py")
+    assert ns["world"] == 1 and ns["y"].shape == (8, 20, 32)
+    assert not dist.is_initialized()
+
+
+def test_coming_from_torch(readme):
+    ns = after(readme, "from torch import nn")
+    assert ns["logits"].shape == (35, 20, 1000)
+    assert ns["h_n"].shape == ns["c_n"].shape == (2, 20, 200)
+    ref, ours = ns["reference"], ns["model"].rnn
+    for (n, p), (m, q) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert n == m and p.shape == q.shape
+
+
+def test_weight_import(readme):
     import torch
-    T, B = 5, 3
-    keras_lstm = keras.layers.LSTM(32)
-    keras_lstm.build((None, T, 16))
-    ns = {"keras_lstm": keras_lstm,
-          "torch_nn_lstm": torch.nn.LSTM(16, 32, num_layers=2, bidirectional=True),
-          "x_time_major": np.random.default_rng(0).standard_normal((T, B, 16), np.float32)}
-    run(block("from blockrnn import convert"), ns)
+    ns = after(readme, "import keras")
     y, (h, c) = ns["y"], ns["state"]
-    want, (h_t, c_t) = ns["torch_nn_lstm"](torch.from_numpy(ns["x_time_major"]))
+    T, B = ns["T"], ns["B"]
+    want, (h_t, c_t) = ns["torch_nn_lstm"](torch.from_numpy(ns["x"]))
     assert y.shape == (T, B, 64) and h.shape == c.shape == (4, B, 32)
     for got, ref in ((y, want), (h, h_t), (c, c_t)):
         np.testing.assert_allclose(got, ref.detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_jax(example):
+def test_jax(readme):
     import blockrnn
-    ns = run(block("import jax\n"), example)
+    ns = after(readme, "import jax\n")
     layer, x = ns["layer"], ns["x"]
     grads = ns["grads"]
     assert set(grads) == set(layer.params) == {"w_l0", "b_l0"}
@@ -160,12 +198,10 @@ def test_jax(example):
     assert isinstance(layer, blockrnn.LSTM)
 
 
-def test_onnx_export(example, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)                     # the block writes lstm.onnx
-    ns = run(block("lengths = "), example)
-    run(block("import onnxruntime"), ns)
+def test_onnx_export(readme):
+    ns = after(readme, "import onnxruntime")
     lstm, x, lengths = ns["lstm"], ns["x"], ns["lengths"]
-    assert (tmp_path / "lstm.onnx").is_file()
+    assert (readme["dir"] / "lstm.onnx").is_file()      # the block wrote it
     y, (h, c), _ = lstm.forward(x, sequence_length=lengths)   # the comment's claim
     for got, want in ((ns["y"][:, 0], y), (ns["h_n"], h), (ns["c_n"], c)):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
@@ -180,9 +216,8 @@ def test_onnx_export(example, tmp_path, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
 
 
-def test_reverse_sequence_example(example):
-    ns = run(block("lengths = "), example)
-    run(block("x_rev = "), ns)
+def test_reverse_sequence_example(readme):
+    ns = after(readme, "x_rev = ")
     lengths, x, hb = ns["lengths"], ns["x"], ns["h_backward"]
     import blockrnn
     for row, n in enumerate(lengths):   # each row's valid prefix, run backwards, alone
@@ -193,7 +228,7 @@ def test_reverse_sequence_example(example):
         assert not hb[n:, row].any()
 
 
-def test_server_thread_limits():
+def test_server_thread_limits(readme):
     """The Threads section's server recipe: a serving thread's blockrnn calls run on
     that thread alone (its thread limit is 1) and OpenBLAS runs one thread; a limit
     entered in another thread does not reach it (GNU OpenMP's limit is per thread)."""
@@ -211,8 +246,8 @@ def test_server_thread_limits():
         return seen
 
     default = limit_in_new_thread(lambda seen: seen.append(_config.thread_limit()))
-    namespace = run(block("from threadpoolctl import threadpool_limits"), {})
-    try:
+    namespace = after(readme, "from threadpoolctl import threadpool_limits")
+    if True:   # the block's blas_limit is active until the readme fixture's teardown
         blas = [d["num_threads"] for d in threadpool_info() if d["user_api"] == "blas"]
         assert blas and set(blas) == {1}
         with namespace["threadpool_limits"](limits=1, user_api="openmp"):  # this thread only
@@ -223,5 +258,3 @@ def test_server_thread_limits():
             lambda request: seen.append((request, _config.thread_limit())), [7, 8]))
         assert served == [(7, 1), (8, 1)]
         assert limit_in_new_thread(lambda seen: seen.append(_config.thread_limit())) == default
-    finally:
-        namespace["blas_limit"].restore_original_limits()

@@ -99,8 +99,8 @@ def test_from_torch_matches_nn_lstm(dtype, tol, bias, batch_first):
     torch.manual_seed(0)
     ref = nn.LSTM(I, H, bias=bias, batch_first=batch_first).to(dtype)
     ours = bt.LSTM.from_torch(ref)
-    assert ours.w_l0.dtype == dtype and ours.batch_first == batch_first
-    assert ours.bias == bias and ("b_l0" in dict(ours.named_parameters())) == bias
+    assert ours.weight_ih_l0.dtype == dtype and ours.batch_first == batch_first
+    assert ours.bias == bias and ("bias_ih_l0" in dict(ours.named_parameters())) == bias
     shape = (B, T, I) if batch_first else (T, B, I)
     xs = [_rand(*shape, dtype=dtype, seed=1) for _ in range(2)]
     h0s = [_rand(1, B, H, dtype=dtype, seed=2) for _ in range(2)]
@@ -111,11 +111,10 @@ def test_from_torch_matches_nn_lstm(dtype, tol, bias, batch_first):
         torch.testing.assert_close(a, r, rtol=tol, atol=tol)
     for a, r in ((xs[1], xs[0]), (h0s[1], h0s[0]), (c0s[1], c0s[0])):
         torch.testing.assert_close(a.grad, r.grad, rtol=tol, atol=tol)
-    torch.testing.assert_close(ours.w_l0.grad[:I].T, ref.weight_ih_l0.grad, rtol=tol, atol=tol)
-    torch.testing.assert_close(ours.w_l0.grad[I:].T, ref.weight_hh_l0.grad, rtol=tol, atol=tol)
-    if bias:
-        torch.testing.assert_close(ours.b_l0.grad, ref.bias_ih_l0.grad, rtol=tol, atol=tol)
-        torch.testing.assert_close(ours.b_l0.grad, ref.bias_hh_l0.grad, rtol=tol, atol=tol)
+    mine = dict(ours.named_parameters())
+    assert list(mine) == [n for n, _ in ref.named_parameters()]
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(mine[name].grad, p.grad, rtol=tol, atol=tol)
 
 
 def test_nn_lstm_call_conventions():
@@ -148,15 +147,20 @@ def test_nn_lstm_call_conventions():
 
 def test_parameters_double_and_needs_input_grad():
     lstm = bt.LSTM(I, H)
-    assert lstm.w_l0.dtype == torch.get_default_dtype()
-    assert [n for n, _ in lstm.named_parameters()] == ["w_l0", "b_l0"]
-    assert list(lstm.state_dict()) == ["w_l0", "b_l0"]       # zero peepholes: not state
+    nn_names = ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"]
+    assert lstm.weight_ih_l0.dtype == torch.get_default_dtype()
+    assert [n for n, _ in lstm.named_parameters()] == nn_names
+    assert list(lstm.state_dict()) == nn_names               # no peepholes: no extra state
     peep = bt.LSTM(I, H, use_peephole=True).double()
-    assert [n for n, _ in peep.named_parameters()] == ["w_l0", "b_l0", "wci_l0", "wcf_l0",
-                                                       "wco_l0"]
+    assert [n for n, _ in peep.named_parameters()] == nn_names + ["weight_ci_l0",
+                                                                  "weight_cf_l0",
+                                                                  "weight_co_l0"]
     assert all(p.dtype == torch.float64 for p in peep.parameters())
-    assert peep.wci_l0.shape == (H,) and peep.w_l0.shape == (I + H, 4 * H)
-    gru = bt.GRU(I, H).double()
+    assert peep.weight_ci_l0.shape == (H,) and peep.weight_ih_l0.shape == (4 * H, I)
+    assert {n: tuple(p.shape) for n, p in bt.GRU(I, H).named_parameters()} == {
+        "weight_ih_l0": (3 * H, I), "weight_hh_l0": (3 * H, H), "bias_ih_l0": (3 * H,),
+        "bias_hh_l0": (3 * H,)}
+    gru = bt.GRU(I, H, reset_after=False).double()
     assert {n: tuple(p.shape) for n, p in gru.named_parameters()} == {
         "w_ru_l0": (I + H, 2 * H), "w_c_l0": (I + H, H), "b_ru_l0": (2 * H,), "b_c_l0": (H,)}
     # Frozen weights and an input without grad: only the requested gradients appear.
@@ -173,7 +177,8 @@ def test_parameters_double_and_needs_input_grad():
 
 def test_adam_training_reduces_loss():
     torch.manual_seed(0)
-    for model in (bt.LSTM(I, 8, batch_first=True), bt.GRU(I, 8, batch_first=True)):
+    for model in (bt.LSTM(I, 8, batch_first=True), bt.GRU(I, 8, batch_first=True),
+                  bt.GRU(I, 8, batch_first=True, reset_after=False)):
         head = nn.Linear(8, 1)
         opt = torch.optim.Adam(list(model.parameters()) + list(head.parameters()), lr=0.02)
         g = torch.Generator().manual_seed(1)
@@ -206,6 +211,12 @@ def test_errors():
         lstm(torch.zeros(T, B, I), torch.zeros(1, B, H))
     with pytest.raises(ValueError, match=r"sequence_length entries must be in \[0, T\]"):
         lstm(torch.zeros(T, B, I), sequence_length=[1, 2, 6])
+    with pytest.raises(ValueError, match=r"lstm_op: sequence_length entries must be in"):
+        lstm(torch.zeros(T, B, I), sequence_length=torch.tensor([1, 2, 6]))
+    with pytest.raises(TypeError, match="sequence_length must be an integer array"):
+        lstm(torch.zeros(T, B, I), sequence_length=torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match=r"sequence_length must have shape \(B,\) = \(3,\)"):
+        lstm(torch.zeros(T, B, I), sequence_length=torch.tensor([1, 2]))
     with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
         bt.GRU(I, H, dtype=torch.float16)
     with pytest.raises(ValueError, match="hidden_size must be positive"):
@@ -214,6 +225,10 @@ def test_errors():
         bt.LSTM.from_torch(nn.LSTM(I, H, proj_size=2))
     with pytest.raises(ValueError, match="reset gate AFTER the recurrent matmul"):
         bt.LSTM.from_torch(nn.GRU(I, H))
+    with pytest.raises(TypeError, match="expected a torch.nn.GRU"):
+        bt.GRU.from_torch(nn.LSTM(I, H))
+    with pytest.raises(TypeError, match="reset_after must be a bool"):
+        bt.GRU(I, H, reset_after=1)
     with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
         bt.LSTM.from_torch(nn.Linear(I, H))
 
@@ -240,8 +255,10 @@ def test_torch_adapter_does_not_import_convert():
 @pytest.mark.parametrize("module", [lambda: bt.LSTM(3, 4, dtype=torch.float64),
                                     lambda: bt.LSTM(3, 4, use_peephole=True, cell_clip=1.0,
                                                     dtype=torch.float64),
-                                    lambda: bt.GRU(3, 4, dtype=torch.float64)],
-                         ids=["lstm", "lstm_peephole", "gru"])
+                                    lambda: bt.GRU(3, 4, dtype=torch.float64),
+                                    lambda: bt.GRU(3, 4, reset_after=False,
+                                                   dtype=torch.float64)],
+                         ids=["lstm", "lstm_peephole", "gru", "gru_reset_before"])
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
 def test_double_backward_raises(module):
     """create_graph=True (a gradient penalty, a Hessian product) needs the gradient

@@ -46,20 +46,10 @@ def _max_diff(a, b):
 
 
 def _param_grad_diffs(ours, ref):
-    """max |grad difference| per nn.LSTM parameter, mapped back as D21.md fixes:
-    W_ih.grad = w.grad[:I_k].T, W_hh.grad = w.grad[I_k:].T, b_ih.grad = b_hh.grad = b.grad."""
+    """max |grad difference| per nn.LSTM parameter (the same names on both sides)."""
     mine = dict(ours.named_parameters())
-    out = {}
-    for k, d, sfx, I_k in ours._cells():
-        w = mine[f"w{sfx}"].grad
-        out[f"weight_ih{sfx}"] = _max_diff(w[:I_k].T, getattr(ref, f"weight_ih{sfx}").grad)
-        out[f"weight_hh{sfx}"] = _max_diff(w[I_k:].T, getattr(ref, f"weight_hh{sfx}").grad)
-        if ref.bias:
-            for n in ("bias_ih", "bias_hh"):
-                out[f"{n}{sfx}"] = _max_diff(mine[f"b{sfx}"].grad,
-                                             getattr(ref, f"{n}{sfx}").grad)
-    assert len(out) == len(list(ref.parameters()))   # every parameter compared
-    return out
+    assert list(mine) == [n for n, _ in ref.named_parameters()]   # every parameter compared
+    return {n: _max_diff(mine[n].grad, p.grad) for n, p in ref.named_parameters()}
 
 
 def parity_vs_nn_lstm(dtype, packed, bias=True, batch_first=False):
@@ -168,14 +158,16 @@ def test_gradcheck_stacked_bidirectional_modules(lengths):
     torch.manual_seed(0)
     lstm = bt.LSTM(Ig, Hg, 2, bidirectional=True, use_peephole=True, dtype=torch.float64)
     gru = bt.GRU(Ig, Hg, 2, bidirectional=True, dtype=torch.float64)
+    gru_rb = bt.GRU(Ig, Hg, 2, bidirectional=True, reset_after=False, dtype=torch.float64)
     x = _rand(Tg, Bg, Ig, seed=1)
     h0, c0 = _rand(4, Bg, Hg, seed=2), _rand(4, Bg, Hg, seed=3)
     assert _module_gradcheck(lstm, x, (h0, c0), lengths)
     assert _module_gradcheck(gru, x, (h0,), lengths)
+    assert _module_gradcheck(gru_rb, x, (h0,), lengths)
 
 
 # ---------------------------------------------------------------------------
-# GRU (no nn.GRU peer: reset-before math) against single-layer blockrnn ops
+# GRU(reset_after=False) (no nn.GRU peer: reset-before math) against single-layer ops
 # ---------------------------------------------------------------------------
 
 def _hand_gru(module, x, h0, lengths):
@@ -202,7 +194,7 @@ def _hand_gru(module, x, h0, lengths):
 @pytest.mark.parametrize("lengths", [None, [6, 1, 0, 3]], ids=["full", "lengths"])
 def test_gru_stacked_bidirectional_equals_hand_composition(lengths):
     torch.manual_seed(0)
-    gru = bt.GRU(I, H, 3, bidirectional=True, dtype=torch.float64)
+    gru = bt.GRU(I, H, 3, bidirectional=True, reset_after=False, dtype=torch.float64)
     x = _rand(T, B, I, seed=1, requires_grad=False)
     h0 = _rand(6, B, H, seed=2, requires_grad=False)
     with torch.no_grad():
@@ -227,7 +219,7 @@ def test_reverse_in_function_equals_autograd_gather():
     torch.manual_seed(0)
     lengths = np.array([6, 1, 0, 3])
     x, h0 = _rand(T, B, I, seed=1), _rand(B, H, seed=2)
-    gru = bt.GRU(I, H, dtype=torch.float64)
+    gru = bt.GRU(I, H, reset_after=False, dtype=torch.float64)
     p = [gru.w_ru_l0, gru.w_c_l0, gru.b_ru_l0, gru.b_c_l0]
     wts = _weights((T, B, H), torch.float64)
     h = bt.BlockGRUFunction.apply(x, h0, *p, lengths, True)
@@ -251,15 +243,15 @@ def test_reverse_in_function_equals_autograd_gather():
 # Dropout
 # ---------------------------------------------------------------------------
 
-def _record_calls(monkeypatch, function):
-    """Record (x, output h) of every call of function.apply (one per layer and direction)."""
-    seen, apply = [], function.apply
+def _record_calls(monkeypatch, name):
+    """Record (x, output h) of every call of the op bt.<name> (one per layer and direction)."""
+    seen, op = [], getattr(bt, name)
 
     def spy(x, *rest):
-        out = apply(x, *rest)
-        seen.append((x.detach().clone(), (out[0] if isinstance(out, tuple) else out).detach()))
+        out = op(x, *rest)
+        seen.append((x.detach().clone(), out[0].detach()))
         return out
-    monkeypatch.setattr(function, "apply", spy)
+    monkeypatch.setattr(bt, name, spy)
     return seen
 
 
@@ -278,8 +270,7 @@ def test_dropout_eval_deterministic_and_train_drops_at_rate(kind, monkeypatch):
     y1, y2 = out(model), out(model)
     assert torch.equal(y1, y2) and torch.equal(y1, out(plain))
 
-    seen = _record_calls(monkeypatch, bt.BlockLSTMFunction if kind == "lstm"
-                         else bt.BlockGRUFunction)
+    seen = _record_calls(monkeypatch, "lstm_op" if kind == "lstm" else "gru_op")
     model.train()
     torch.manual_seed(1)
     y_train = out(model)
@@ -311,8 +302,10 @@ def test_dropout_warning_and_training_mode_kept_by_from_torch():
     ours = bt.LSTM.from_torch(ref.eval())
     assert (ours.num_layers, ours.bidirectional, ours.bias, ours.batch_first, ours.dropout,
             ours.training) == (2, True, False, True, 0.25, False)
-    assert [n for n, _ in ours.named_parameters()] == ["w_l0", "w_l0_reverse", "w_l1",
-                                                       "w_l1_reverse"]
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()] == [
+        "weight_ih_l0", "weight_hh_l0", "weight_ih_l0_reverse", "weight_hh_l0_reverse",
+        "weight_ih_l1", "weight_hh_l1", "weight_ih_l1_reverse", "weight_hh_l1_reverse"]
 
 
 # ---------------------------------------------------------------------------
@@ -340,11 +333,12 @@ def test_parameter_names_and_order():
     want = []
     for k, I_k in ((0, I), (1, 2 * H)):
         for s in ("", "_reverse"):
-            want += [(f"w_l{k}{s}", (I_k + H, 4 * H)), (f"b_l{k}{s}", (4 * H,))]
-            want += [(f"{n}_l{k}{s}", (H,)) for n in ("wci", "wcf", "wco")]
+            want += [(f"weight_ih_l{k}{s}", (4 * H, I_k)), (f"weight_hh_l{k}{s}", (4 * H, H)),
+                     (f"bias_ih_l{k}{s}", (4 * H,)), (f"bias_hh_l{k}{s}", (4 * H,))]
+            want += [(f"{n}_l{k}{s}", (H,)) for n in ("weight_ci", "weight_cf", "weight_co")]
     assert list(shapes.items()) == want
     assert list(m.state_dict()) == [n for n, _ in want]
-    g = bt.GRU(I, H, 2, bias=False, bidirectional=True)
+    g = bt.GRU(I, H, 2, bias=False, bidirectional=True, reset_after=False)
     assert [n for n, _ in g.named_parameters()] == [
         "w_ru_l0", "w_c_l0", "w_ru_l0_reverse", "w_c_l0_reverse",
         "w_ru_l1", "w_c_l1", "w_ru_l1_reverse", "w_c_l1_reverse"]
@@ -417,7 +411,7 @@ def test_constructor_and_call_errors():
 # The NumPy layers (blockrnn.LSTM / GRU) against the torch modules
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "gru_reset_after"])
 @pytest.mark.parametrize("lengths", [None, [6, 1, 0, 3]], ids=["full", "lengths"])
 def test_numpy_layers_equal_torch_modules(kind, lengths):
     """Same weights (the same names): outputs, final states, input/state gradients and
@@ -425,18 +419,18 @@ def test_numpy_layers_equal_torch_modules(kind, lengths):
     torch.manual_seed(0)
     if kind == "lstm":
         mod = bt.LSTM(I, H, 2, bidirectional=True, use_peephole=True, cell_clip=0.5,
-                      dtype=torch.float64)
+                      forget_bias=0.25, dtype=torch.float64)
         layer = blockrnn.LSTM(I, H, 2, bidirectional=True, use_peephole=True, cell_clip=0.5,
                               dtype=np.float64)
+        values = bt.nn_lstm_arrays(mod)["params"]      # w = [W_ih.T; W_hh.T], b = sum
     else:
-        mod = bt.GRU(I, H, 2, bidirectional=True, dtype=torch.float64)
-        # the NumPy GRU of the module's math: nn.GRU's parameter names are the reset-after GRU
-        reset_after = any(n.startswith("weight_ih") for n, _ in mod.named_parameters())
-        layer = blockrnn.GRU(I, H, 2, bidirectional=True, reset_after=reset_after,
-                             dtype=np.float64)
-    assert list(layer.params) == [n for n, _ in mod.named_parameters()]
-    for n, p in mod.named_parameters():
-        layer.params[n][...] = p.detach().numpy()
+        ra = kind == "gru_reset_after"
+        mod = bt.GRU(I, H, 2, bidirectional=True, reset_after=ra, dtype=torch.float64)
+        layer = blockrnn.GRU(I, H, 2, bidirectional=True, reset_after=ra, dtype=np.float64)
+        values = {n: p.detach().numpy() for n, p in mod.named_parameters()}
+    assert list(layer.params) == list(values)
+    for n, v in values.items():
+        layer.params[n][...] = v
     x = _rand(T, B, I, seed=1)
     states = [_rand(2 * L, B, H, seed=2 + k) for k in range(2 if kind == "lstm" else 1)]
     hx = tuple(states) if kind == "lstm" else states[0]
@@ -461,5 +455,15 @@ def test_numpy_layers_equal_torch_modules(kind, lengths):
     close(x.grad.numpy(), dx)
     for s, g in zip(states, ds0):
         close(s.grad.numpy(), g)
-    for n, p in mod.named_parameters():
-        close(p.grad.numpy(), layer.grads[n])
+    grads = {n: p.grad.numpy() for n, p in mod.named_parameters()}
+    if kind == "lstm":     # the layer's w / b gradients mapped back to nn.LSTM's parameters
+        for _, _, sfx, I_k in mod._cells():
+            close(grads[f"weight_ih{sfx}"], layer.grads[f"w{sfx}"][:I_k].T)
+            close(grads[f"weight_hh{sfx}"], layer.grads[f"w{sfx}"][I_k:].T)
+            close(grads[f"bias_ih{sfx}"], layer.grads[f"b{sfx}"])
+            close(grads[f"bias_hh{sfx}"], layer.grads[f"b{sfx}"])
+            for tf_name, name in zip(("wci", "wcf", "wco"), bt._PEEPHOLES):
+                close(grads[f"{name}{sfx}"], layer.grads[f"{tf_name}{sfx}"])
+    else:
+        for n, g in grads.items():
+            close(g, layer.grads[n])

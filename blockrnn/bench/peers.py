@@ -601,17 +601,10 @@ def _stacked_models(torch, p):
 
 
 def _stacked_grads(torch, model, x, h0, c0):
-    """The gradients of one fwd+bwd run of ``model`` as NumPy, keyed by nn.LSTM's names
-    (blockrnn's w / b mapped back: W_ih = w[:I_k].T, W_hh = w[I_k:].T, b_ih = b_hh = b)."""
+    """The gradients of one fwd+bwd run of ``model`` (nn.LSTM or blockrnn.torch.LSTM,
+    which holds the same parameters since 0.2) as NumPy, keyed by nn.LSTM's names."""
     out = {"x": x.grad, "h0": h0.grad, "c0": c0.grad}
-    if isinstance(model, torch.nn.LSTM) or "weight_ih_l0" in dict(model.named_parameters()):
-        out.update({n: q.grad for n, q in model.named_parameters()})
-    else:
-        mine = dict(model.named_parameters())
-        for _, _, sfx, I_k in model._cells():
-            w, b = mine[f"w{sfx}"].grad, mine[f"b{sfx}"].grad
-            out.update({f"weight_ih{sfx}": w[:I_k].T, f"weight_hh{sfx}": w[I_k:].T,
-                        f"bias_ih{sfx}": b, f"bias_hh{sfx}": b})
+    out.update({n: q.grad for n, q in model.named_parameters()})
     return {n: g.detach().numpy() for n, g in out.items()}
 
 

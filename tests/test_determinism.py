@@ -1,0 +1,201 @@
+"""Every op gives the same bits whatever the threads (issue 25): (a) blockrnn's own
+thread count 1..4 (OpenMP limit of the calling thread), (b) OpenBLAS's thread count
+1 vs 2, (c) 2-4 Python threads calling at once. float32 and float64, with and
+without sequence_length.
+
+float32's sequence products all run in blockrnn's packed kernel (include/brnn_packed.h,
+include/brnn_gemm.h), whose blocking depends on the shapes only. The cells and the
+float64 products go through SciPy's BLAS: OpenBLAS splits a threaded GEMM's rows
+and columns between its threads, and its kernels' edge tiles sum in another
+order, so a product it threads may change bits with OPENBLAS_NUM_THREADS (measured
+on dgemm: at 600 output rows even with K = 16, so no blocking of K avoids it). (b)
+is asserted for float32 at every shape (its sequence ops by design; its cells,
+whose one product per call is SciPy's sgemm, measured at these shapes) and for
+float64 only at FLOAT64_OPENBLAS_SHAPES: at the larger shapes OpenBLAS's dgemm
+gives the float64 sequence gradients other bits on 2 threads.
+"""
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import blockrnn
+from blockrnn import _kernels
+
+# T, B, I, H: large enough for every route (several threads in the reverse loop,
+# the GEMM driver after it); batch 1 (GEMV steps, packed input projection); H
+# not a multiple of 16 with an odd batch.
+SHAPES = [(30, 16, 128, 256), (20, 1, 64, 600), (9, 3, 40, 37)]
+# Shapes whose float64 products OpenBLAS runs with the same bits on 1 and 2
+# threads (measured; not a design guarantee, see above).
+FLOAT64_OPENBLAS_SHAPES = [(9, 3, 40, 37)]
+DTYPES = [np.float32, np.float64]
+
+
+def _problem(T, B, I, H, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    r = lambda *s: rng.uniform(-1, 1, s).astype(dtype)  # noqa: E731
+    p = dict(T=T, x=r(T, B, I), cs=r(B, H), h=r(B, H), w=r(I + H, 4 * H) / 4, wci=r(H),
+             wcf=r(H), wco=r(H), b=r(4 * H), dcs=r(T, B, H), dh=r(T, B, H),
+             w_ru=r(I + H, 2 * H) / 4, w_c=r(I + H, H) / 4, b_ru=r(2 * H), b_c=r(H))
+    lengths = rng.integers(0, T + 1, B)
+    lengths[0] = T
+    p["lengths"] = lengths
+    return p
+
+
+def _all_ops(p, with_lengths):
+    """Every op's outputs, as {name: [arrays]}."""
+    lens = p["lengths"] if with_lengths else None
+    lstm = (p["T"], p["x"], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
+    cell = (p["x"][0],) + lstm[2:]
+    gru_cell = (p["x"][0], p["h"], p["w_ru"], p["w_c"], p["b_ru"], p["b_c"])
+    gru = (p["T"], p["x"]) + gru_cell[1:]
+    out = {}
+    c = blockrnn.lstm_block_cell(*cell, use_peephole=True)
+    out["lstm_block_cell"] = c
+    out["lstm_block_cell_grad"] = blockrnn.lstm_block_cell_grad(
+        *cell, *c[:6], p["dcs"][0], p["dh"][0], use_peephole=True)
+    out["lstm_block_cell_grad_full"] = blockrnn.lstm_block_cell_grad_full(
+        *cell, *c[:6], p["dcs"][0], p["dh"][0], use_peephole=True)
+    for name, op, grad in (("block_lstm", blockrnn.block_lstm, blockrnn.block_lstm_grad),
+                           ("block_lstm_v2", blockrnn.block_lstm_v2,
+                            blockrnn.block_lstm_grad_v2)):
+        f = op(*lstm, use_peephole=True, sequence_length=lens)
+        out[name] = f
+        out[name.replace("lstm", "lstm_grad")] = grad(*lstm, *f, p["dcs"], p["dh"],
+                                                      use_peephole=True, sequence_length=lens)
+    g = blockrnn.gru_block_cell(*gru_cell)
+    out["gru_block_cell"] = g
+    out["gru_block_cell_grad"] = blockrnn.gru_block_cell_grad(*gru_cell, *g[:3], p["dh"][0])
+    out["gru_block_cell_grad_full"] = blockrnn.gru_block_cell_grad_full(*gru_cell, *g[:3],
+                                                                        p["dh"][0])
+    gs = blockrnn.block_gru(*gru, sequence_length=lens)
+    out["block_gru"] = gs
+    out["block_gru_grad"] = blockrnn.block_gru_grad(*gru, *gs, p["dh"], sequence_length=lens)
+    return out
+
+
+def _assert_same(expected, got, what):
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert len(expected[name]) == len(got[name])
+        for k, (e, g) in enumerate(zip(expected[name], got[name])):
+            assert e.dtype == g.dtype
+            assert np.array_equal(e, g, equal_nan=True), f"{name} output {k}: {what}"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_blockrnn_thread_count_changes_no_bit(shape, dtype, with_lengths):
+    p = _problem(*shape, dtype)
+    with threadpool_limits(1, user_api="openmp"):
+        serial = _all_ops(p, with_lengths)
+    for n in (2, 3, 4):
+        with threadpool_limits(n, user_api="openmp"):
+            _assert_same(serial, _all_ops(p, with_lengths), f"{n} vs 1 OpenMP threads")
+
+
+def _openblas_cases():
+    for shape in SHAPES:
+        for dtype in DTYPES:
+            if dtype == np.float32 or shape in FLOAT64_OPENBLAS_SHAPES:
+                yield shape, dtype
+
+
+@pytest.mark.parametrize("shape,dtype", list(_openblas_cases()))
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_openblas_thread_count_changes_no_bit(shape, dtype, with_lengths):
+    p = _problem(*shape, dtype)
+    with threadpool_limits(1, user_api="blas"):
+        one = _all_ops(p, with_lengths)
+    with threadpool_limits(2, user_api="blas"):
+        two = _all_ops(p, with_lengths)
+    _assert_same(one, two, "OpenBLAS 2 vs 1 threads")
+
+
+def test_the_openblas_test_covers_every_float32_sequence_op():
+    """The float32 sequence ops are checked at every shape, not only where OpenBLAS
+    happens to agree with itself."""
+    names = set(_all_ops(_problem(2, 2, 3, 4, np.float32), True))
+    assert {n for n in names if n.startswith("block_")} == {
+        "block_lstm", "block_lstm_grad", "block_lstm_v2", "block_lstm_grad_v2",
+        "block_gru", "block_gru_grad"}
+    assert [s for s, d in _openblas_cases() if d == np.float32] == SHAPES
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("callers", [2, 4])
+def test_concurrent_callers_change_no_bit(dtype, callers):
+    problems = [(_problem(*shape, dtype, seed=k), k % 2 == 0)
+                for k, shape in enumerate(SHAPES * 2)]
+    serial = [_all_ops(p, lens) for p, lens in problems]
+    with ThreadPoolExecutor(max_workers=callers) as pool:
+        threaded = list(pool.map(lambda a: _all_ops(*a), problems))
+    for e, g in zip(serial, threaded):
+        _assert_same(e, g, f"{callers} concurrent callers")
+    assert _kernels.thread_budget_in_use() == 0
+
+
+def test_the_shapes_reach_the_threaded_routes():
+    """The first shape runs the reverse loop and the GEMM driver on 2 threads when
+    2 are allowed (else the thread-count test checks little)."""
+    T, B, I, H = SHAPES[0]
+    assert _kernels.packed_threads_for(B, 4 * H, H, H, 4) >= 2
+    assert _kernels.packed_gemm_threads_for(T * B * 4 * H * (2 * I + H), 4) == 4
+    assert SHAPES[1][1] == 1 and SHAPES[2][3] % 16 != 0
+
+
+OPENBLAS_IDLE = """
+import os, time, numpy as np, blockrnn
+from threadpoolctl import threadpool_limits
+# OpenBLAS (NumPy's and SciPy's) starts its workers when loaded; libgomp starts
+# blockrnn's at its first parallel region: the threads now, less this one, are
+# OpenBLAS's.
+workers = set(os.listdir("/proc/self/task")) - {str(os.getpid())}
+assert workers, "no OpenBLAS worker threads: the test measures nothing"
+
+def cpu_ticks():
+    total = 0
+    for tid in workers:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])   # utime + stime
+    return total
+
+def calls(T, B, I, H):
+    rng = np.random.default_rng(0)
+    r = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)
+    x, cs, h, p, dh = r(T, B, I), r(B, H), r(B, H), r(H), r(T, B, H)
+    w, b, w_ru, w_c = r(I + H, 4 * H) / 4, r(4 * H), r(I + H, 2 * H) / 4, r(I + H, H) / 4
+    lens = rng.integers(0, T + 1, B)
+    for op, grad in ((blockrnn.block_lstm, blockrnn.block_lstm_grad),
+                     (blockrnn.block_lstm_v2, blockrnn.block_lstm_grad_v2)):
+        f = op(T, x, cs, h, w, p, p, p, b, sequence_length=lens)
+        grad(T, x, cs, h, w, p, p, p, b, *f, dh, dh, use_peephole=False, sequence_length=lens)
+    g = blockrnn.block_gru(T, x, h, w_ru, w_c, b[:2 * H], p)
+    blockrnn.block_gru_grad(T, x, h, w_ru, w_c, b[:2 * H], p, *g, dh)
+
+time.sleep(0.3)
+before = cpu_ticks()
+with threadpool_limits(2, user_api="openmp"):
+    for _ in range(5):
+        for shape in ((40, 32, 256, 256), (40, 1, 256, 600)):
+            calls(*shape)
+print("ticks", cpu_ticks() - before)
+"""
+
+
+def test_openblas_workers_stay_idle_during_float32_sequence_calls():
+    """Every float32 product of a sequence call runs on blockrnn's threads or the
+    caller: OpenBLAS's workers get no CPU time (they did: the backward's sgemm)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", OPENBLAS_IDLE], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["ticks", "0"], out.stdout

@@ -1,0 +1,101 @@
+"""The GEMM driver of include/brnn_gemm.h (float32 products over all steps, e.g. the
+backward's x_grad and weight gradients): every kernel variant of this CPU against
+float64, transposed and strided operands, the same bits for every thread split and
+thread count, and its bits are those of its fixed K blocks."""
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from blockrnn import _kernels
+
+PATHS = _kernels.packed_paths_supported()
+KC = 256  # BRNN_GEMM_KC
+# M, N, K: edges of every tile and block (M past MC = 96, N past NC = 512 and not a
+# multiple of 16, K past one and two KC), one row, one column, tall and wide.
+SHAPES = [(1, 1, 1), (7, 5, 3), (13, 37, 256), (97, 40, 257), (30, 530, 600),
+          (600, 17, 513), (12, 16, 1), (250, 130, 1100), (3, 600, 40)]
+
+
+def _operands(M, N, K, trans_a, trans_b, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, (K, M) if trans_a else (M, K)).astype(np.float32)
+    b = rng.uniform(-1, 1, (N, K) if trans_b else (K, N)).astype(np.float32)
+    return (a.T if trans_a else a), (b.T if trans_b else b)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True),
+                                             (True, True)])
+def test_driver_matches_float64(path, shape, trans_a, trans_b):
+    M, N, K = shape
+    a, b = _operands(M, N, K, trans_a, trans_b)
+    c0 = np.random.default_rng(1).uniform(-1, 1, (M, N)).astype(np.float32)
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    for accumulate in (False, True):
+        c = c0.copy()
+        _kernels.packed_gemm_memview(a, b, accumulate, c, path)
+        want = expected + c0 if accumulate else expected
+        np.testing.assert_allclose(c, want, rtol=0, atol=2e-6 * (K + 1) ** 0.5 * 4)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_thread_split_gives_the_same_bits(path, shape):
+    """parts = nt thread parts run one after another: every split of rows or panels."""
+    a, b = _operands(*shape, trans_a=True, trans_b=False)
+    ref = np.empty((shape[0], shape[1]), np.float32)
+    _kernels.packed_gemm_memview(a, b, False, ref, path)
+    for parts in (2, 3, 4, 5, 8):
+        c = np.full_like(ref, np.nan)
+        _kernels.packed_gemm_memview(a, b, False, c, path, parts=parts)
+        np.testing.assert_array_equal(c, ref)
+
+
+@pytest.mark.parametrize("shape", [(250, 130, 1100), (30, 530, 600), (600, 17, 513)])
+def test_thread_counts_give_the_same_bits(shape):
+    """Real threads from the thread budget, 1..4 allowed."""
+    a, b = _operands(*shape, trans_a=False, trans_b=True)
+    ref = np.empty((shape[0], shape[1]), np.float32)
+    _kernels.packed_gemm_memview(a, b, False, ref)
+    for n in (2, 3, 4):
+        c = np.full_like(ref, np.nan)
+        with threadpool_limits(n, user_api="openmp"):
+            _kernels.packed_gemm_memview(a, b, False, c, threads=n)
+        np.testing.assert_array_equal(c, ref)
+    assert _kernels.thread_budget_in_use() == 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bits_are_those_of_fixed_k_blocks(path):
+    """C = ((A[:, :KC] B[:KC]) + A[:, KC:2KC] B[KC:2KC]) + ..., each block one packed-
+    kernel sum: what the driver promises (its bits depend on K only)."""
+    M, N, K = 40, 50, 2 * KC + 77
+    a, b = _operands(M, N, K, trans_a=False, trans_b=False)
+    c = np.empty((M, N), np.float32)
+    _kernels.packed_gemm_memview(a, b, False, c, path)
+    manual = np.empty((M, N), np.float32)
+    for k0 in range(0, K, KC):
+        _kernels.packed_product_memview(np.ascontiguousarray(a[:, k0:k0 + KC]),
+                                        b[k0:k0 + KC], k0 > 0, manual, path)
+    np.testing.assert_array_equal(c, manual)
+
+
+def test_empty_k_zeroes_or_keeps_c():
+    a = np.empty((5, 0), np.float32)
+    b = np.empty((0, 20), np.float32)
+    c = np.ones((5, 20), np.float32)
+    _kernels.packed_gemm_memview(a, b, True, c)
+    assert (c == 1).all()
+    _kernels.packed_gemm_memview(a, b, False, c)
+    assert (c == 0).all()
+
+
+def test_bad_arguments_are_refused():
+    a = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match="inconsistent"):
+        _kernels.packed_gemm_memview(a, np.ones((5, 2), np.float32), False,
+                                     np.ones((3, 2), np.float32))
+    with pytest.raises(ValueError, match="path"):
+        _kernels.packed_gemm_memview(a, np.ones((4, 2), np.float32), False,
+                                     np.ones((3, 2), np.float32), "sse9")

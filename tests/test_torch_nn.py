@@ -1,0 +1,495 @@
+"""blockrnn.torch.LSTM / GRU as drop-ins for torch.nn.LSTM / nn.GRU (issue 27).
+
+The same parameters (names, shapes, order, initialisation, state_dict both ways, strict),
+the same training (SGD with weight decay and gradient clipping, step by step), the same
+outputs, states and gradients (float64 and float32, padded and unsorted PackedSequence);
+the custom ops under gradcheck, torch.library.opcheck, torch.compile(fullgraph=True) and
+torch.export. PyTorch is required: a missing torch FAILS these tests.
+"""
+import itertools
+
+import numpy as np
+import pytest
+
+try:
+    import torch
+    from torch import nn
+    from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    pytest.fail(f"PyTorch is required for the blockrnn.torch tests ({exc!r}); install the "
+                f"test extras with `pip install -e .[test]`", pytrace=False)
+
+import blockrnn.torch as bt
+
+T, B, I, H = 6, 4, 5, 3
+LENGTHS = [6, 1, 4, 3]          # unsorted, with a length-1 row
+NN = {"lstm": nn.LSTM, "gru": nn.GRU}
+OURS = {"lstm": bt.LSTM, "gru": bt.GRU}
+
+
+def _rand(*shape, dtype=torch.float64, seed=0, requires_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.rand(*shape, generator=g, dtype=dtype) * 2 - 1
+    return t.requires_grad_(requires_grad)
+
+
+def _weights(shape, dtype, seed=11):
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _pair(kind, dtype=torch.float64, seed=0, **config):
+    """(nn module, blockrnn module) built from the same seed: identical parameters."""
+    torch.manual_seed(seed)
+    ref = NN[kind](I, H, **config, dtype=dtype)
+    torch.manual_seed(seed)
+    ours = OURS[kind](I, H, **config, dtype=dtype)
+    return ref, ours
+
+
+CONFIGS = [dict(num_layers=L, bidirectional=d, bias=b, batch_first=f)
+           for L, d, b, f in itertools.product((1, 2), (False, True), (True, False),
+                                               (False, True))]
+
+
+def _cfg_id(c):
+    return (f"L{c['num_layers']}-{'bi' if c['bidirectional'] else 'uni'}-"
+            f"{'bias' if c['bias'] else 'nobias'}-{'bf' if c['batch_first'] else 'tm'}")
+
+
+# ---------------------------------------------------------------------------
+# Parameters and state_dict
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config", CONFIGS, ids=_cfg_id)
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_parameters_and_state_dict_both_ways(kind, config):
+    """Names, shapes, order, count and initial values equal nn's (built from the same
+    seed); a state_dict moves strictly both ways and the outputs then agree."""
+    ref, ours = _pair(kind, **config)
+    assert [(n, p.shape) for n, p in ours.named_parameters()] == \
+        [(n, p.shape) for n, p in ref.named_parameters()]
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+    for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p, q), n                        # nn's initialisation, bit for bit
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    # nn -> ours and ours -> nn, strict, with fresh random values.
+    torch.manual_seed(1)
+    src = NN[kind](I, H, **config, dtype=torch.float64)
+    ours.load_state_dict(src.state_dict(), strict=True)
+    back = NN[kind](I, H, **config, dtype=torch.float64)
+    back.load_state_dict(ours.state_dict(), strict=True)
+    for (n, p), (_, q), (_, r) in zip(src.named_parameters(), ours.named_parameters(),
+                                      back.named_parameters()):
+        assert torch.equal(p, q) and torch.equal(p, r), n
+    x = _rand(*((B, T, I) if config["batch_first"] else (T, B, I)), requires_grad=False)
+    with torch.no_grad():
+        y, s = ours(x)
+        y_ref, s_ref = src(x)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(s if kind == "lstm" else (s,), s_ref if kind == "lstm" else (s_ref,)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # from_torch copies the configuration and the state_dict.
+    conv = OURS[kind].from_torch(src)
+    assert all(torch.equal(p, q) for p, q in zip(conv.parameters(), src.parameters()))
+    assert (conv.num_layers, conv.bidirectional, conv.bias, conv.batch_first) == \
+        (src.num_layers, src.bidirectional, src.bias, src.batch_first)
+
+
+def test_extras_only_when_asked_for():
+    assert [n for n, _ in bt.LSTM(I, H, use_peephole=True).named_parameters()][-3:] == \
+        ["weight_ci_l0", "weight_cf_l0", "weight_co_l0"]
+    plain = bt.LSTM(I, H, cell_clip=1.0, forget_bias=1.0)
+    assert [n for n, _ in plain.named_parameters()] == \
+        [n for n, _ in nn.LSTM(I, H).named_parameters()]
+    assert not list(plain.buffers())
+    assert "forget_bias=1.0" in repr(plain) and "reset_after=False" in \
+        repr(bt.GRU(I, H, reset_after=False))
+    with pytest.raises(ValueError, match="proj_size must be 0, got 2: blockrnn has no "
+                                         "projected LSTM yet"):
+        bt.LSTM(I, H, proj_size=2)
+
+
+def test_forget_bias_is_a_constant_on_the_forget_gate():
+    """forget_bias=f equals adding f to bias_ih's forget block (gradients unchanged)."""
+    torch.manual_seed(0)
+    a = bt.LSTM(I, H, forget_bias=0.75, dtype=torch.float64)
+    b = bt.LSTM(I, H, dtype=torch.float64)
+    b.load_state_dict(a.state_dict())
+    with torch.no_grad():
+        b.bias_ih_l0[H:2 * H] += 0.75
+    x = _rand(T, B, I, seed=3)
+    for m in (a, b):
+        y, (h, c) = m(x)
+        (y * _weights(y.shape, y.dtype)).sum().backward()
+    torch.testing.assert_close(a(x)[0], b(x)[0], rtol=1e-14, atol=1e-14)
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-13, atol=1e-14)
+
+
+# ---------------------------------------------------------------------------
+# Training: SGD + weight decay + clip_grad_norm_, step by step
+# ---------------------------------------------------------------------------
+
+class _LM(nn.Module):
+    """Embedding -> 2-layer RNN -> Linear, the word-LM shape of issue 27."""
+
+    def __init__(self, rnn, vocab=17, emb=I):
+        super().__init__()
+        self.emb, self.rnn = nn.Embedding(vocab, emb), rnn
+        self.out = nn.Linear((2 if rnn.bidirectional else 1) * H, vocab)
+
+    def forward(self, tokens, hidden):
+        y, hidden = self.rnn(self.emb(tokens), hidden)
+        return self.out(y), hidden
+
+
+def _detach(hidden):
+    return tuple(h.detach() for h in hidden) if isinstance(hidden, tuple) else hidden.detach()
+
+
+def _train(model, batches, steps=20):
+    opt = torch.optim.SGD(model.parameters(), lr=2.0, weight_decay=1e-3)
+    hidden, losses = None, []
+    for step in range(steps):
+        tokens, target = batches[step % len(batches)]
+        opt.zero_grad()
+        logits, hidden = model(tokens, hidden)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                           target.reshape(-1))
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        opt.step()
+        hidden = _detach(hidden)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_sgd_with_clipping_equals_nn(kind):
+    """20 steps of SGD (lr 2, weight decay, clip_grad_norm_ 0.25, hidden detached between
+    batches) from one initial state: every loss and the final parameters equal nn's to
+    float64 rounding."""
+    ref_rnn, our_rnn = _pair(kind, num_layers=2)
+    torch.manual_seed(3)
+    ref = _LM(ref_rnn).double()
+    ours = _LM(our_rnn).double()
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    g = torch.Generator().manual_seed(4)
+    data = torch.randint(0, 17, (8 * 7 + 1, 3), generator=g)
+    batches = [(data[i:i + 7], data[i + 1:i + 8]) for i in range(0, 8 * 7, 7)]
+    want, got = _train(ref, batches), _train(ours, batches)
+    assert want[-1] < want[0]
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=0)
+    for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12, msg=n)
+
+
+# ---------------------------------------------------------------------------
+# Outputs, states, gradients
+# ---------------------------------------------------------------------------
+
+def _loss(y, states):
+    return (y * _weights(y.shape, y.dtype)).sum() + sum(
+        (s * _weights(s.shape, s.dtype, seed=12 + k)).sum() for k, s in enumerate(states))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)],
+                         ids=["float64", "float32"])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed_unsorted"])
+@pytest.mark.parametrize("bias,batch_first", [(True, False), (False, True)],
+                         ids=["bias", "nobias_batch_first"])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_stacked_bidirectional_matches_nn(kind, dtype, tol, packed, bias, batch_first):
+    """nn.LSTM / nn.GRU(num_layers=2, bidirectional=True) and the blockrnn module with the
+    same parameters: outputs, final states, input / state gradients and every parameter
+    gradient agree."""
+    ref, ours = _pair(kind, dtype, num_layers=2, bidirectional=True, bias=bias,
+                      batch_first=batch_first)
+    n_states = 2 if kind == "lstm" else 1
+    lengths = torch.tensor(LENGTHS)
+    shape = (B, T, I) if batch_first else (T, B, I)
+    xs = [_rand(*shape, dtype=dtype, seed=1) for _ in range(2)]
+    st = [[_rand(4, B, H, dtype=dtype, seed=2 + k) for k in range(n_states)] for _ in range(2)]
+    hx = [tuple(s) if kind == "lstm" else s[0] for s in st]
+    pk = lambda x: pack_padded_sequence(x, lengths, batch_first=batch_first,  # noqa: E731
+                                        enforce_sorted=False)
+    y_ref, s_ref = ref(pk(xs[0]), hx[0])
+    if packed:
+        y, s = ours(pk(xs[1]), hx[1])
+        assert isinstance(y, PackedSequence)
+        assert torch.equal(y.unsorted_indices, y_ref.unsorted_indices)
+        y, y_ref = y.data, y_ref.data
+    else:
+        y, s = ours(xs[1], hx[1], sequence_length=lengths)
+        y_ref, _ = pad_packed_sequence(y_ref, batch_first=batch_first, total_length=T)
+    s, s_ref = (s, s_ref) if kind == "lstm" else ((s,), (s_ref,))
+    torch.testing.assert_close(y, y_ref, rtol=tol, atol=tol)
+    for a, b in zip(s, s_ref):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    _loss(y_ref, s_ref).backward()
+    _loss(y, s).backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, rtol=tol, atol=tol)
+    for a, b in zip(st[1], st[0]):
+        torch.testing.assert_close(a.grad, b.grad, rtol=tol, atol=tol)
+    for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=tol, atol=tol, msg=n)
+
+
+# ---------------------------------------------------------------------------
+# The custom ops: gradcheck, opcheck
+# ---------------------------------------------------------------------------
+
+def _op_cases():
+    """(name, op, args, indices of the differentiable args) for every op variant."""
+    Tc, Bc, Ic, Hc = 4, 3, 3, 2
+    lengths = torch.tensor([4, 0, 2])
+    x = _rand(Tc, Bc, Ic, seed=1)
+    h0, c0 = _rand(Bc, Hc, seed=2), _rand(Bc, Hc, seed=3)
+    cases = []
+    for lens, rev in ((None, False), (lengths, True), (lengths, False)):
+        tag = f"{'lengths' if lens is not None else 'full'}-{'rev' if rev else 'fwd'}"
+        w_ih, w_hh = _rand(4 * Hc, Ic, seed=4), _rand(4 * Hc, Hc, seed=5)
+        b_ih, b_hh = _rand(4 * Hc, seed=6), _rand(4 * Hc, seed=7)
+        peep = [_rand(Hc, seed=8 + k) for k in range(3)]
+        cases.append((f"lstm-{tag}", bt.lstm_op,
+                      (x, h0, c0, w_ih, w_hh, b_ih, b_hh, None, None, None, lens, 0.0, 0.0,
+                       rev), (0, 1, 2, 3, 4, 5, 6)))
+        cases.append((f"lstm_peephole-{tag}", bt.lstm_op,
+                      (x, h0, c0, w_ih, w_hh, None, None, *peep, lens, 0.0, 0.5, rev),
+                      (0, 1, 2, 3, 4, 7, 8, 9)))
+        cases.append((f"gru-{tag}", bt.gru_op,
+                      (x, h0, _rand(3 * Hc, Ic, seed=11), _rand(3 * Hc, Hc, seed=12),
+                       _rand(3 * Hc, seed=13), _rand(3 * Hc, seed=14), lens, rev),
+                      (0, 1, 2, 3, 4, 5)))
+        cases.append((f"gru_block-{tag}", bt.gru_block_op,
+                      (x, h0, _rand(Ic + Hc, 2 * Hc, seed=15), _rand(Ic + Hc, Hc, seed=16),
+                       _rand(2 * Hc, seed=17), _rand(Hc, seed=18), lens, rev),
+                      (0, 1, 2, 3, 4, 5)))
+    return cases
+
+
+CASES = _op_cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_gradcheck_ops(case):
+    _, op, args, diff = case
+    args = list(args)
+
+    def f(*ts):
+        a = list(args)
+        for i, t in zip(diff, ts):
+            a[i] = t
+        out = op(*a)
+        return out[:2] if op is bt.lstm_op else out[0]
+
+    assert torch.autograd.gradcheck(f, [args[i] for i in diff], eps=1e-6, atol=1e-8,
+                                    rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_opcheck(case):
+    """torch.library.opcheck: schema, autograd registration, fake tensors, AOT dispatch
+    (static and dynamic shapes), forward op and, through its autograd, the backward op."""
+    _, op, args, _ = case
+    torch.library.opcheck(op, args)
+    backward = {bt.lstm_op: bt.lstm_backward_op, bt.gru_op: bt.gru_backward_op,
+                bt.gru_block_op: bt.gru_block_backward_op}[op]
+    with torch.no_grad():
+        out = op(*args)
+    if op is bt.lstm_op:
+        x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lens, _, fb, rev = args
+        bargs = (x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lens, fb, rev, *out,
+                 _weights(out[0].shape, x.dtype), _weights(out[1].shape, x.dtype, seed=3))
+    else:
+        *first, lens, rev = args
+        bargs = (*first, lens, rev, *out, _weights(out[0].shape, args[0].dtype))
+    torch.library.opcheck(backward, tuple(a.detach() if isinstance(a, torch.Tensor) else a
+                                          for a in bargs))
+
+
+def test_op_outputs_are_fresh():
+    """No output aliases an input or another output (functional ops)."""
+    for _, op, args, _ in CASES:
+        with torch.no_grad():
+            out = op(*args)
+        ptrs = [t.untyped_storage().data_ptr() for t in out]
+        ins = [a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)]
+        assert len(set(ptrs)) == len(ptrs) and not set(ptrs) & set(ins)
+
+
+# ---------------------------------------------------------------------------
+# torch.compile (fullgraph) and torch.export
+# ---------------------------------------------------------------------------
+
+def _lm(kind, **config):
+    torch.manual_seed(0)
+    rnn = OURS[kind](I, H, 2, dropout=0.2, **config)
+    return _LM(rnn).double().eval()
+
+
+def _run_lm(model, tokens, lengths):
+    logits, hidden = model.rnn(model.emb(tokens), None, sequence_length=lengths)
+    hidden = hidden if isinstance(hidden, tuple) else (hidden,)
+    return model.out(logits), hidden
+
+
+class _Wrapped(nn.Module):
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, tokens, lengths):
+        return _run_lm(self.lm, tokens, lengths)
+
+
+@pytest.mark.parametrize("kind,config", [("lstm", {}), ("lstm", dict(bidirectional=True,
+                                                                       use_peephole=True)),
+                                          ("gru", {}), ("gru", dict(reset_after=False))],
+                         ids=["lstm", "lstm_bi_peephole", "gru", "gru_reset_before"])
+def test_compile_fullgraph_forward_and_backward(kind, config):
+    """torch.compile(fullgraph=True) traces Embedding -> blockrnn module -> Linear with no
+    graph break (fullgraph raises on one); its outputs and gradients equal eager."""
+    torch._dynamo.reset()
+    model = _Wrapped(_lm(kind, **config))
+    tokens = torch.randint(0, 17, (T, B), generator=torch.Generator().manual_seed(5))
+    lengths = torch.tensor(LENGTHS)
+    compiled = torch.compile(model, fullgraph=True)
+    results = []
+    for m in (compiled, model):
+        model.zero_grad()
+        y, hidden = m(tokens, lengths)
+        _loss(y, hidden).backward()
+        results.append((y.detach(), [h.detach() for h in hidden],
+                        [p.grad.clone() for p in model.parameters()]))
+    (y1, h1, g1), (y0, h0, g0) = results
+    torch.testing.assert_close(y1, y0, rtol=1e-12, atol=1e-12)
+    for a, b in zip(h1 + g1, h0 + g0):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_compile_fullgraph_packed_sequence_input(kind):
+    """An unsorted PackedSequence made outside the compiled region goes through with no
+    graph break (the module pads and packs with index ops, not with torch's helpers that
+    Dynamo skips); outputs and gradients equal eager and nn's."""
+    torch._dynamo.reset()
+    ref, ours = _pair(kind, num_layers=2, bidirectional=True)
+    x = _rand(T, B, I, seed=1)
+
+    def f(module, pk):
+        y, s = module(pk)
+        return (y.data, *s) if kind == "lstm" else (y.data, s)
+
+    compiled = torch.compile(lambda pk: f(ours, pk), fullgraph=True)
+    grads = []
+    for fn in (compiled, lambda pk: f(ours, pk), lambda pk: f(ref, pk)):
+        x.grad = None
+        for m in (ours, ref):
+            m.zero_grad()
+        outs = fn(pack_padded_sequence(x, torch.tensor(LENGTHS), enforce_sorted=False))
+        _loss(outs[0], outs[1:]).backward()
+        grads.append([o.detach() for o in outs] + [x.grad.clone()])
+    for a, b, c in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-10)
+
+
+def test_compile_training_mode_with_dropout_fullgraph():
+    """Dropout between layers (training mode) traces too; the compiled model trains."""
+    torch._dynamo.reset()
+    model = _Wrapped(_lm("lstm").train())
+    compiled = torch.compile(model, fullgraph=True)
+    tokens = torch.randint(0, 17, (T, B), generator=torch.Generator().manual_seed(5))
+    y, hidden = compiled(tokens, torch.tensor(LENGTHS))
+    _loss(y, hidden).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all()
+               for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind,config", [("lstm", dict(bidirectional=True)), ("gru", {}),
+                                          ("gru", dict(reset_after=False))],
+                         ids=["lstm_bi", "gru", "gru_reset_before"])
+def test_export_runs_and_equals_eager(kind, config):
+    model = _Wrapped(_lm(kind, **config))
+    tokens = torch.randint(0, 17, (T, B), generator=torch.Generator().manual_seed(5))
+    lengths = torch.tensor(LENGTHS)
+    program = torch.export.export(model, (tokens, lengths))
+    targets = {n.target for n in program.graph.nodes if n.op == "call_function"}
+    assert any("blockrnn" in str(t) for t in targets)
+    other = torch.randint(0, 17, (T, B), generator=torch.Generator().manual_seed(6))
+    for tok in (tokens, other):
+        y, hidden = program.module()(tok, lengths)
+        with torch.no_grad():
+            y0, hidden0 = model(tok, lengths)
+        torch.testing.assert_close(y, y0, rtol=0, atol=0)
+        for a, b in zip(hidden, hidden0):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------
+# Upgrading a 0.1 state_dict
+# ---------------------------------------------------------------------------
+
+def _v01_state_dict(ref, peepholes=None):
+    """What blockrnn 0.1's LSTM.from_torch(ref).state_dict() held: w_l{k} = [W_ih^T; W_hh^T],
+    b_l{k} = b_ih + b_hh (only with bias), peepholes wci/wcf/wco_l{k}."""
+    sd = {}
+    D = 2 if ref.bidirectional else 1
+    for k in range(ref.num_layers):
+        for s in ("", "_reverse")[:D]:
+            sfx = f"_l{k}{s}"
+            sd[f"w{sfx}"] = torch.cat([getattr(ref, f"weight_ih{sfx}").detach().T,
+                                       getattr(ref, f"weight_hh{sfx}").detach().T])
+            if ref.bias:
+                sd[f"b{sfx}"] = (getattr(ref, f"bias_ih{sfx}")
+                                 + getattr(ref, f"bias_hh{sfx}")).detach()
+            if peepholes is not None:
+                for n, v in zip(("wci", "wcf", "wco"), peepholes):
+                    sd[f"{n}{sfx}"] = v
+    return sd
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_upgrade_state_dict_v01(bias):
+    ref, _ = _pair("lstm", num_layers=2, bidirectional=True, bias=bias)
+    old = _v01_state_dict(ref)
+    before = {k: v.clone() for k, v in old.items()}
+    ours = bt.LSTM(I, H, 2, bidirectional=True, bias=bias, dtype=torch.float64)
+    new = bt.upgrade_state_dict_v01(old, ours)
+    ours.load_state_dict(new, strict=True)
+    assert all(torch.equal(old[k], before[k]) for k in old)          # input unchanged
+    torch.testing.assert_close(ours.weight_ih_l1_reverse, ref.weight_ih_l1_reverse,
+                               rtol=0, atol=0)
+    if bias:   # the folded bias lands in bias_ih, bias_hh is zero
+        assert not ours.bias_hh_l0.any()
+        torch.testing.assert_close(ours.bias_ih_l1, ref.bias_ih_l1 + ref.bias_hh_l1,
+                                   rtol=0, atol=0)
+    x = _rand(T, B, I, seed=1, requires_grad=False)
+    with torch.no_grad():
+        y, (h, c) = ours(x)
+        y_ref, (h_ref, c_ref) = ref(x)
+    for a, b in ((y, y_ref), (h, h_ref), (c, c_ref)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_upgrade_state_dict_v01_peepholes_gru_and_errors():
+    torch.manual_seed(0)
+    ref = nn.LSTM(I, H, dtype=torch.float64)
+    peep = [_rand(H, seed=k, requires_grad=False) for k in range(3)]
+    ours = bt.LSTM(I, H, use_peephole=True, dtype=torch.float64)
+    ours.load_state_dict(bt.upgrade_state_dict_v01(_v01_state_dict(ref, peep), ours))
+    for name, v in zip(bt._PEEPHOLES, peep):
+        assert torch.equal(getattr(ours, f"{name}_l0"), v)
+    old_gru = bt.GRU(I, H, reset_after=False).state_dict()       # 0.1's GRU names
+    fresh = bt.GRU(I, H, reset_after=False)
+    fresh.load_state_dict(bt.upgrade_state_dict_v01(old_gru, fresh), strict=True)
+    with pytest.raises(ValueError, match="reset_after=False"):
+        bt.upgrade_state_dict_v01(old_gru, bt.GRU(I, H))
+    with pytest.raises(ValueError, match="no 'w_l0' in the state_dict"):
+        bt.upgrade_state_dict_v01(ref.state_dict(), bt.LSTM(I, H))
+    with pytest.raises(ValueError, match=r"w_l0 has shape \(8, 12\), the module needs"):
+        bt.upgrade_state_dict_v01(_v01_state_dict(ref), bt.LSTM(I + 1, H))
+    with pytest.raises(ValueError, match="wci_l0 is nonzero but the module has "
+                                         "use_peephole=False"):
+        bt.upgrade_state_dict_v01(_v01_state_dict(ref, peep), bt.LSTM(I, H))
