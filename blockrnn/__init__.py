@@ -55,6 +55,7 @@ from blockrnn.lstm import (
 from blockrnn.sequence import reverse_sequence
 from blockrnn import convert  # noqa: E402  (after the ops: the layers call them)
 from blockrnn.layers import GRU, LSTM  # noqa: E402
+from blockrnn.inference import GRUInference, LSTMInference  # noqa: E402
 
 __all__ = [
     "__version__", "raw_ops", "show_config", "build_config",
@@ -64,5 +65,5 @@ __all__ = [
     "block_gru", "block_gru_grad", "reverse_sequence",
     "block_gru_reset_after", "block_gru_reset_after_grad", "gru_cell_reset_after",
     "gru_cell_reset_after_grad",
-    "LSTM", "GRU", "convert",
+    "LSTM", "GRU", "LSTMInference", "GRUInference", "convert",
 ]

@@ -272,6 +272,17 @@ class _Layer:
 
     __call__ = forward
 
+    def inference(self, max_threads=None):
+        """A frozen copy of this layer for inference, its weights packed once:
+        ``blockrnn.LSTMInference`` / ``blockrnn.GRUInference`` (blockrnn/inference.py),
+        called as ``y, state = obj(x, state=None, sequence_length=None)``, which
+        computes ``forward``'s y and state and nothing else. It holds a COPY of the
+        weights: later updates of this layer are not seen; call ``inference()``
+        again to serve them. ``max_threads`` (default: OpenMP's maximum) bounds the
+        threads one call takes from blockrnn's thread budget."""
+        from blockrnn.inference import GRUInference, LSTMInference
+        return (LSTMInference if isinstance(self, LSTM) else GRUInference)(self, max_threads)
+
     def backward(self, context, dy, dstate=None):
         """Gradients of a loss, given its gradients w.r.t. ``forward``'s outputs.
 

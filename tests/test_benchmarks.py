@@ -10,7 +10,7 @@ import numpy as np
 
 import blockrnn
 
-from blockrnn.bench import measure, peers, run, targets, threads, worker
+from blockrnn.bench import measure, peers, run, serve, targets, threads, worker
 
 TINY = ["--quick", "--rounds", "1", "--shapes", "5,2,4,6", "--cell-shape", "1,4,4",
         "--sgemm-size", "64", "--settle", "0"]
@@ -436,3 +436,36 @@ def test_stacked_and_model_rows_default_shape_and_flops(tmp_path, capsys, monkey
     out = capsys.readouterr().out
     assert "LSTM 2-layer bidi fwd+bwd" in out and "scaling, one core" not in out
     assert "one core  5,2,4,6" in out and "ms/step" in out
+
+
+def test_serve_mode_rows_verdicts_and_one_process_per_implementation(tmp_path, capsys):
+    """bench --serve at a tiny size: every implementation and setting has a row per
+    (cell, H, B, callers), the verdict table has one line per row key, and each
+    implementation ran in a process of its own (not this one)."""
+    path = tmp_path / "serve.json"
+    status = run.main(["--serve", "--serve-hidden", "16", "--serve-steps", "4",
+                       "--serve-batches", "1", "--serve-callers", "1", "2",
+                       "--serve-duration", "0.1", "--serve-warmup", "0.02",
+                       "--serve-rounds", "1", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "req/s" in out and "p99 ms" in out and "best/ORT" in out
+    assert "WARNING" not in out                      # every answer agrees with blockrnn's
+    results = json.loads(path.read_text())
+    rows = results["rows"]
+    keys = {(r["cell"], r["H"], r["B"], r["callers"]) for r in rows}
+    assert keys == {(c, 16, 1, n) for c in ("gru", "lstm") for n in (1, 2)}
+    for key in keys:
+        settings = {(r["impl"], r["setting"]) for r in rows
+                    if (r["cell"], r["H"], r["B"], r["callers"]) == key}
+        assert settings == {(i, s) for i, pair in serve.SETTINGS.items() for s in pair}
+    assert all(r["rps"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] for r in rows)
+    assert len(results["checks"]) == len(keys)
+    for c in results["checks"]:
+        line = [ln for ln in out.splitlines()
+                if ln.split()[:4] == [c["cell"], "16", "1", str(c["callers"])]
+                and ln.rstrip().endswith(("met", "NOT met"))]
+        assert len(line) == 1 and f"{c['ratio']:.2f}x" in line[0]
+    pids = [w["pid"] for w in results["workers"]]
+    assert sorted(w["impl"] for w in results["workers"]) == ["blockrnn", "ort", "torch"]
+    assert len(set(pids)) == 3 and os.getpid() not in pids

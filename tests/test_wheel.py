@@ -42,10 +42,10 @@ PACKAGE_FILES = [
     "blockrnn/_reference.py", "blockrnn/_validation.py", "blockrnn/_version.py",
     "blockrnn/gru.py", "blockrnn/lstm.py", "blockrnn/raw_ops.py",
     "blockrnn/layers.py", "blockrnn/torch.py", "blockrnn/convert.py", "blockrnn/demo.py",
-    "blockrnn/onnx.py", "blockrnn/jax.py",
+    "blockrnn/onnx.py", "blockrnn/jax.py", "blockrnn/inference.py",
     "blockrnn/bench/__init__.py", "blockrnn/bench/run.py", "blockrnn/bench/peers.py",
     "blockrnn/bench/measure.py", "blockrnn/bench/targets.py", "blockrnn/bench/threads.py",
-    "blockrnn/bench/worker.py",
+    "blockrnn/bench/worker.py", "blockrnn/bench/serve.py",
     "blockrnn/data/shakespeare.txt",
     "blockrnn/_blas.pxd", "blockrnn/_openmp.pxd", "blockrnn/_kernels.pxd", "blockrnn/capi.pxd",
 ]

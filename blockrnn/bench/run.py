@@ -87,7 +87,7 @@ import numpy as np
 import scipy
 
 import blockrnn
-from blockrnn.bench import measure, peers, targets, threads, worker
+from blockrnn.bench import measure, peers, serve, targets, threads, worker
 from blockrnn.bench.peers import (CELL_SHAPE, CELL_WORKLOADS, DEFAULT_SHAPES, IMPL_TITLES, IMPLS,
                                   MODEL_SHAPES, MODEL_WORKLOADS, SEQUENCE_WORKLOADS,
                                   STACKED_SHAPES, STACKED_WORKLOADS, WORKLOAD_TITLES, WORKLOADS)
@@ -173,6 +173,7 @@ def parse_args(argv):
                         help="thread-scaling mode instead of the table (blockrnn.bench.threads)")
     threads.add_arguments(parser, prefix="thread-")
     threads.add_blas_argument(parser)
+    serve.add_arguments(parser)
     opts = parser.parse_args(argv)
     if opts.only:
         opts.impls = [i for i in IMPLS if i in opts.only]
@@ -678,6 +679,8 @@ def main(argv=None):
         if getattr(opts, name) is not None and getattr(opts, name) < 1:
             print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
+    if opts.serve:
+        return serve.main_serve(opts)
     if opts.threads:
         if opts.num_threads:
             print("note: --num-threads does not apply to --threads; use --blas-threads")

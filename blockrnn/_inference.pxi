@@ -1,0 +1,766 @@
+# Included by _kernels.pyx: the inference forward (issue 26), a family of its
+# own. Weights are packed ONCE, by the constructor of a Packed*Weights object,
+# and every forward(x, h0[, c0], lengths) writes only y [T, B, H] and the
+# final state(s) [B, H]: no gate outputs. Per step and thread: the
+# pre-activations of the thread's cells (x[t] @ W_x and h[t-1] @ W_h, each
+# element ONE packed-kernel sum, as the training forwards' packed route), then
+# the same gate row functions as the training forwards (include/brnn_lstm.h,
+# brnn_gru.h, brnn_gru_reset_after.h) right away, on a [B, 4H] / [B, 3H]
+# scratch. So y and the final states equal the training forward's (float32,
+# from PACKED_MIN_ROWS rows; at batch 1 the training forward's recurrent
+# product is a BLAS GEMV, whose bits are BLAS's) bit for bit, at any thread
+# count.
+#
+# Small batches (B < INFER_HOIST_ROWS) hoist the input projection of all
+# steps before the time loop ([L, B, G] floats: full 12-row tiles instead of
+# B-row ones), and one row's products run 8 panels at once
+# (include/brnn_inference.h: the packed kernel's one row is one FMA chain per
+# panel, latency-bound). Measured at T=64, B=1, I=H=256, 1 thread, loaded
+# 2-core Zen 4: LSTM 7.6 -> 1.2 ms (the layer's forward 2.1 ms), reset-after
+# GRU 5.0 -> 0.83 ms (1.2 ms).
+#
+# Threads: ONE parallel region per call on up to max_threads threads from the
+# thread budget (brnn_budget_take), also at batch 1: each thread owns whole
+# 16-cell panels (unit_start); one barrier per step (two for the TF GRU,
+# whose c product reads every cell's r * h).
+#
+# Conventions as the sequence ops + the layers' _last: row b of y is zero
+# from step lengths[b] on; its final state is the state after step
+# lengths[b] - 1 (h0/c0 when lengths[b] == 0); steps past L = max(lengths)
+# are zeros.
+
+cdef extern from "brnn_inference.h" nogil:
+    ctypedef void (*brnn_row1_fn)(Py_ssize_t K, const float* a, const float* P, Py_ssize_t n0,
+                                  Py_ssize_t n1, int accumulate, float* c)
+    brnn_row1_fn brnn_row1_kernel(int path)
+
+
+# The one-row kernel of this process's packed variant (NULL: portable), fixed at import.
+cdef brnn_row1_fn row1_product = brnn_row1_kernel(packed_path)
+
+
+cdef inline void infer_product(Py_ssize_t rows, Py_ssize_t K, const float* A, Py_ssize_t lda,
+                               const float* P, Py_ssize_t n0, Py_ssize_t n1, bint accumulate,
+                               float* C, Py_ssize_t ldc) noexcept nogil:
+    """packed_product, with one row by brnn_row1_kernel's 8 independent chains
+    (the same sums, the same bits)."""
+    if rows == 1 and row1_product != NULL:
+        row1_product(K, A, P, n0, n1, accumulate, C)
+    else:
+        packed_product(rows, K, A, lda, P, n0, n1, accumulate, C, ldc)
+
+
+cdef enum:
+    # Batches of fewer rows hoist the input projection of all steps out of the
+    # time loop (before it, in the same region: each thread its own columns,
+    # no barrier), as one product of L*B rows: full tiles instead of B-row
+    # ones. Its buffer [L, B, G] is allocated only then, and only up to
+    # INFER_HOIST_MAX floats.
+    INFER_HOIST_ROWS = 12
+    INFER_HOIST_MAX = 1 << 22
+
+
+cdef inline bint infer_hoisted(Py_ssize_t L, Py_ssize_t B, Py_ssize_t G) noexcept nogil:
+    """Whether a call hoists its input projection ([L*B, G] floats)."""
+    return B < INFER_HOIST_ROWS and L * B * G <= INFER_HOIST_MAX
+
+
+cdef void infer_inputs(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
+                       const float* x, const float* packed_x, Py_ssize_t stride, float* xall,
+                       Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """xall[:, q*H + u0 : q*H + u1] = x @ W_x block q, for the nq blocks
+    (xall [rows, nq*H]; block q packed at packed_x + q * stride)."""
+    cdef Py_ssize_t q
+    if u1 <= u0 or rows == 0:
+        return
+    for q in range(nq):
+        infer_product(rows, I, x, I, packed_x + q * stride, u0, u1, False, xall + q * H,
+                      nq * H)
+
+
+cdef enum:
+    # Multiply-adds of one step per thread below which a further thread costs
+    # more (its share of the per-step barrier) than it saves: the sequence
+    # ops' PACKED_WORK_PER_THREAD (measured there). On the loaded 2-core
+    # machine of issue 26, 2 threads lost to 1 at every batch-1 and batch-8
+    # size tried (T=64, H=128/256: 0.30 vs 2.97 ms, 1.22 vs 3.67 ms at batch 1).
+    INFER_WORK_PER_THREAD = PACKED_WORK_PER_THREAD
+
+
+cdef inline int inference_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+                                  Py_ssize_t G, int max_threads,
+                                  Py_ssize_t work_per_thread) noexcept nogil:
+    """Threads a call asks of the budget: one per work_per_thread multiply-adds
+    of a step (B x (H, + I unless hoisted) x G; 0: no limit), at most one per
+    16-cell panel, at most max_threads, at least 1."""
+    cdef Py_ssize_t n = (H + BRNN_NR - 1) // BRNN_NR
+    cdef Py_ssize_t work = B * (H + (0 if infer_hoisted(L, B, G) else I)) * G
+    if work_per_thread > 0:
+        n = min(n, work // work_per_thread)
+    return <int>max(1, min(n, <Py_ssize_t>max_threads))
+
+
+cdef inline bint last_step(const int64_t* lengths, Py_ssize_t row, Py_ssize_t t,
+                           Py_ssize_t L) noexcept nogil:
+    """Whether step t is row `row`'s last valid one (its final state)."""
+    if lengths == NULL:
+        return t == L - 1
+    return t == lengths[row] - 1
+
+
+# ---------------------------------------------------------------------------
+# LSTM
+# ---------------------------------------------------------------------------
+
+cdef void lstm_infer_step(
+        Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        GateOffsets off, const float* packed, const float* b,
+        const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint peep, const int64_t* lengths,
+        const float* x, const float* h_in, const float* c_in, bint hoisted,
+        float* xg, float* g, float* c_out, float* co, float* y,
+        float* h_n, float* c_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t for the cells [u0, u1): xg = x[t] @ W_x (unless hoisted: then xg
+    already holds it) and g = h_in @ W_h (gate columns in W's layout, [B, 4H]
+    each), then brnn_lstm_forward_row_f32 with acc (pre = (xg + g) + b),
+    writing c_out and h = y[t]; a row's last step also writes its final state."""
+    cdef Py_ssize_t q, r, k, nu = u1 - u0, G4 = 4 * H
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    cdef float* xr
+    cdef float* gr
+    cdef float* yt = y + t * B * H
+    if nu <= 0:
+        return
+    for q in range(4):
+        if not hoisted:
+            infer_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+                          xg + q * H, G4)
+        infer_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, G4)
+    for r in range(B):
+        k = r * H + u0
+        if finished(lengths, r, t):   # as lstm_forward_block: zeros
+            memset(yt + k, 0, nu * sizeof(float))
+            memset(c_out + k, 0, nu * sizeof(float))
+            continue
+        xr = xg + r * G4 + u0
+        gr = g + r * G4 + u0
+        brnn_lstm_forward_row_f32(
+            nu, gr + off.i, gr + off.c, gr + off.f, gr + off.o, b + off.i + u0,
+            b + off.c + u0, b + off.f + u0, b + off.o + u0, wci + u0, wcf + u0, wco + u0,
+            forget_bias, cell_clip, peep, True, c_in + k, xr + off.i, c_out + k,
+            xr + off.f, xr + off.o, xr + off.c, co + k, yt + k)
+        if last_step(lengths, r, t, L):
+            memcpy(h_n + k, yt + k, nu * sizeof(float))
+            memcpy(c_n + k, c_out + k, nu * sizeof(float))
+
+
+cdef inline Py_ssize_t lstm_infer_workspace(Py_ssize_t L, Py_ssize_t B,
+                                            Py_ssize_t H) noexcept nogil:
+    """Floats of lstm_infer's workspace: g [B, 4H], c of even and odd steps
+    [2, B, H], tanh(c) [B, H], then xg: [L, B, 4H] if infer_hoisted, else [B, 4H]."""
+    return B * 4 * H + 3 * B * H + (L if infer_hoisted(L, B, 4 * H) else 1) * B * 4 * H + 1
+
+
+cdef void lstm_infer(
+        Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        GateOffsets off,
+        const float* packed,      # IN  W_h's then W_x's four gate blocks packed
+        const float* b, const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint peep,
+        const float* x,           # IN  [T, B, I]
+        const float* h0, const float* c0,  # IN [B, H]
+        const int64_t* lengths,   # IN  [B] or NULL (then L == T)
+        float* ws,                # workspace [lstm_infer_workspace(L, B, H)]
+        float* y,                 # OUT [T, B, H]
+        float* h_n, float* c_n,   # OUT [B, H]
+        int want, int max_threads) noexcept nogil:
+    """The float32 LSTM inference forward (see the top of this file)."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, G4 = 4 * H
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    cdef float* g = ws
+    cdef float* cbuf = g + B * G4        # [2, B, H]: c of even / odd steps
+    cdef float* co = cbuf + 2 * BH
+    cdef float* xg = co + BH
+    cdef bint hoisted = infer_hoisted(L, B, G4)
+    cdef Py_ssize_t xstep = B * G4 if hoisted else 0
+    cdef int tid, nt, granted
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    memcpy(h_n, h0, BH * sizeof(float))
+    memcpy(c_n, c0, BH * sizeof(float))
+    granted = brnn_budget_take(want, max_threads)
+    if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        if hoisted:
+            infer_inputs(L * B, I, H, 4, x, packed + 4 * ps, psx, xg, 0, H)
+        for t in range(L):
+            lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
+                            cell_clip, peep, lengths, x, h0 if t == 0 else y + (t - 1) * BH,
+                            c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
+                            xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n, 0, H)
+    else:
+        with parallel(num_threads=granted):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            u0 = unit_start(H, tid, nt)
+            u1 = unit_start(H, tid + 1, nt)
+            if hoisted:   # each thread its own columns: no barrier needed
+                infer_inputs(L * B, I, H, 4, x, packed + 4 * ps, psx, xg, u0, u1)
+            for t in range(L):
+                lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
+                                cell_clip, peep, lengths, x,
+                                h0 if t == 0 else y + (t - 1) * BH,
+                                c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
+                                xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n,
+                                u0, u1)
+                brnn_barrier_wait(&bar, nt)
+    brnn_budget_give(granted)
+    memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
+
+
+# ---------------------------------------------------------------------------
+# TF GRU (GRUBlockCell, reset before)
+# ---------------------------------------------------------------------------
+
+cdef void gru_infer_half(
+        int half, Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed, const float* b_ru, const float* b_c, const int64_t* lengths,
+        const float* x, const float* h_in, bint hoisted, float* xg, float* ru, float* rh,
+        float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Half 0 or 1 of step t for the cells [u0, u1), as gru_forward_packed_half
+    but into the scratch xg [B, 3H] (blocks r, u, c: x[t]'s products, unless
+    hoisted, then the gates) and y[t]. Packed block q (r, u, c) at
+    packed + q * ps: its x rows, then at + psx its h rows."""
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef Py_ssize_t BH = B * H, H3 = 3 * H, row, k, kx, nu = u1 - u0, q
+    cdef float* yt = y + t * BH
+    if nu <= 0:
+        return
+    if half == 0:
+        if not hoisted:
+            for q in range(3):
+                infer_product(B, I, x + t * B * I, I, packed + q * ps, u0, u1, False,
+                              xg + q * H, H3)
+        infer_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
+        infer_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+        for row in range(B):
+            k = row * H + u0
+            kx = row * H3 + u0
+            brnn_gru_gates_row_f32(nu, ru + row * 2 * H + u0, ru + row * 2 * H + H + u0,
+                                   b_ru + u0, b_ru + H + u0, h_in + k, True,
+                                   xg + kx, xg + H + kx, rh + k)
+        return
+    infer_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, xg + 2 * H, H3)
+    for row in range(B):
+        k = row * H + u0
+        kx = row * H3 + u0
+        if finished(lengths, row, t):
+            memset(yt + k, 0, nu * sizeof(float))
+            continue
+        brnn_gru_output_row_f32(nu, b_c + u0, h_in + k, xg + H + kx, xg + 2 * H + kx, yt + k)
+        if last_step(lengths, row, t, L):
+            memcpy(h_n + k, yt + k, nu * sizeof(float))
+
+
+cdef inline Py_ssize_t gru_infer_workspace(Py_ssize_t L, Py_ssize_t B,
+                                           Py_ssize_t H) noexcept nogil:
+    """Floats of gru_infer's and gru_ra_infer's workspace: 4 [B, H] (ru and rh,
+    or g [B, 3H] and hn) then xg: [L, B, 3H] if infer_hoisted, else [B, 3H]."""
+    return 4 * B * H + (L if infer_hoisted(L, B, 3 * H) else 1) * B * 3 * H + 1
+
+
+cdef void gru_infer(
+        Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed,      # IN  w_ru's r, u blocks and w_c, each x rows then h rows
+        const float* b_ru, const float* b_c,
+        const float* x, const float* h0, const int64_t* lengths,
+        float* ws,                # workspace [gru_infer_workspace(L, B, H)]
+        float* y, float* h_n, int want, int max_threads) noexcept nogil:
+    """The float32 TF-GRU inference forward: two barriers per step (the c
+    product reads every cell's r * h[t-1])."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef float* ru = ws
+    cdef float* rh = ws + 2 * BH
+    cdef float* xg = rh + 2 * BH
+    cdef bint hoisted = infer_hoisted(L, B, 3 * H)
+    cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
+    cdef int tid, nt, granted
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    memcpy(h_n, h0, BH * sizeof(float))
+    granted = brnn_budget_take(want, max_threads)
+    if granted == 1:
+        if hoisted:
+            infer_inputs(L * B, I, H, 3, x, packed, ps, xg, 0, H)
+        for t in range(L):
+            gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
+                           h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                           ru, rh, y, h_n, 0, H)
+            gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
+                           h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                           ru, rh, y, h_n, 0, H)
+    else:
+        with parallel(num_threads=granted):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            u0 = unit_start(H, tid, nt)
+            u1 = unit_start(H, tid + 1, nt)
+            if hoisted:
+                infer_inputs(L * B, I, H, 3, x, packed, ps, xg, u0, u1)
+            for t in range(L):
+                gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
+                               h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                               ru, rh, y, h_n, u0, u1)
+                brnn_barrier_wait(&bar, nt)
+                gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
+                               h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                               ru, rh, y, h_n, u0, u1)
+                brnn_barrier_wait(&bar, nt)
+    brnn_budget_give(granted)
+    memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
+
+
+# ---------------------------------------------------------------------------
+# Reset-after GRU (nn.GRU)
+# ---------------------------------------------------------------------------
+
+cdef void gru_ra_infer_step(
+        Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed, const float* b_ih, const float* b_hh, const int64_t* lengths,
+        const float* x, const float* h_in, bint hoisted, float* xg, float* g, float* hn,
+        float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t for the cells [u0, u1): xg = x[t] @ w_ih^T (unless hoisted),
+    g = h_in @ w_hh^T ([B, 3H] each, blocks r, z, n), then
+    brnn_gru_ra_forward_row_f32 into y[t]."""
+    cdef Py_ssize_t q, row, k, nu = u1 - u0, H3 = 3 * H
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    cdef float* xr
+    cdef float* gr
+    cdef float* yt = y + t * B * H
+    if nu <= 0:
+        return
+    for q in range(3):
+        if not hoisted:
+            infer_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
+                          xg + q * H, H3)
+        infer_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, H3)
+    for row in range(B):
+        k = row * H + u0
+        if finished(lengths, row, t):
+            memset(yt + k, 0, nu * sizeof(float))
+            continue
+        xr = xg + row * H3 + u0
+        gr = g + row * H3 + u0
+        brnn_gru_ra_forward_row_f32(
+            nu, gr, gr + H, gr + 2 * H, b_ih + u0, b_ih + H + u0, b_ih + 2 * H + u0,
+            b_hh + u0, b_hh + H + u0, b_hh + 2 * H + u0, h_in + k,
+            xr, xr + H, xr + 2 * H, hn + k, yt + k)
+        if last_step(lengths, row, t, L):
+            memcpy(h_n + k, yt + k, nu * sizeof(float))
+
+
+cdef void gru_ra_infer(
+        Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
+        const float* b_ih, const float* b_hh,
+        const float* x, const float* h0, const int64_t* lengths,
+        float* ws,                # workspace [gru_infer_workspace(L, B, H)]
+        float* y, float* h_n, int want, int max_threads) noexcept nogil:
+    """The float32 reset-after GRU inference forward, one barrier per step."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    cdef float* g = ws
+    cdef float* hn = g + 3 * BH
+    cdef float* xg = hn + BH
+    cdef bint hoisted = infer_hoisted(L, B, 3 * H)
+    cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
+    cdef int tid, nt, granted
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    memcpy(h_n, h0, BH * sizeof(float))
+    granted = brnn_budget_take(want, max_threads)
+    if granted == 1:
+        if hoisted:
+            infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, 0, H)
+        for t in range(L):
+            gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
+                              h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                              g, hn, y, h_n, 0, H)
+    else:
+        with parallel(num_threads=granted):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            u0 = unit_start(H, tid, nt)
+            u1 = unit_start(H, tid + 1, nt)
+            if hoisted:
+                infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, u0, u1)
+            for t in range(L):
+                gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
+                                  h0 if t == 0 else y + (t - 1) * BH, hoisted,
+                                  xg + t * xstep, g, hn, y, h_n, u0, u1)
+                brnn_barrier_wait(&bar, nt)
+    brnn_budget_give(granted)
+    memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
+
+
+# ---------------------------------------------------------------------------
+# The packed-weight objects
+# ---------------------------------------------------------------------------
+
+cdef object _f32_array(str where, str name, value, tuple shape):
+    """value as a C-contiguous float32 array of `shape` (None entries free):
+    float32 as is, float16 converted exactly (float16 is computed in float32,
+    as the ops do); ValueError/TypeError naming the argument otherwise."""
+    arr = np.asarray(value)
+    if arr.dtype.newbyteorder("=") not in (np.float32, np.float16):   # any byte order
+        raise TypeError(f"{where}: {name} must have dtype float32 (or float16), "
+                        f"got {arr.dtype}")
+    if arr.ndim != len(shape) or any(s is not None and s != a
+                                     for s, a in zip(shape, arr.shape)):
+        want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + \
+            ("," if len(shape) == 1 else "") + ")"
+        raise ValueError(f"{where}: {name} must have shape {want}, got {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+cdef object _weight(str where, str name, value):
+    """A 2-D float32 weight (any strides, not copied), or the float32 copy of a
+    float16 or non-native-order one."""
+    arr = np.asarray(value)
+    if arr.dtype.newbyteorder("=") in (np.float16, np.float32) and arr.dtype != np.float32:
+        arr = arr.astype(np.float32)
+    if arr.dtype != np.float32 or arr.ndim != 2:
+        raise TypeError(f"{where}: {name} must be a 2-D float32 (or float16) array, got "
+                        f"{arr.dtype} of shape {arr.shape}")
+    return arr
+
+
+cdef object _lengths_array(str where, lengths, Py_ssize_t B, Py_ssize_t T):
+    if lengths is None:
+        return None
+    arr = np.asarray(lengths)
+    if arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
+        raise TypeError(f"{where}: sequence_length must be an integer array of shape "
+                        f"({B},), got dtype {arr.dtype}")
+    if arr.shape != (B,):
+        raise ValueError(f"{where}: sequence_length must have shape ({B},), got {arr.shape}")
+    if B and (arr.min() < 0 or arr.max() > T):
+        raise ValueError(f"{where}: sequence_length must be in [0, {T}], got values in "
+                         f"[{arr.min()}, {arr.max()}]")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+cdef void pack_blocks(Py_ssize_t K, Py_ssize_t H, int nq, const float[:, :] w,
+                      bint rows_are_gates, float* dst) noexcept nogil:
+    """Pack nq gate blocks of H columns of W [K, nq*H] (view `w` is W itself,
+    or W^T [nq*H, K] if rows_are_gates: nn.LSTM / nn.GRU's layout) at
+    dst + q * brnn_packed_size(K, H)."""
+    cdef Py_ssize_t q, s0 = w.strides[0] // 4, s1 = w.strides[1] // 4
+    cdef Py_ssize_t ps = brnn_packed_size(K, H)
+    if K == 0:
+        return
+    for q in range(nq):
+        if rows_are_gates:   # W(k, n) = w[q*H + n, k]
+            brnn_pack_f32(K, H, &w[q * H, 0], s1, s0, dst + q * ps)
+        else:                # W(k, n) = w[k, q*H + n]
+            brnn_pack_f32(K, H, &w[0, q * H], s0, s1, dst + q * ps)
+
+
+cdef inline float* fdata(arr):
+    """The data of a C-contiguous float32 ndarray (cheaper than a memoryview)."""
+    return <float*>cnp.PyArray_DATA(<cnp.ndarray>arr)
+
+
+cdef inline const int64_t* lengths_data(lens):
+    return NULL if lens is None else <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>lens)
+
+
+cdef inline float* new_floats(Py_ssize_t n) except NULL:
+    """A workspace of n floats (PyMem_RawFree it), or MemoryError."""
+    cdef float* p = <float*>PyMem_RawMalloc(n * sizeof(float))
+    if p == NULL:
+        raise MemoryError(f"cannot allocate an inference workspace of {n} floats")
+    return p
+
+
+cdef inline object new_f32(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c=-1):
+    """An uninitialised C-contiguous float32 array (a, b) or (a, b, c)."""
+    cdef cnp.npy_intp dims[3]
+    dims[0], dims[1], dims[2] = a, b, c
+    return cnp.PyArray_EMPTY(2 if c < 0 else 3, dims, cnp.NPY_FLOAT32, 0)
+
+
+cdef inline const float* state_data(arr, const float* zeros):
+    """The data of an initial state, or `zeros` (B x H zeros) for None."""
+    return zeros if arr is None else fdata(arr)
+
+
+cdef class _PackedBase:
+    """What every packed-weight object shares: sizes, the packed copy, the
+    number of packings it did (always 1: counted to test that forward never
+    repacks), the thread limit."""
+    cdef readonly Py_ssize_t input_size, hidden_size
+    cdef readonly int packings
+    cdef float[::1] packed
+    cdef float[::1] bias
+    cdef readonly Py_ssize_t work_per_thread   # see inference_threads
+
+    @property
+    def nbytes(self):
+        """Bytes of the packed weights and bias this object holds."""
+        return (self.packed.shape[0] + self.bias.shape[0]) * 4
+
+    @property
+    def packed_address(self):
+        """Address of the packed copy (for tests: it never changes)."""
+        return <size_t>&self.packed[0]
+
+    cdef tuple _prepare(self, str where, x, Py_ssize_t nstates, states, sequence_length):
+        """Checked x [T, B, I] (float32, C-contiguous), states [B, H] each (None
+        stays None: the forward reads zeros), lengths, L and x's dtype."""
+        if (type(x) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_FLOAT32
+                and cnp.PyArray_NDIM(<cnp.ndarray>x) == 3
+                and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x)
+                and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>x)
+                and x.shape[2] == self.input_size):   # the common call
+            xa, xd = x, x.dtype
+        else:
+            xd = np.asarray(x).dtype.newbyteorder("=")
+            xa = _f32_array(where, "x", x, (None, None, self.input_size))
+        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], H = self.hidden_size
+        out = [xa]
+        names = ("h0", "c0")
+        for k in range(nstates):
+            s = states[k]
+            if s is not None and np.asarray(s).dtype.newbyteorder("=") != xd:
+                raise TypeError(f"{where}: {names[k]} must have x's dtype {xd}, got "
+                                f"{np.asarray(s).dtype}")
+            out.append(None if s is None else _f32_array(where, names[k], s, (B, H)))
+        lens = _lengths_array(where, sequence_length, B, T)
+        L = T if lens is None or B == 0 else min(T, int(lens.max()))
+        out.append(lens)
+        out.append(L)
+        out.append(xd)
+        return tuple(out)
+
+
+cdef tuple _stored(dtype, tuple outs):
+    """The outputs in the storage dtype: float16 rounded once, as the ops do."""
+    if dtype == np.float16:
+        return tuple(o.astype(np.float16) for o in outs)
+    return outs
+
+
+cdef int _threads(max_threads) except -1:
+    if max_threads is None:
+        return brnn_omp_get_max_threads()
+    if isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1:
+        raise ValueError(f"max_threads must be None or a positive int, got {max_threads!r}")
+    return min(<int>max_threads, brnn_omp_get_max_threads())
+
+
+cdef class PackedLSTMWeights(_PackedBase):
+    """An LSTM's weights packed once for inference (float32).
+
+    PackedLSTMWeights(w_x, w_h, b, wci=None, wcf=None, wco=None, layout=IFCO,
+                      forget_bias=0.0, cell_clip=0.0, use_peephole=False,
+                      gates_in_rows=False)
+
+    w_x [I, 4H], w_h [H, 4H] (TensorFlow's w[:I], w[I:]; any strides), or with
+    gates_in_rows=True nn.LSTM's weight_ih_l0 [4H, I] and weight_hh_l0 [4H, H]
+    (gate order i, f, g, o: layout IFCO; b = bias_ih + bias_hh). b [4H]. The
+    arrays are copied: later changes to them are not seen."""
+    cdef float[::1] peep_w     # [3H]: wci, wcf, wco (zeros without peepholes)
+    cdef readonly int layout
+    cdef readonly float forget_bias, cell_clip
+    cdef readonly bint use_peephole
+
+    def __init__(self, w_x, w_h, b, wci=None, wcf=None, wco=None, int layout=IFCO,
+                 double forget_bias=0.0, double cell_clip=0.0, bint use_peephole=False,
+                 bint gates_in_rows=False, Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
+        cdef Py_ssize_t I, H4, H
+        where = "PackedLSTMWeights"
+        wx = _weight(where, "w_x", w_x)
+        wh = _weight(where, "w_h", w_h)
+        if gates_in_rows:
+            H4, I = wx.shape
+        else:
+            I, H4 = wx.shape
+        if H4 % 4 or H4 == 0:
+            raise ValueError(f"{where}: w_x must have 4H gate columns, got {wx.shape}")
+        H = H4 // 4
+        want = (H4, H) if gates_in_rows else (H, H4)
+        if wh.shape != want:
+            raise ValueError(f"{where}: w_h must have shape {want}, got {wh.shape}")
+        if layout not in (ICFO, IFCO):
+            raise ValueError(f"{where}: layout must be ICFO (0) or IFCO (1), got {layout}")
+        self.input_size, self.hidden_size = I, H
+        self.layout, self.forget_bias, self.cell_clip = layout, forget_bias, cell_clip
+        self.use_peephole = use_peephole
+        self.bias = _f32_array(where, "b", b, (H4,)).copy()
+        peep = np.zeros(3 * H, np.float32)
+        if use_peephole:
+            for q, (name, v) in enumerate((("wci", wci), ("wcf", wcf), ("wco", wco))):
+                peep[q * H:(q + 1) * H] = _f32_array(where, name, v, (H,))
+        self.peep_w = peep
+        self.packed = np.empty(4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1,
+                               np.float32)
+        cdef const float[:, :] vx = wx
+        cdef const float[:, :] vh = wh
+        with nogil:
+            pack_blocks(H, H, 4, vh, gates_in_rows, &self.packed[0])
+            pack_blocks(I, H, 4, vx, gates_in_rows, &self.packed[4 * brnn_packed_size(H, H)])
+        self.packings = 1
+        self.work_per_thread = work_per_thread
+
+    def forward(self, x, h0=None, c0=None, sequence_length=None, max_threads=None):
+        """y [T, B, H], h_n [B, H], c_n [B, H] of x [T, B, I] from h0, c0 [B, H]
+        (None: zeros); sequence_length None or int (B,) in [0, T]."""
+        xa, h0a, c0a, lens, L, xd = self._prepare("PackedLSTMWeights.forward", x, 2,
+                                             (h0, c0), sequence_length)
+        cdef int nt = _threads(max_threads)
+        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
+        cdef Py_ssize_t H = self.hidden_size
+        y = new_f32(T, B, H)
+        h_n = new_f32(B, H)
+        c_n = new_f32(B, H)
+        if B == 0 or T == 0:
+            h_n[...] = 0 if h0a is None else h0a
+            c_n[...] = 0 if c0a is None else c0a
+            return _stored(xd, (y, h_n, c_n))
+        cdef Py_ssize_t L_ = L
+        cdef int want = inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread)
+        cdef GateOffsets off = gate_offsets(self.layout, H)
+        cdef Py_ssize_t nws = lstm_infer_workspace(L_, B, H)
+        cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
+        memset(ws + nws, 0, B * H * sizeof(float))
+        cdef const float* ph0 = state_data(h0a, ws + nws)
+        cdef const float* pc0 = state_data(c0a, ws + nws)
+        cdef float* px = fdata(xa)
+        cdef float *py = fdata(y), *phn = fdata(h_n), *pcn = fdata(c_n)
+        cdef const int64_t* lp = lengths_data(lens)
+        with nogil:
+            lstm_infer(T, L_, B, I, H, off, &self.packed[0], &self.bias[0],
+                       &self.peep_w[0], &self.peep_w[H], &self.peep_w[2 * H],
+                       self.forget_bias, self.cell_clip, self.use_peephole, px, ph0, pc0,
+                       lp, ws, py, phn, pcn, want, nt)
+        PyMem_RawFree(ws)
+        return _stored(xd, (y, h_n, c_n))
+
+
+cdef class PackedGRUWeights(_PackedBase):
+    """TensorFlow's GRUBlockCell GRU's weights packed once for inference
+    (float32): w_ru [I+H, 2H], w_c [I+H, H], b_ru [2H], b_c [H] (copied)."""
+    cdef float[::1] bias_c
+
+    def __init__(self, w_ru, w_c, b_ru, b_c, Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
+        where = "PackedGRUWeights"
+        wru = _weight(where, "w_ru", w_ru)
+        wc = _weight(where, "w_c", w_c)
+        cdef Py_ssize_t H = wc.shape[1], I = wc.shape[0] - H
+        if H == 0 or I < 0 or wru.shape != (I + H, 2 * H):
+            raise ValueError(f"{where}: w_ru must have shape (I+H, 2H) and w_c (I+H, H), "
+                             f"got {wru.shape} and {wc.shape}")
+        self.input_size, self.hidden_size = I, H
+        self.bias = _f32_array(where, "b_ru", b_ru, (2 * H,)).copy()
+        self.bias_c = _f32_array(where, "b_c", b_c, (H,)).copy()
+        cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+        self.packed = np.empty(3 * ps + 1, np.float32)
+        cdef const float[:, :] vru = wru
+        cdef const float[:, :] vc = wc
+        cdef int q
+        with nogil:
+            for q in range(2):
+                pack_blocks(I, H, 1, vru[:I, q * H:(q + 1) * H], False, &self.packed[q * ps])
+                pack_blocks(H, H, 1, vru[I:, q * H:(q + 1) * H], False,
+                            &self.packed[q * ps + psx])
+            pack_blocks(I, H, 1, vc[:I], False, &self.packed[2 * ps])
+            pack_blocks(H, H, 1, vc[I:], False, &self.packed[2 * ps + psx])
+        self.packings = 1
+        self.work_per_thread = work_per_thread
+
+    @property
+    def nbytes(self):
+        return (self.packed.shape[0] + self.bias.shape[0] + self.bias_c.shape[0]) * 4
+
+    def forward(self, x, h0=None, sequence_length=None, max_threads=None):
+        """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
+        xa, h0a, lens, L, xd = self._prepare("PackedGRUWeights.forward", x, 1, (h0,),
+                                         sequence_length)
+        cdef int nt = _threads(max_threads)
+        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
+        cdef Py_ssize_t H = self.hidden_size
+        y = new_f32(T, B, H)
+        h_n = new_f32(B, H)
+        if B == 0 or T == 0:
+            h_n[...] = 0 if h0a is None else h0a
+            return _stored(xd, (y, h_n))
+        cdef Py_ssize_t L_ = L
+        cdef int want = inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread)
+        cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
+        cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
+        memset(ws + nws, 0, B * H * sizeof(float))
+        cdef const float* ph0 = state_data(h0a, ws + nws)
+        cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
+        cdef const int64_t* lp = lengths_data(lens)
+        with nogil:
+            gru_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0], &self.bias_c[0],
+                      px, ph0, lp, ws, py, phn, want, nt)
+        PyMem_RawFree(ws)
+        return _stored(xd, (y, h_n))
+
+
+cdef class PackedGRUResetAfterWeights(_PackedBase):
+    """nn.GRU's (reset-after) weights packed once for inference (float32):
+    w_ih [3H, I], w_hh [3H, H], b_ih, b_hh [3H] (copied; any strides)."""
+
+    def __init__(self, w_ih, w_hh, b_ih, b_hh,
+                 Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
+        where = "PackedGRUResetAfterWeights"
+        wih = _weight(where, "w_ih", w_ih)
+        whh = _weight(where, "w_hh", w_hh)
+        cdef Py_ssize_t H = whh.shape[1], I = wih.shape[1]
+        if H == 0 or whh.shape != (3 * H, H) or wih.shape[0] != 3 * H:
+            raise ValueError(f"{where}: w_ih must have shape (3H, I) and w_hh (3H, H), "
+                             f"got {wih.shape} and {whh.shape}")
+        self.input_size, self.hidden_size = I, H
+        self.bias = np.concatenate([_f32_array(where, "b_ih", b_ih, (3 * H,)),
+                                    _f32_array(where, "b_hh", b_hh, (3 * H,))])
+        self.packed = np.empty(3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1,
+                               np.float32)
+        cdef const float[:, :] vih = wih
+        cdef const float[:, :] vhh = whh
+        with nogil:
+            pack_blocks(H, H, 3, vhh, True, &self.packed[0])
+            pack_blocks(I, H, 3, vih, True, &self.packed[3 * brnn_packed_size(H, H)])
+        self.packings = 1
+        self.work_per_thread = work_per_thread
+
+    def forward(self, x, h0=None, sequence_length=None, max_threads=None):
+        """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
+        xa, h0a, lens, L, xd = self._prepare("PackedGRUResetAfterWeights.forward", x, 1,
+                                         (h0,), sequence_length)
+        cdef int nt = _threads(max_threads)
+        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
+        cdef Py_ssize_t H = self.hidden_size
+        y = new_f32(T, B, H)
+        h_n = new_f32(B, H)
+        if B == 0 or T == 0:
+            h_n[...] = 0 if h0a is None else h0a
+            return _stored(xd, (y, h_n))
+        cdef Py_ssize_t L_ = L
+        cdef int want = inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread)
+        cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
+        cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
+        memset(ws + nws, 0, B * H * sizeof(float))
+        cdef const float* ph0 = state_data(h0a, ws + nws)
+        cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
+        cdef const int64_t* lp = lengths_data(lens)
+        with nogil:
+            gru_ra_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0], &self.bias[3 * H],
+                         px, ph0, lp, ws, py, phn, want, nt)
+        PyMem_RawFree(ws)
+        return _stored(xd, (y, h_n))

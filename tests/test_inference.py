@@ -1,0 +1,295 @@
+"""The inference forward (issue 26): weights packed once, only y and the final states.
+
+Every check is bit for bit against the training forward (the sequence ops and the
+layers' forward), since the inference kernel computes the same sums in the same
+order and the same gate row functions."""
+import threading
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import blockrnn
+from blockrnn import _kernels
+from blockrnn.layers import _last
+
+T, I, H = 7, 20, 37          # H not a multiple of 16: a partial panel
+IFCO, ICFO = int(_kernels.GateLayout.IFCO), int(_kernels.GateLayout.ICFO)
+LENGTHS = {None: None, "0,1,T": np.array([0, 1, T])}
+
+
+def _rand(rng, shape, dtype=np.float32, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def _lstm_case(dtype, B=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return dict(x=_rand(rng, (T, B, I), dtype), h0=_rand(rng, (B, H), dtype),
+                c0=_rand(rng, (B, H), dtype), w=_rand(rng, (I + H, 4 * H), dtype, 0.3),
+                b=_rand(rng, (4 * H,), dtype), peep=[_rand(rng, (H,), dtype) for _ in range(3)])
+
+
+def _lstm_training(case, layout, peep, clip, lengths):
+    """The training forward's y, h_n, c_n (block_lstm / block_lstm_v2 + _last)."""
+    kw = dict(cell_clip=clip, use_peephole=peep, sequence_length=lengths)
+    if layout == ICFO:
+        op, kw["forget_bias"] = blockrnn.block_lstm, 0.7
+    else:
+        op = blockrnn.block_lstm_v2
+    out = op(T, case["x"], case["c0"], case["h0"], case["w"], *case["peep"], case["b"], **kw)
+    return out.h, _last(out.h, case["h0"], lengths), _last(out.cs, case["c0"], lengths)
+
+
+def _lstm_packed(case, layout, peep, clip):
+    return _kernels.PackedLSTMWeights(
+        case["w"][:I], case["w"][I:], case["b"], *case["peep"], layout=layout,
+        forget_bias=0.7 if layout == ICFO else 0.0, cell_clip=clip, use_peephole=peep,
+        work_per_thread=0)   # one thread per 16-cell panel, however small the step
+
+
+def _equal(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("lengths", list(LENGTHS))
+@pytest.mark.parametrize("peep,clip", [(False, 0.0), (True, 0.5)])
+@pytest.mark.parametrize("layout", [IFCO, ICFO])
+def test_lstm_bits_equal_training_forward(layout, peep, clip, lengths, dtype):
+    case = _lstm_case(dtype)
+    want = _lstm_training(case, layout, peep, clip, LENGTHS[lengths])
+    packed = _lstm_packed(case, layout, peep, clip)
+    for n in (1, 2, 3, 4):
+        with threadpool_limits(n, user_api="openmp"):
+            got = packed.forward(case["x"], case["h0"], case["c0"], LENGTHS[lengths])
+        _equal(got, want)
+
+
+def _gru_case(dtype, reset_after, B=3, seed=1):
+    rng = np.random.default_rng(seed)
+    if reset_after:
+        w = (_rand(rng, (3 * H, I), dtype, 0.3), _rand(rng, (3 * H, H), dtype, 0.3),
+             _rand(rng, (3 * H,), dtype), _rand(rng, (3 * H,), dtype))
+    else:
+        w = (_rand(rng, (I + H, 2 * H), dtype, 0.3), _rand(rng, (I + H, H), dtype, 0.3),
+             _rand(rng, (2 * H,), dtype), _rand(rng, (H,), dtype))
+    return dict(x=_rand(rng, (T, B, I), dtype), h0=_rand(rng, (B, H), dtype), w=w)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("lengths", list(LENGTHS))
+@pytest.mark.parametrize("reset_after", [False, True])
+def test_gru_bits_equal_training_forward(reset_after, lengths, dtype):
+    case = _gru_case(dtype, reset_after)
+    op = blockrnn.block_gru_reset_after if reset_after else blockrnn.block_gru
+    cls = _kernels.PackedGRUResetAfterWeights if reset_after else _kernels.PackedGRUWeights
+    out = op(T, case["x"], case["h0"], *case["w"], sequence_length=LENGTHS[lengths])
+    want = out.h, _last(out.h, case["h0"], LENGTHS[lengths])
+    packed = cls(*case["w"], work_per_thread=0)
+    for n in (1, 2, 3, 4):
+        with threadpool_limits(n, user_api="openmp"):
+            got = packed.forward(case["x"], case["h0"], LENGTHS[lengths])
+        _equal(got, want)
+
+
+def test_batch_one_is_row_zero_of_the_packed_training_route():
+    """At batch 1 the training forward's recurrent product is a BLAS GEMV; the
+    inference forward's row is the packed kernel's, which is the training
+    forward's row 0 once the batch has 2 rows (each row its own sums)."""
+    case = _lstm_case(np.float32, B=2)
+    case["x"][:, 1] = case["x"][:, 0]
+    case["h0"][1], case["c0"][1] = case["h0"][0], case["c0"][0]
+    y, h_n, c_n = _lstm_training(case, IFCO, True, 0.0, None)
+    packed = _lstm_packed(case, IFCO, True, 0.0)
+    got = packed.forward(case["x"][:, :1], case["h0"][:1], case["c0"][:1])
+    _equal(got, (y[:, :1], h_n[:1], c_n[:1]))
+    for reset_after in (False, True):
+        g = _gru_case(np.float32, reset_after, B=2)
+        g["x"][:, 1], g["h0"][1] = g["x"][:, 0], g["h0"][0]
+        op = blockrnn.block_gru_reset_after if reset_after else blockrnn.block_gru
+        cls = _kernels.PackedGRUResetAfterWeights if reset_after else _kernels.PackedGRUWeights
+        out = op(T, g["x"], g["h0"], *g["w"])
+        got = cls(*g["w"]).forward(g["x"][:, :1], g["h0"][:1])
+        _equal(got, (out.h[:, :1], out.h[-1, :1]))
+
+
+def test_lstm_nn_layout_packs_the_same_weights():
+    """nn.LSTM's weight_ih [4H, I], weight_hh [4H, H] (gates i, f, g, o = IFCO),
+    packed from their strides, give TF's layout's answer [I+H, 4H] = their
+    transposes stacked."""
+    case = _lstm_case(np.float32)
+    w_ih, w_hh = np.ascontiguousarray(case["w"][:I].T), np.ascontiguousarray(case["w"][I:].T)
+    tf = _lstm_packed(case, IFCO, False, 0.0)
+    nn = _kernels.PackedLSTMWeights(w_ih, w_hh, case["b"], gates_in_rows=True)
+    _equal(nn.forward(case["x"], case["h0"], case["c0"]),
+           tf.forward(case["x"], case["h0"], case["c0"]))
+
+
+LAYERS = [
+    ("lstm", lambda dt: blockrnn.LSTM(I, H, 2, bidirectional=True, use_peephole=True,
+                                      cell_clip=1.5, dtype=dt, seed=3)),
+    ("gru", lambda dt: blockrnn.GRU(I, H, 2, bidirectional=True, dtype=dt, seed=4)),
+    ("gru_tf", lambda dt: blockrnn.GRU(I, H, 2, bidirectional=True, reset_after=False,
+                                       dtype=dt, seed=5)),
+]
+
+
+def _states(state):
+    return state if isinstance(state, tuple) else (state,)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name,make", LAYERS)
+def test_layers_stacked_bidirectional(name, make, dtype):
+    layer = make(dtype)
+    infer = layer.inference()
+    rng = np.random.default_rng(6)
+    x = _rand(rng, (T, 3, I), dtype)
+    state = tuple(_rand(rng, (4, 3, H), dtype) for _ in range(2 if name == "lstm" else 1))
+    state = state if name == "lstm" else state[0]
+    for lengths in LENGTHS.values():
+        y, s, _ = layer.forward(x, state, lengths)
+        y2, s2 = infer(x, state, lengths)
+        _equal((y2, *_states(s2)), (y, *_states(s)))
+    assert infer.nbytes > 0
+
+
+@pytest.mark.parametrize("name,make", LAYERS)
+def test_stale_weights_never_served(name, make):
+    layer = make(np.float32)
+    x = _rand(np.random.default_rng(7), (T, 2, I))
+    old = layer.inference()
+    y_old, _ = old(x)
+    for p in layer.params.values():
+        p *= 0.5                                  # in place
+    y_new_layer, _, _ = layer.forward(x)
+    np.testing.assert_array_equal(old(x)[0], y_old)       # the old copy
+    np.testing.assert_array_equal(layer.inference()(x)[0], y_new_layer)
+    assert not np.array_equal(y_old, y_new_layer)
+
+
+def test_calls_never_repack():
+    layer = blockrnn.LSTM(I, H, 2, bidirectional=True, seed=8)
+    infer = layer.inference()
+    assert infer.packings == 4                    # one per layer and direction
+    addresses = [r.packed_address for r in infer._runs]
+    x = _rand(np.random.default_rng(9), (T, 2, I))
+    infer(x)
+    infer(x)
+    assert infer.packings == 4
+    assert [r.packed_address for r in infer._runs] == addresses
+
+
+@pytest.mark.parametrize("name,make", LAYERS)
+def test_concurrent_callers_get_the_serial_bits(name, make):
+    layer = make(np.float32)
+    infer = type(layer.inference())(layer, work_per_thread=0)   # threads at any size
+    rng = np.random.default_rng(10)
+    xs = [_rand(rng, (T, b, I)) for b in (1, 2, 3, 8)]
+    want = [infer(x)[0] for x in xs]
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            for _ in range(5):
+                results[i] = infer(xs[i])[0]
+                np.testing.assert_array_equal(results[i], want[i])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert _kernels.thread_budget_in_use() == 0
+
+
+def test_bad_input():
+    layer = blockrnn.LSTM(I, H, seed=11)
+    infer = layer.inference()
+    x = np.zeros((T, 2, I), np.float32)
+    with pytest.raises(ValueError, match="x must have shape"):
+        infer(np.zeros((T, 2, I + 1), np.float32))
+    with pytest.raises(TypeError, match="x must have dtype float32"):
+        infer(x.astype(np.float64))
+    with pytest.raises(ValueError, match=r"state\[0\] \(h\) must have shape"):
+        infer(x, (np.zeros((1, 3, H), np.float32), None))
+    with pytest.raises(ValueError, match="sequence_length"):
+        infer(x, None, [1, T + 1])
+    with pytest.raises(ValueError, match="max_threads"):
+        layer.inference(max_threads=0)
+    packed = infer._runs[0]
+    with pytest.raises(ValueError, match="x must have shape"):
+        packed.forward(np.zeros((T, I), np.float32))
+    with pytest.raises(TypeError, match="h0 must have x's dtype"):
+        packed.forward(x, np.zeros((2, H), np.float64))
+    with pytest.raises(ValueError, match="c0 must have shape"):
+        packed.forward(x, None, np.zeros((3, H), np.float32))
+    with pytest.raises(ValueError, match="sequence_length must be in"):
+        packed.forward(x, None, None, np.array([-1, 2]))
+    with pytest.raises(TypeError, match="w_x must be a 2-D float32"):
+        _kernels.PackedLSTMWeights(np.zeros((I, 4 * H)), np.zeros((H, 4 * H), np.float32),
+                                   np.zeros(4 * H, np.float32))
+    with pytest.raises(ValueError, match="w_h must have shape"):
+        _kernels.PackedLSTMWeights(np.zeros((I, 4 * H), np.float32),
+                                   np.zeros((H + 1, 4 * H), np.float32),
+                                   np.zeros(4 * H, np.float32))
+
+
+def test_empty_batch_and_time():
+    packed = blockrnn.GRU(I, H, seed=12).inference()._runs[0]
+    h0 = np.ones((2, H), np.float32)
+    y, h_n = packed.forward(np.zeros((0, 2, I), np.float32), h0)
+    assert y.shape == (0, 2, H)
+    np.testing.assert_array_equal(h_n, h0)
+    y, h_n = packed.forward(np.zeros((T, 0, I), np.float32))
+    assert y.shape == (T, 0, H) and h_n.shape == (0, H)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "gru_tf"])
+def test_one_layer_fast_path(kind, dtype):
+    """One layer and direction (the call that skips the state copies), batch 1 and 3."""
+    layer = (blockrnn.LSTM(I, H, dtype=dtype, seed=13) if kind == "lstm" else
+             blockrnn.GRU(I, H, reset_after=kind == "gru", dtype=dtype, seed=13))
+    infer = layer.inference()
+    rng = np.random.default_rng(14)
+    for B in (3, 1):
+        x = _rand(rng, (T, B, I), dtype)
+        parts = tuple(_rand(rng, (1, B, H), dtype) for _ in range(2 if kind == "lstm" else 1))
+        for state in (None, parts if kind == "lstm" else parts[0]):
+            for lengths in ([None, np.array([0, 1, T])] if B == 3 else [None, [1]]):
+                y, s, _ = layer.forward(x, state, lengths)
+                y2, s2 = infer(x, state, lengths)
+                if B == 1 and dtype == np.float32:   # batch 1: BLAS's GEMV vs packed sums
+                    np.testing.assert_allclose(y2, y, rtol=1e-5, atol=1e-6)
+                    for a, b in zip(_states(s2), _states(s)):
+                        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+                        assert a.shape == b.shape and a.dtype == b.dtype
+                else:
+                    _equal((y2, *_states(s2)), (y, *_states(s)))
+
+
+def test_packed_forward_input_forms():
+    """None states read zeros; a strided or non-native x takes the checked path and
+    gives the same bits as the C-contiguous float32 one."""
+    case = _lstm_case(np.float32)
+    packed = _lstm_packed(case, IFCO, True, 0.0)
+    zeros = np.zeros_like(case["h0"])
+    x = case["x"]
+    want = packed.forward(x, zeros, zeros)
+    _equal(packed.forward(x), want)
+    _equal(packed.forward(x, None, zeros), want)
+    wide = np.zeros((T, 3, 2 * I), np.float32)
+    wide[:, :, ::2] = x
+    _equal(packed.forward(wide[:, :, ::2]), want)
+    _equal(packed.forward(x.astype(">f4")), want)
+    with pytest.raises(TypeError, match="x must have dtype float32"):
+        packed.forward(x.tolist())               # a list has no dtype: float64
+    g = blockrnn.GRU(I, H, seed=15).inference()._runs[0]
+    _equal(g.forward(x), g.forward(x, np.zeros((3, H), np.float32)))
