@@ -78,10 +78,22 @@ def after(readme, first_line):
 def test_every_block_runs_in_order(readme):
     firsts = [code.splitlines()[0] for code, _ in readme["blocks"]]
     known = ("import numpy as np", "lengths = ", "x_rev = ", "lstm = blockrnn.LSTM",
+             "server = lstm.inference()",
              "import torch", "# train.py", "import jax", "from torch import nn",
              "import keras", "import onnxruntime", "from threadpoolctl import threadpool_limits")
     assert len(firsts) == len(python_blocks()) == len(known), firsts
     assert [f for f in firsts if not f.startswith(known)] == [], firsts
+
+
+def test_inference_block(readme):
+    """The served answer is the layer's forward, final states included (staleness and
+    repacking: tests/test_inference.py)."""
+    ns = after(readme, "server = lstm.inference()")
+    y, (h, c), _ = ns["lstm"].forward(ns["x"], sequence_length=ns["lengths"])
+    np.testing.assert_array_equal(ns["y_served"], y)
+    np.testing.assert_array_equal(ns["h_served"], h)
+    np.testing.assert_array_equal(ns["c_served"], c)
+    assert ns["server"].nbytes > 0
 
 
 @pytest.fixture
