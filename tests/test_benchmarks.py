@@ -4,9 +4,6 @@ a missing peer must give its "not importable" line instead of rows."""
 import json
 import math
 import os
-from collections import namedtuple
-
-import numpy as np
 
 import blockrnn
 
@@ -26,42 +23,9 @@ EXPECTED = {
 }
 VERSION_KEY = {"tf": "tensorflow", "torch": "torch", "ort": "onnxruntime", "jax": "jax"}
 
-_GRU = namedtuple("BlockGRUOutput", "r u c h")
-
-
-def _loop_block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c):
-    """block_gru's contract as a loop of gru_block_cell (until blockrnn has the real one)."""
-    outs, h = [], h_prev
-    for t in range(seq_len_max):
-        step = blockrnn.gru_block_cell(x[t], h, w_ru, w_c, b_ru, b_c)
-        outs.append(step)
-        h = step.h
-    return _GRU(*(np.stack([getattr(o, f) for o in outs]) for f in _GRU._fields))
-
-
-def _loop_block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad):
-    d_x, d_h = np.zeros_like(x), np.zeros_like(h_prev)
-    d_params = [np.zeros_like(a) for a in (w_ru, w_c, b_ru, b_c)]
-    for t in reversed(range(seq_len_max)):
-        g = blockrnn.gru_block_cell_grad_full(x[t], h[t - 1] if t else h_prev, w_ru, w_c,
-                                              b_ru, b_c, r[t], u[t], c[t], h_grad[t] + d_h)
-        d_x[t], d_h = g.d_x, g.d_h_prev
-        for acc, value in zip(d_params, g[2:]):
-            acc += value
-    return (d_x, d_h, *d_params)
-
-
-def _with_gru(monkeypatch):
-    if not hasattr(blockrnn, "block_gru"):
-        monkeypatch.setattr(blockrnn, "block_gru", _loop_block_gru, raising=False)
-    if not hasattr(blockrnn, "block_gru_grad"):
-        monkeypatch.setattr(blockrnn, "block_gru_grad", _loop_block_gru_grad, raising=False)
-
-
-def test_table_rows_columns_and_ratios(tmp_path, capsys, monkeypatch):
+def test_table_rows_columns_and_ratios(tmp_path, capsys):
     """One round on all cores and one core: every installed peer's rows in both tables,
     each implementation timed in its own process, the one-core workers pinned."""
-    _with_gru(monkeypatch)
     path = tmp_path / "bench.json"
     assert run.main(TINY + ["--json", str(path)]) == 0
     out = capsys.readouterr().out

@@ -9,13 +9,14 @@ Workloads (``WORKLOADS``):
   TF ``BlockLSTMV2`` + ``BlockLSTMGradV2`` (loss gradient: ones for every h, zeros for cs),
   torch forward + ``backward()`` of the sum of the outputs (gradients of x, h0, c0 and the
   weights).
-* ``gru_fwd`` / ``gru_fwdbwd`` -- GRU over a sequence: blockrnn ``block_gru`` (+
-  ``block_gru_grad``) when blockrnn has them, torch ``nn.GRU`` (reset-*after*: a slightly
-  different model with the same matmul flops), ORT ``GRU`` (forward only,
-  ``linear_before_reset=0``: TF's reset-before GRU). TensorFlow has no sequence GRU op; a
-  Python loop of ``GRUBlockCell`` would not be a fair peer, so there is no TF row.
-* JAX (every sequence workload): ``blockrnn.jax.reference_lstm`` / ``reference_gru``, the
-  same math written in ``jax.numpy`` with ``lax.scan`` (no peepholes), under ``jax.jit``;
+* ``gru_fwd`` / ``gru_fwdbwd`` -- the GRU users have (nn.GRU's, Keras 3's default, ONNX's
+  ``linear_before_reset=1``: reset gate after the recurrent product) over a sequence, the
+  same function in every row: blockrnn ``block_gru_reset_after`` (+ its gradient), torch
+  ``nn.GRU``, ORT ``GRU`` (forward only, ``linear_before_reset=1``), and a ``lax.scan``
+  model of it in JAX. TensorFlow has no sequence GRU op, so there is no TF row (TF's
+  GRUBlockCell is timed by ``gru_cell``).
+* JAX (every sequence workload): ``blockrnn.jax.reference_lstm`` / ``_jax_gru_reset_after``,
+  the same math written in ``jax.numpy`` with ``lax.scan`` (no peepholes), under ``jax.jit``;
   fwd+bwd is ``jax.jit(jax.vjp)`` of it with the same ones-for-every-h loss gradient.
   XLA's own CPU thread pool runs it (``--num-threads`` does not reach it).
 * ``lstm2bi_fwd`` / ``lstm2bi_fwdbwd`` -- a 2-layer bidirectional LSTM (nn.LSTM's
@@ -36,9 +37,9 @@ Parity (``Impl.check``, run once before timing; a failing implementation is not 
 TF vs blockrnn with the timed configuration; torch ``nn.LSTM`` vs blockrnn *without*
 peepholes (same weights: torch's gate order i,f,g,o is V2's IFCO; ``W_ih = w[:I].T``,
 ``W_hh = w[I:].T``, ``b_ih = b``, ``b_hh = 0``); ORT ``LSTM`` vs blockrnn with peepholes
-(ONNX gate order i,o,f,c; ``P`` ordered i,o,f); ORT ``GRU`` vs blockrnn's GRU (``block_gru``,
-or a loop of ``gru_block_cell`` until blockrnn has ``block_gru``); torch's reset-after GRU
-vs a float64 NumPy reset-after GRU on the same weights; the stacked ``nn.LSTM`` vs
+(ONNX gate order i,o,f,c; ``P`` ordered i,o,f); every GRU row's h vs a float64 NumPy
+reset-after GRU on the same weights, and the fwd+bwd rows' gradients vs blockrnn's
+``block_gru_reset_after_grad``; the stacked ``nn.LSTM`` vs
 ``blockrnn.torch.LSTM`` (outputs, and the gradients of x, h0, c0 and every weight mapped
 back to nn.LSTM's names). Forward: max |h - h_ref| <
 ``FWD_TOL``; gradients: max |g - g_ref| / max(1, max |g_ref|) < ``GRAD_TOL``.
@@ -179,6 +180,9 @@ class Problem:
         self.w_ru = rand(I + H, 2 * H, s=scale)
         self.w_c = rand(I + H, H, s=scale)
         self.b_ru, self.b_c = rand(2 * H, s=0.5), rand(H, s=0.5)
+        # nn.GRU's reset-after GRU (weight rows r, z, n): the GRU of the sequence rows
+        self.w_ih, self.w_hh = rand(3 * H, I, s=scale), rand(3 * H, H, s=scale)
+        self.b_ih, self.b_hh = rand(3 * H, s=0.5), rand(3 * H, s=0.5)
         self.cs_grad = np.zeros((T, B, H), np.float32)
         self.h_grad = np.ones((T, B, H), np.float32)   # d(sum of all h) / dh
         self._cache = {}
@@ -207,16 +211,19 @@ class Problem:
             *self.lstm_args(), *self.lstm_fwd(peephole), self.cs_grad, self.h_grad,
             use_peephole=peephole))
 
+    def gru_ra_args(self):
+        return (self.T, self.x, self.h0, self.w_ih, self.w_hh, self.b_ih, self.b_hh)
+
     def gru_h(self):
-        """blockrnn's GRU h (T, B, H): ``block_gru`` if present, else a gru_block_cell loop."""
-        def loop():
-            h, hs = self.h0, []
-            for t in range(self.T):
-                h = blockrnn.gru_block_cell(self.x[t], h, self.w_ru, self.w_c, self.b_ru,
-                                            self.b_c).h
-                hs.append(h)
-            return np.stack(hs)
-        return self._cached("gru_h", loop)
+        """The reset-after GRU's h (T, B, H) from the float64 NumPy reference."""
+        return self._cached("gru_h", lambda: numpy_gru_reset_after(
+            self.x, self.h0, self.w_ih, self.w_hh, self.b_ih, self.b_hh))
+
+    def gru_grad(self):
+        """blockrnn's reset-after GRU gradients for the all-ones loss gradient of h."""
+        args = self.gru_ra_args()
+        return self._cached("gru_grad", lambda: blockrnn.block_gru_reset_after_grad(
+            *args, *blockrnn.block_gru_reset_after(*args), self.h_grad))
 
 
 # --------------------------------------------------------------------------
@@ -344,22 +351,20 @@ def _blockrnn(workload, p):
                                                use_peephole=True)
         return Impl("blockrnn", "block_lstm_v2 + block_lstm_grad_v2 (peepholes)", run)
     if workload in ("gru_fwd", "gru_fwdbwd"):
-        if not hasattr(blockrnn, "block_gru"):
-            raise Skip("blockrnn has no block_gru yet: blockrnn GRU sequence rows skipped")
-        args = p.gru_args()
+        args = p.gru_ra_args()
 
         def check():
-            h = blockrnn.block_gru(*args).h
-            return _combine(_fwd_parity(h, p.gru_h(), "h - h(gru_block_cell loop)"))
+            h = blockrnn.block_gru_reset_after(*args).h
+            return _combine(_fwd_parity(h, p.gru_h(), "h - h_numpy"))
         if workload == "gru_fwd":
-            return Impl("blockrnn", "block_gru", lambda: blockrnn.block_gru(*args), check)
-        if not hasattr(blockrnn, "block_gru_grad"):
-            raise Skip("blockrnn has no block_gru_grad yet: blockrnn GRU fwd+bwd row skipped")
+            return Impl("blockrnn", "block_gru_reset_after",
+                        lambda: blockrnn.block_gru_reset_after(*args), check)
 
         def run():
-            fwd = blockrnn.block_gru(*args)
-            return blockrnn.block_gru_grad(*args, *fwd, p.h_grad)
-        return Impl("blockrnn", "block_gru + block_gru_grad", run, check)
+            fwd = blockrnn.block_gru_reset_after(*args)
+            return blockrnn.block_gru_reset_after_grad(*args, *fwd, p.h_grad)
+        return Impl("blockrnn", "block_gru_reset_after + block_gru_reset_after_grad", run,
+                    check)
     if workload == "lstm_cell":
         args = p.cell_lstm_args
         return Impl("blockrnn", "lstm_block_cell (peepholes)",
@@ -507,23 +512,20 @@ def _torch(torch, workload, p):
                     ("b_grad", model.bias_ih_l0.grad.numpy(), want.b_grad)]))
         return Impl("torch", "nn.LSTM forward + backward(sum of outputs)", run, check, note)
     if workload in ("gru_fwd", "gru_fwdbwd"):
-        w_ih, w_hh, b_ih, b_hh = _torch_gru_weights(p, I, H, p.w_ru, p.w_c, p.b_ru, p.b_c)
         model = nn.GRU(I, H)
         with torch.no_grad():
-            for param, value in zip(model.parameters(), (w_ih, w_hh, b_ih, b_hh)):
+            for param, value in zip(model.parameters(), (p.w_ih, p.w_hh, p.b_ih, p.b_hh)):
                 param.copy_(t(value))
         x, h0 = t(p.x), t(p.h0[None])
-        note = "reset-after GRU (TF/ORT: reset-before); parity vs a NumPy reset-after GRU"
 
         def fwd_check(h):
-            return _fwd_parity(h, numpy_gru_reset_after(p.x, p.h0, w_ih, w_hh, b_ih, b_hh),
-                               "h - h_numpy")
+            return _fwd_parity(h, p.gru_h(), "h - h_numpy")
         if workload == "gru_fwd":
             def run():
                 with torch.no_grad():
                     return model(x, h0)[0]
             return Impl("torch", "nn.GRU forward, no_grad", run,
-                        lambda: _combine(fwd_check(run().numpy())), note)
+                        lambda: _combine(fwd_check(run().numpy())))
         xg, h0g = (a.clone().requires_grad_(True) for a in (x, h0))
         params = list(model.parameters())
 
@@ -533,9 +535,18 @@ def _torch(torch, workload, p):
             out = model(xg, h0g)[0]
             out.sum().backward()
             return out
-        return Impl("torch", "nn.GRU forward + backward(sum of outputs)", run,
-                    lambda: _combine(fwd_check(run().detach().numpy())),
-                    note + " (forward checked)")
+
+        def check():
+            out = run().detach().numpy()
+            want = p.gru_grad()
+            return _combine(fwd_check(out), _grad_parity([
+                ("x_grad", xg.grad.numpy(), want.x_grad),
+                ("h_prev_grad", h0g.grad.numpy()[0], want.h_prev_grad),
+                ("w_ih_grad", model.weight_ih_l0.grad.numpy(), want.w_ih_grad),
+                ("w_hh_grad", model.weight_hh_l0.grad.numpy(), want.w_hh_grad),
+                ("b_ih_grad", model.bias_ih_l0.grad.numpy(), want.b_ih_grad),
+                ("b_hh_grad", model.bias_hh_l0.grad.numpy(), want.b_hh_grad)]))
+        return Impl("torch", "nn.GRU forward + backward(sum of outputs)", run, check)
     if workload == "lstm_cell":
         x, cs, h, w, wci, wcf, wco, b = p.cell_lstm_args
         Bc, Ic, Hc = p.cell_shape
@@ -771,20 +782,17 @@ def _ort(peers, workload, p):
         return Impl("ort", "onnxruntime LSTM (peepholes P)", run, lambda: _combine(
             _fwd_parity(run()[0][:, 0], p.lstm_fwd().h, "h - h_blockrnn")))
     if workload == "gru_fwd":
-        # ONNX gate order z, r, h  ==  TF's u, r, c
-        w = np.concatenate([p.w_ru[:, H:], p.w_ru[:, :H], p.w_c], axis=1)
-        b = np.concatenate([p.b_ru[H:], p.b_ru[:H], p.b_c, np.zeros(3 * H, np.float32)])
-        init = {"W": w[:I].T[None], "R": w[I:].T[None], "B": b[None]}
+        zrn = np.r_[H:2 * H, 0:H, 2 * H:3 * H]     # ONNX's gate order z, r, h from r, z, n
+        init = {"W": p.w_ih[zrn][None], "R": p.w_hh[zrn][None],
+                "B": np.concatenate([p.b_ih[zrn], p.b_hh[zrn]])[None]}
         node = peers.onnx.helper.make_node(
             "GRU", ["X", "W", "R", "B", "", "initial_h"], ["Y", "Y_h"], hidden_size=H,
-            linear_before_reset=0)
+            linear_before_reset=1)
         feeds = {"X": p.x, "initial_h": p.h0[None]}
         sess = _ort_session(peers, node, feeds, {"Y": [T, 1, B, H], "Y_h": [1, B, H]}, init)
         run = lambda: sess.run(["Y"], feeds)  # noqa: E731
-        what = ("h - h_blockrnn(block_gru)" if hasattr(blockrnn, "block_gru")
-                else "h - h_blockrnn(gru_block_cell loop)")
-        return Impl("ort", "onnxruntime GRU (linear_before_reset=0)", run,
-                    lambda: _combine(_fwd_parity(run()[0][:, 0], p.gru_h(), what)))
+        return Impl("ort", "onnxruntime GRU (linear_before_reset=1)", run,
+                    lambda: _combine(_fwd_parity(run()[0][:, 0], p.gru_h(), "h - h_numpy")))
     if workload in ("lstm_fwdbwd", "gru_fwdbwd"):
         raise Skip("ONNX Runtime is inference only: no fwd+bwd row")
     if workload in ("lstm_cell", "gru_cell"):
@@ -808,12 +816,12 @@ def _jax(jax, workload, p):
         state = (jnp.asarray(p.h0), jnp.asarray(p.cs0))
         model = bj.reference_lstm
     else:
-        params = {k: jnp.asarray(getattr(p, k)) for k in ("w_ru", "w_c", "b_ru", "b_c")}
+        params = {k: jnp.asarray(getattr(p, k)) for k in ("w_ih", "w_hh", "b_ih", "b_hh")}
         state = jnp.asarray(p.h0)
-        model = bj.reference_gru
+        model = _jax_gru_reset_after(jax)
     x = jnp.asarray(p.x)
     want_h = lambda: p.lstm_fwd(False).h if lstm else p.gru_h()  # noqa: E731 (parity only)
-    what = "h - h_blockrnn(no peep.)" if lstm else "h - h_blockrnn"
+    what = "h - h_blockrnn(no peep.)" if lstm else "h - h_numpy"
     note = "lax.scan model, no peepholes" if lstm else "lax.scan model"
     if workload.endswith("_fwd"):
         fwd = jax.jit(lambda params, x, state: model(params, x, state)[0])
@@ -840,15 +848,35 @@ def _jax(jax, workload, p):
                      ("cs_prev_grad", dstate[1], want.cs_prev_grad),
                      ("w_grad", dparams["w"], want.w_grad), ("b_grad", dparams["b"], want.b_grad)]
         else:
-            args = p.gru_args()
-            want = blockrnn.block_gru_grad(*args, *blockrnn.block_gru(*args), p.h_grad)
-            pairs = [("x_grad", dx, want.x_grad), ("h_prev_grad", dstate, want.h_prev_grad),
-                     ("w_ru_grad", dparams["w_ru"], want.w_ru_grad),
-                     ("w_c_grad", dparams["w_c"], want.w_c_grad),
-                     ("b_ru_grad", dparams["b_ru"], want.b_ru_grad),
-                     ("b_c_grad", dparams["b_c"], want.b_c_grad)]
+            want = p.gru_grad()
+            pairs = [("x_grad", dx, want.x_grad), ("h_prev_grad", dstate, want.h_prev_grad)] + [
+                (f"{k}_grad", dparams[k], getattr(want, f"{k}_grad"))
+                for k in ("w_ih", "w_hh", "b_ih", "b_hh")]
         return _combine(_fwd_parity(y, want_h(), what), _grad_parity(pairs))
     return Impl("jax", f"jit(vjp({model.__name__}))", run, check, note)
+
+
+def _jax_gru_reset_after(jax):
+    """nn.GRU's reset-after GRU written with ``lax.scan`` in ``jax.numpy`` (params
+    w_ih (3H, I), w_hh (3H, H), b_ih, b_hh (3H,), rows r, z, n); returns ``y, h_n``."""
+    jnp = jax.numpy
+
+    def gru_reset_after_scan(params, x, h0):
+        w_ih, w_hh, b_ih, b_hh = (params[k] for k in ("w_ih", "w_hh", "b_ih", "b_hh"))
+        H = w_hh.shape[1]
+        gi = jnp.einsum("tbi,gi->tbg", x, w_ih) + b_ih
+
+        def step(h, gi_t):
+            gh = h @ w_hh.T + b_hh
+            r = jax.nn.sigmoid(gi_t[:, :H] + gh[:, :H])
+            z = jax.nn.sigmoid(gi_t[:, H:2 * H] + gh[:, H:2 * H])
+            n = jnp.tanh(gi_t[:, 2 * H:] + r * gh[:, 2 * H:])
+            h = (1 - z) * n + z * h
+            return h, h
+
+        h, y = jax.lax.scan(step, h0, gi)
+        return y, h
+    return gru_reset_after_scan
 
 
 class CellProblem(Problem):
