@@ -15,9 +15,9 @@ from blockrnn._version import __version__
 # them is vectorised and serial: handing it to OpenMP at every step makes libgomp's spinning workers
 # and OpenBLAS's threads starve each other (measured on 2 cores at T,B,I,H =
 # 100,64,512,512 float32, forward: 192 ms serial, 1078 ms with this threshold
-# lowered to 2^14 so that every step's gates ran on OpenMP; with a passive
-# wait policy, 39.0 ms vs 39.9 serial at 100,32,256,256: waking the workers at
-# every step costs what the second core saves). The OpenMP loops
+# lowered to 2^14 so that every step's gates ran on OpenMP; with
+# OMP_WAIT_POLICY=PASSIVE, 39.0 ms vs 39.9 serial at 100,32,256,256: waking the
+# workers at every step costs what the second core saves). The OpenMP loops
 # only run parallel when a step's gate block is so large (rows x cells of at
 # least MIN_PARALLEL_WORK) that one parallel region per step is noise.
 MIN_PARALLEL_WORK = 1 << 20
