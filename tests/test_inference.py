@@ -293,3 +293,41 @@ def test_packed_forward_input_forms():
         packed.forward(x.tolist())               # a list has no dtype: float64
     g = blockrnn.GRU(I, H, seed=15).inference()._runs[0]
     _equal(g.forward(x), g.forward(x, np.zeros((3, H), np.float32)))
+
+
+_VARIANT_CHECK = r'''
+import sys, numpy as np, blockrnn
+assert blockrnn._kernels.packed_kernel_name() == sys.argv[1]
+rng = np.random.default_rng(0)
+for T, B, I, H in [(7, 1, 24, 200), (5, 3, 40, 37), (6, 8, 16, 130)]:
+    x = rng.standard_normal((T, B, I)).astype(np.float32)
+    lens = rng.integers(0, T + 1, B)
+    for layer in (blockrnn.LSTM(I, H, seed=1), blockrnn.GRU(I, H, seed=1),
+                  blockrnn.GRU(I, H, seed=1, reset_after=False)):
+        y, st, _ = layer.forward(x, sequence_length=lens)
+        yi, sti = layer.inference()(x, sequence_length=lens)
+        if B == 1:   # the training forward's batch-1 steps are GEMVs: last bits may differ
+            np.testing.assert_allclose(yi, y, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(yi, y)
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("variant", ["avx512", "avx2", "portable"])
+def test_every_kernel_variant_serves_the_forward(variant):
+    """The inference kernels of each packed-kernel variant this CPU runs (the one-row
+    kernels of include/brnn_inference.h included) give the training forward's answer;
+    a variant the CPU lacks is refused at import, which tests/test_packed.py checks."""
+    import os
+    import subprocess
+    import sys
+    import blockrnn
+    if variant not in blockrnn._kernels.packed_paths_supported():
+        with pytest.raises(subprocess.CalledProcessError):
+            subprocess.run([sys.executable, "-c", "import blockrnn"], check=True,
+                           capture_output=True, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
+        return
+    out = subprocess.run([sys.executable, "-c", _VARIANT_CHECK, variant], capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
