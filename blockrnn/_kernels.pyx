@@ -6,6 +6,7 @@
 #   _lstm.pxi     LSTMBlockCell, BlockLSTM(V2), forward and backward
 #   _gru.pxi      GRUBlockCell, block_gru, forward and backward
 #   _gru_reset_after.pxi  the reset-after GRU (nn.GRU's), forward and backward
+#   _lstm_proj.pxi the projected LSTM (nn.LSTM with proj_size), forward and backward
 #   _inference.pxi weights packed once; the inference forwards (y and final states only)
 #   _capi.pxi     the C-level API (declared in _kernels.pxd)
 #   _sequence.pxi reverse_prefixes (the reverse direction's reversal)
@@ -62,6 +63,7 @@ include "_outputs.pxi"
 include "_lstm.pxi"
 include "_gru.pxi"
 include "_gru_reset_after.pxi"
+include "_lstm_proj.pxi"
 include "_inference.pxi"
 include "_capi.pxi"
 include "_sequence.pxi"

@@ -1,0 +1,312 @@
+# Included by _kernels.pyx: the projected LSTM (nn.LSTM with proj_size = P > 0,
+# SPEC §13), forward and backward over a sequence, in nn.LSTM's layout:
+# w_ih [4H, I], w_hh [4H, P], b_ih, b_hh [4H], w_hr [P, H], gate rows i, f, g, o
+# (IFCO, as BlockLSTMV2's columns). Per step, per row:
+#   pre = x[t] @ w_ih^T + h[t-1] @ w_hh^T + (b_ih + b_hh)
+#   i, f, g, o = sigmoid, sigmoid, tanh, sigmoid of pre's blocks
+#   c[t] = f * c[t-1] + i * g;  m[t] = o * tanh(c[t])   [B, H]
+#   h[t] = m[t] @ w_hr^T                                 [B, P]
+# The gate math is brnn_lstm.h's (lstm_forward_block / lstm_backward_block of
+# _lstm.pxi, no peepholes, no clipping, no forget bias): its "h" is m here.
+#
+# Products: the input projection of all L steps is hoisted (GEMM driver,
+# run_gemm_specs, straight into the gate outputs). The per-step products run in
+# blockrnn's packed kernel for float32 (weights packed once per call from
+# nn.LSTM's layout through strides) and in BLAS for float64. The time loop runs on
+# the calling thread (each step is two dependent products and the gates); the
+# products after the backward's loop use the GEMM driver's threads from the
+# budget, which split rows or panels, never a sum: no thread count changes a bit.
+
+
+cdef inline int lstm_proj_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                       Py_ssize_t H, Py_ssize_t P,
+                                       int max_threads) noexcept nogil:
+    """Threads of the hoisted products (forward: the input projection; backward:
+    x_grad and the weight gradients, L*B * (4H*(2I + P) + P*H) multiply-adds)."""
+    return packed_gemm_threads(L * B * (4 * H * (2 * I + P) + P * H), max_threads)
+
+
+cdef inline Py_ssize_t lstm_proj_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                         Py_ssize_t H, Py_ssize_t P, bint f32) noexcept nogil:
+    """Elements of one thread's GEMM-driver block, a bound over the jobs of the
+    forward's input projection and of lstm_proj_backward_products."""
+    cdef Py_ssize_t LB = L * B
+    return max(max(gemm_ws_of(f32, LB, H, I), gemm_ws_of(f32, LB, I, 4 * H)),
+               max(max(gemm_ws_of(f32, 4 * H, I, LB), gemm_ws_of(f32, 4 * H, P, LB)),
+                   gemm_ws_of(f32, P, H, LB)))
+
+
+# ---------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------
+
+cdef inline Py_ssize_t lstm_proj_forward_workspace(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                                   Py_ssize_t H, Py_ssize_t P, bint f32,
+                                                   int max_threads) noexcept nogil:
+    """Elements of block_lstm_proj_forward_compute's workspace: the folded bias
+    [4H], one step's recurrent product g [B, 4H]; float32 then w_hh^T packed
+    [P, 4H] and w_hr^T packed [H, P]; then the GEMM driver's blocks."""
+    cdef Py_ssize_t n = 4 * H + B * 4 * H + 1
+    if f32:
+        n += brnn_packed_size(P, 4 * H) + brnn_packed_size(H, P)
+    return n + (lstm_proj_gemm_threads(L, B, I, H, P, max_threads)
+                * lstm_proj_gemm_ws(L, B, I, H, P, f32))
+
+
+cdef void block_lstm_proj_forward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, Py_ssize_t P,
+        const floating* x,        # IN  [T, B, I]
+        const floating* h0,       # IN  [B, P]
+        const floating* c0,       # IN  [B, H]
+        const floating* w_ih,     # IN  [4H, I]
+        const floating* w_hh,     # IN  [4H, P]
+        const floating* b_ih, const floating* b_hh,  # IN [4H]
+        const floating* w_hr,     # IN  [P, H]
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* ws,             # workspace [lstm_proj_forward_workspace(...)]
+        floating* i_, floating* f, floating* o, floating* ci,  # OUT [T, B, H] gates
+        floating* cs, floating* co, floating* m,  # OUT [T, B, H] c, tanh(c), o * tanh(c)
+        floating* h,              # OUT [T, B, P]
+        int max_threads) noexcept nogil:
+    """The projected LSTM over L steps, zeros for t >= L (and in row b for
+    t >= lengths[b]: the gate pass zeros m there, so h is zero too)."""
+    cdef Py_ssize_t t, j, q, BH = B * H, BP = B * P, H4 = 4 * H
+    cdef GateOffsets off = gate_offsets(IFCO, H)
+    cdef floating* b = ws
+    cdef floating* g = ws + H4
+    cdef floating* pw_hh = g + B * H4
+    cdef floating* pw_hr = pw_hh
+    cdef floating* gws = pw_hh
+    cdef floating* dst[4]
+    cdef gemm_spec jobs[4]
+    cdef const floating* h_in
+    cdef const floating* c_in
+    if floating is float:
+        pw_hr = pw_hh + brnn_packed_size(P, H4)
+        gws = pw_hr + brnn_packed_size(H, P)
+        brnn_pack_f32(P, H4, w_hh, 1, P, pw_hh)   # W(k, n) = w_hh[n, k]
+        brnn_pack_f32(H, P, w_hr, 1, H, pw_hr)    # W(k, n) = w_hr[n, k]
+    for j in range(H4):
+        b[j] = b_ih[j] + b_hh[j]
+    # x[:L] @ w_ih[q-block]^T into the gate outputs (the row pass adds g and b)
+    dst[0], dst[1], dst[2], dst[3] = i_, f, ci, o    # nn.LSTM's row blocks i, f, g, o
+    for q in range(4):
+        jobs[q] = gspec(L * B, H, I, x, I, 1, w_ih + q * H * I, 1, I, False, dst[q], H)
+    run_gemm_specs(4, jobs, gws, lstm_proj_gemm_threads(L, B, I, H, P, max_threads))
+    for t in range(L):
+        h_in = h0 if t == 0 else h + (t - 1) * BP
+        c_in = c0 if t == 0 else cs + (t - 1) * BH
+        if floating is float:
+            packed_product(B, P, h_in, P, pw_hh, 0, H4, False, g, H4)
+        else:
+            gemm(False, True, B, H4, P, 1, h_in, P, w_hh, P, 0, g, H4)
+        lstm_forward_block(B, H, off, g, b, c_in, <floating*>NULL, <floating*>NULL,
+                           <floating*>NULL, 0, 0, False, lengths, t, True,
+                           i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH, ci + t * BH,
+                           co + t * BH, m + t * BH)
+        if floating is float:
+            packed_product(B, H, m + t * BH, H, pw_hr, 0, P, False, h + t * BP, P)
+        else:
+            gemm(False, True, B, P, H, 1, m + t * BH, H, w_hr, H, 0, h + t * BP, P)
+    zero_lstm_outputs(L * BH, (T - L) * BH, i_, cs, f, o, ci, co, m)
+    memset(h + L * BP, 0, (T - L) * BP * sizeof(floating))
+
+
+def block_lstm_proj_forward(
+        Py_ssize_t L,
+        const floating[:, :, ::1] x,     # IN  [T, B, I]
+        const floating[:, ::1] h0,       # IN  [B, P]
+        const floating[:, ::1] c0,       # IN  [B, H]
+        const floating[:, ::1] w_ih,     # IN  [4H, I]
+        const floating[:, ::1] w_hh,     # IN  [4H, P]
+        const floating[::1] b_ih,        # IN  [4H]
+        const floating[::1] b_hh,        # IN  [4H]
+        const floating[:, ::1] w_hr,     # IN  [P, H]
+        int max_threads,
+        floating[:, :, ::1] i, floating[:, :, ::1] f,    # OUT [T, B, H]
+        floating[:, :, ::1] o, floating[:, :, ::1] ci,
+        floating[:, :, ::1] cs, floating[:, :, ::1] co, floating[:, :, ::1] m,
+        floating[:, :, ::1] h,           # OUT [T, B, P]
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """See block_lstm_proj_forward_compute (shapes checked by blockrnn/lstm_proj.py;
+    B, H, P > 0)."""
+    cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2]
+    cdef Py_ssize_t H = c0.shape[1], P = h0.shape[1]
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] ws = np.empty(
+        lstm_proj_forward_workspace(L, B, I, H, P, floating is float, max_threads), dtype=dtype)
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
+    with nogil:
+        block_lstm_proj_forward_compute(
+            L, T, B, I, H, P, &x[0, 0, 0], &h0[0, 0], &c0[0, 0], &w_ih[0, 0], &w_hh[0, 0],
+            &b_ih[0], &b_hh[0], &w_hr[0, 0], lens, &ws[0], &i[0, 0, 0], &f[0, 0, 0],
+            &o[0, 0, 0], &ci[0, 0, 0], &cs[0, 0, 0], &co[0, 0, 0], &m[0, 0, 0], &h[0, 0, 0],
+            max_threads)
+
+
+# ---------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------
+
+cdef inline Py_ssize_t lstm_proj_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                                    Py_ssize_t H, Py_ssize_t P, bint f32,
+                                                    int max_threads) noexcept nogil:
+    """Elements of block_lstm_proj_backward_compute's workspace: the gate
+    gradients of every step dG [L*B, 4H], the gradients of h of every step
+    dH [L*B, P], one step's dm [B, H] and a zero row block [B, H]; float32 then
+    w_hr packed [P, H] and w_hh packed [4H, P]; then the GEMM driver's blocks."""
+    cdef Py_ssize_t n = L * B * (4 * H + P) + 2 * B * H + 1
+    if f32:
+        n += brnn_packed_size(P, H) + brnn_packed_size(4 * H, P)
+    return n + (lstm_proj_gemm_threads(L, B, I, H, P, max_threads)
+                * lstm_proj_gemm_ws(L, B, I, H, P, f32))
+
+
+cdef void lstm_proj_backward_products(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, Py_ssize_t P,
+        const floating* x, const floating* h0, const floating* h, const floating* m,
+        const floating* w_ih, const floating* dg, const floating* dh,
+        floating* x_grad, floating* w_ih_grad, floating* w_hh_grad, floating* w_hr_grad,
+        floating* gws, int threads) noexcept nogil:
+    """The products after the reverse loop, over all steps at once (dG [L*B, 4H],
+    dH [L*B, P]; transposes read through strides, no copies):
+      x_grad[:L] = dG @ w_ih
+      w_ih_grad  = dG^T @ x[:L]
+      w_hh_grad  = dG^T @ [h0; h[:L-1]]
+      w_hr_grad  = dH^T @ m[:L]
+    through the GEMM driver of the precision (run_gemm_specs), bits independent
+    of the thread count."""
+    cdef Py_ssize_t H4 = 4 * H, LB = L * B
+    cdef gemm_spec jobs[5]
+    jobs[0] = gspec(LB, I, H4, dg, H4, 1, w_ih, I, 1, False, x_grad, I)
+    jobs[1] = gspec(H4, I, LB, dg, 1, H4, x, I, 1, False, w_ih_grad, I)
+    jobs[2] = gspec(H4, P, B if L > 0 else 0, dg, 1, H4, h0, P, 1, False, w_hh_grad, P)
+    jobs[3] = gspec(H4, P, (L - 1) * B if L > 1 else 0, dg + B * H4, 1, H4, h, P, 1, True,
+                    w_hh_grad, P)
+    jobs[4] = gspec(P, H, LB, dh, 1, P, m, H, 1, False, w_hr_grad, H)
+    run_gemm_specs(5, jobs, gws, threads)
+    memset(x_grad + LB * I, 0, (T - L) * B * I * sizeof(floating))
+
+
+cdef void block_lstm_proj_backward_compute(
+        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, Py_ssize_t P,
+        const floating* x,        # IN  [T, B, I]
+        const floating* h0,       # IN  [B, P]
+        const floating* c0,       # IN  [B, H]
+        const floating* w_ih,     # IN  [4H, I]
+        const floating* w_hh,     # IN  [4H, P]
+        const floating* w_hr,     # IN  [P, H]
+        const floating* i_, const floating* f, const floating* o,  # IN [T, B, H] forward
+        const floating* ci, const floating* cs, const floating* co, const floating* m,
+        const floating* h,        # IN  [T, B, P] forward
+        const floating* cs_grad,  # IN  [T, B, H]
+        const floating* h_grad,   # IN  [T, B, P]
+        const int64_t* lengths,   # IN  [B] or NULL
+        floating* ws,             # workspace [lstm_proj_backward_workspace(...)]
+        double* acc,              # workspace [4H]
+        floating* x_grad,         # OUT [T, B, I]
+        floating* h0_grad,        # OUT [B, P]
+        floating* c0_grad,        # OUT [B, H]
+        floating* w_ih_grad,      # OUT [4H, I]
+        floating* w_hh_grad,      # OUT [4H, P]
+        floating* b_grad,         # OUT [4H] (that of b_ih and of b_hh alike)
+        floating* w_hr_grad,      # OUT [P, H]
+        int max_threads) noexcept nogil:
+    """Backward of block_lstm_proj_forward_compute. The reverse loop, per step t:
+      dH[t] = h_grad[t] + dh_rec            (zero in rows past their length)
+      dm    = dH[t] @ w_hr                  [B, H]
+      dG[t], dc carry: the LSTM cell backward (lstm_backward_block) with dm as the
+            gradient of its output and c0_grad as the carry of dc
+      dh_rec = dG[t] @ w_hh                 [B, P]  (kept in h0_grad)
+    then lstm_proj_backward_products and b_grad = column sums of dG in double."""
+    cdef Py_ssize_t t, j, BH = B * H, BP = B * P, H4 = 4 * H
+    cdef GateOffsets off = gate_offsets(IFCO, H)
+    cdef floating* dg = ws
+    cdef floating* dh = ws + L * B * H4
+    cdef floating* dm = dh + L * BP
+    cdef floating* zero = dm + BH
+    cdef floating* pw_hr = zero + BH
+    cdef floating* pw_hh = pw_hr
+    cdef floating* gws = pw_hr
+    cdef floating* dht
+    cdef const floating* hg
+    if floating is float:
+        pw_hh = pw_hr + brnn_packed_size(P, H)
+        gws = pw_hh + brnn_packed_size(H4, P)
+        brnn_pack_f32(P, H, w_hr, H, 1, pw_hr)    # W(k, n) = w_hr[k, n]
+        brnn_pack_f32(H4, P, w_hh, P, 1, pw_hh)   # W(k, n) = w_hh[k, n]
+    memset(h0_grad, 0, BP * sizeof(floating))
+    memset(c0_grad, 0, BH * sizeof(floating))
+    memset(zero, 0, BH * sizeof(floating))
+    for t in range(L - 1, -1, -1):
+        dht = dh + t * BP
+        hg = h_grad + t * BP
+        for j in range(BP):
+            dht[j] = hg[j] + h0_grad[j]
+        zero_rows(B, P, lengths, t, dht)
+        if floating is float:
+            packed_product(B, P, dht, P, pw_hr, 0, H, False, dm, H)
+        else:
+            gemm(False, False, B, H, P, 1, dht, P, w_hr, H, 0, dm, H)
+        lstm_backward_block(B, H, off, c0 if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
+                            f + t * BH, o + t * BH, ci + t * BH, co + t * BH,
+                            cs_grad + t * BH, dm, zero, <floating*>NULL, <floating*>NULL,
+                            <floating*>NULL, False, True, lengths, t, dg + t * B * H4,
+                            c0_grad)
+        if floating is float:
+            packed_product(B, H4, dg + t * B * H4, H4, pw_hh, 0, P, False, h0_grad, P)
+        else:
+            gemm(False, False, B, P, H4, 1, dg + t * B * H4, H4, w_hh, P, 0, h0_grad, P)
+    lstm_proj_backward_products(L, T, B, I, H, P, x, h0, h, m, w_ih, dg, dh, x_grad,
+                                w_ih_grad, w_hh_grad, w_hr_grad, gws,
+                                lstm_proj_gemm_threads(L, B, I, H, P, max_threads))
+    memset(acc, 0, H4 * sizeof(double))
+    column_sums(L * B, H4, dg, acc)
+    store(H4, acc, b_grad)
+
+
+def block_lstm_proj_backward(
+        Py_ssize_t L,
+        const floating[:, :, ::1] x,     # IN  [T, B, I]
+        const floating[:, ::1] h0,       # IN  [B, P]
+        const floating[:, ::1] c0,       # IN  [B, H]
+        const floating[:, ::1] w_ih,     # IN  [4H, I]
+        const floating[:, ::1] w_hh,     # IN  [4H, P]
+        const floating[:, ::1] w_hr,     # IN  [P, H]
+        const floating[:, :, ::1] i, const floating[:, :, ::1] f,  # IN [T, B, H] forward
+        const floating[:, :, ::1] o, const floating[:, :, ::1] ci,
+        const floating[:, :, ::1] cs, const floating[:, :, ::1] co,
+        const floating[:, :, ::1] m,
+        const floating[:, :, ::1] h,     # IN  [T, B, P] forward
+        const floating[:, :, ::1] cs_grad,  # IN [T, B, H]
+        const floating[:, :, ::1] h_grad,   # IN [T, B, P]
+        int max_threads,
+        floating[:, :, ::1] x_grad,      # OUT [T, B, I]
+        floating[:, ::1] h0_grad,        # OUT [B, P]
+        floating[:, ::1] c0_grad,        # OUT [B, H]
+        floating[:, ::1] w_ih_grad,      # OUT [4H, I]
+        floating[:, ::1] w_hh_grad,      # OUT [4H, P]
+        floating[::1] b_grad,            # OUT [4H]
+        floating[:, ::1] w_hr_grad,      # OUT [P, H]
+        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+    """See block_lstm_proj_backward_compute (shapes checked by blockrnn/lstm_proj.py;
+    B, H, P > 0)."""
+    cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2]
+    cdef Py_ssize_t H = c0.shape[1], P = h0.shape[1]
+    dtype = np.float32 if floating is float else np.float64
+    cdef floating[::1] ws = np.empty(
+        lstm_proj_backward_workspace(L, B, I, H, P, floating is float, max_threads),
+        dtype=dtype)
+    cdef double[::1] acc = np.empty(4 * H + 1, dtype=np.float64)
+    cdef const int64_t* lens = NULL
+    if lengths is not None:
+        lens = &lengths[0]
+    with nogil:
+        block_lstm_proj_backward_compute(
+            L, T, B, I, H, P, &x[0, 0, 0], &h0[0, 0], &c0[0, 0], &w_ih[0, 0], &w_hh[0, 0],
+            &w_hr[0, 0], &i[0, 0, 0], &f[0, 0, 0], &o[0, 0, 0], &ci[0, 0, 0], &cs[0, 0, 0],
+            &co[0, 0, 0], &m[0, 0, 0], &h[0, 0, 0], &cs_grad[0, 0, 0], &h_grad[0, 0, 0],
+            lens, &ws[0], &acc[0], &x_grad[0, 0, 0], &h0_grad[0, 0], &c0_grad[0, 0],
+            &w_ih_grad[0, 0], &w_hh_grad[0, 0], &b_grad[0], &w_hr_grad[0, 0], max_threads)
