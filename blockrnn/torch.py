@@ -42,9 +42,11 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 import blockrnn
 from blockrnn._validation import RESET_AFTER, check_float, check_sequence_length, steps_to_run
+from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
 
 __all__ = ["LSTM", "GRU", "upgrade_state_dict_v01", "lstm_op", "lstm_backward_op", "gru_op",
-           "gru_backward_op", "gru_block_op", "gru_block_backward_op", "BlockLSTMFunction",
+           "gru_backward_op", "gru_block_op", "gru_block_backward_op", "lstm_proj_op",
+           "lstm_proj_backward_op", "BlockLSTMFunction",
            "BlockGRUFunction"]
 
 _DTYPES = (torch.float32, torch.float64)
@@ -426,6 +428,105 @@ _register_gru_autograd(gru_block_op, gru_block_backward_op, "gru_block_backward"
 
 
 # ---------------------------------------------------------------------------
+# The projected LSTM (nn.LSTM with proj_size = P > 0): its own op pair
+# ---------------------------------------------------------------------------
+
+@torch.library.custom_op("blockrnn::lstm_proj", mutates_args=())
+def lstm_proj_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
+                 bias_hh: _OptT, weight_hr: _T, lengths: _OptT,
+                 reverse: bool) -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T]:
+    """One projected nn.LSTM layer in one direction on ``blockrnn.lstm_proj.block_lstm_proj``
+    (nn.LSTM's math and layout). x (T, B, I); h0 (B, P); c0 (B, H); weight_ih (4H, I);
+    weight_hh (4H, P); bias_ih, bias_hh (4H,) or None; weight_hr (P, H); lengths, reverse
+    as for ``lstm_op``. Returns (h (T, B, P), cs, i, f, o, ci, co, m (T, B, H)): h and cs
+    in the input's time order (zero past a row's length), the rest in the op's (saved for
+    the backward)."""
+    where = "blockrnn.torch.lstm_proj_op"
+    xa, h0a, c0a, w_ih, w_hh, b_ih, b_hh, w_hr = _arrays(
+        where, ("x", "h0", "c0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr"),
+        (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr), weight_ih.dtype)
+    T, B = xa.shape[:2]
+    n = _op_lengths(where, lengths, T, B)
+    if b_ih is None:
+        b_ih = b_hh = np.zeros(w_ih.shape[0], w_ih.dtype)
+    fwd = block_lstm_proj(steps_to_run(T, n), _in_op_order(xa, n, reverse), h0a, c0a, w_ih,
+                          w_hh, b_ih, b_hh, w_hr, sequence_length=n)
+    return _fresh(_in_op_order(fwd.h, n, reverse), _in_op_order(fwd.cs, n, reverse),
+                  fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co, fwd.m)
+
+
+@lstm_proj_op.register_fake
+def _(x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr, lengths, reverse):
+    T, B, P, H = x.shape[0], x.shape[1], weight_hr.shape[0], weight_hr.shape[1]
+    return (x.new_empty(T, B, P), *(x.new_empty(T, B, H) for _ in range(7)))
+
+
+@torch.library.custom_op("blockrnn::lstm_proj_backward", mutates_args=())
+def lstm_proj_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T,
+                          bias_ih: _OptT, bias_hh: _OptT, weight_hr: _T, lengths: _OptT,
+                          reverse: bool, h: _T, cs: _T, i: _T, f: _T, o: _T, ci: _T, co: _T,
+                          m: _T, h_grad: _T,
+                          cs_grad: _T) -> Tuple[_T, _T, _T, _T, _T, _T, _T]:
+    """The gradient of ``lstm_proj_op`` (``block_lstm_proj_grad``). h, cs and the grads in
+    the input's time order, the rest as ``lstm_proj_op`` returned them. Returns the
+    gradients of (x, h0, c0, weight_ih, weight_hh, bias (4H,: that of bias_ih and of
+    bias_hh alike), weight_hr)."""
+    where = "blockrnn.torch.lstm_proj_backward_op"
+    dt = weight_ih.dtype
+    xa, h0a, c0a, w_ih, w_hh, b_ih, b_hh, w_hr, ha, csa, ia, fa, oa, cia, coa, ma = _arrays(
+        where, ("x", "h0", "c0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr",
+                "h", "cs", "i", "f", "o", "ci", "co", "m"),
+        (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr, h, cs, i, f, o, ci, co,
+         m), dt)
+    dh, dcs = (_numpy(where, name, g).astype(_np_dtype(dt), copy=False)
+               for name, g in (("h_grad", h_grad), ("cs_grad", cs_grad)))
+    T, B = xa.shape[:2]
+    n = _op_lengths(where, lengths, T, B)
+    if b_ih is None:
+        b_ih = b_hh = np.zeros(w_ih.shape[0], w_ih.dtype)
+    order = lambda a: _in_op_order(a, n, reverse)  # noqa: E731
+    g = block_lstm_proj_grad(steps_to_run(T, n), order(xa), h0a, c0a, w_ih, w_hh, b_ih, b_hh,
+                             w_hr, ia, fa, oa, cia, order(csa), coa, ma, order(ha), order(dcs),
+                             order(dh), sequence_length=n)
+    return _fresh(order(g.x_grad), g.h_prev_grad, g.c_prev_grad, g.w_ih_grad, g.w_hh_grad,
+                  g.b_grad, g.w_hr_grad)
+
+
+@lstm_proj_backward_op.register_fake
+def _(x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr, lengths, reverse, h, cs,
+      i, f, o, ci, co, m, h_grad, cs_grad):
+    return (torch.empty_like(x), torch.empty_like(h0), torch.empty_like(c0),
+            torch.empty_like(weight_ih), torch.empty_like(weight_hh),
+            x.new_empty(weight_ih.shape[0]), torch.empty_like(weight_hr))
+
+
+def _lstm_proj_setup(ctx, inputs, output):
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, reverse = inputs
+    ctx.save_for_backward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, *output)
+    ctx.reverse = reverse
+
+
+def _lstm_proj_autograd(ctx, h_grad, cs_grad, *gate_grads):
+    _first_order_only("blockrnn.torch.LSTM backward")
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, h, cs, *gates = ctx.saved_tensors
+    if h_grad is None:
+        h_grad = torch.zeros_like(h)
+    if cs_grad is None:
+        cs_grad = torch.zeros_like(cs)
+    dx, dh0, dc0, dw_ih, dw_hh, db, dw_hr = lstm_proj_backward_op(
+        x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, ctx.reverse, h, cs, *gates, h_grad,
+        cs_grad)
+    has_b = b_ih is not None
+    return (dx, dh0, dc0, dw_ih, dw_hh, db if has_b else None,
+            db.clone() if has_b else None,          # its own tensor: b_hh.grad is not b_ih.grad
+            dw_hr, None, None)
+
+
+lstm_proj_op.register_autograd(_lstm_proj_autograd, setup_context=_lstm_proj_setup)
+lstm_proj_backward_op.register_autograd(_no_double_backward("lstm_proj_backward"))
+
+
+# ---------------------------------------------------------------------------
 # 0.1's autograd Functions (TensorFlow layouts)
 # ---------------------------------------------------------------------------
 
@@ -788,9 +889,10 @@ class _RNNBase(nn.Module):
             x = x.transpose(0, 1)
         return x, batched, _lengths_tensor(where, sequence_length, *x.shape[:2]), None
 
-    def _state(self, where, name, s, B, batched):
-        """h0 / c0: None (zeros) or (L*D, B, H) ((L*D, H) unbatched) -> (L*D, B, H)."""
-        LD, H = self.num_layers * self.num_directions, self.hidden_size
+    def _state(self, where, name, s, B, batched, size=None):
+        """h0 / c0: None (zeros) or (L*D, B, H) ((L*D, H) unbatched) -> (L*D, B, H);
+        H = size if given (a projected LSTM's h0: P)."""
+        LD, H = self.num_layers * self.num_directions, size or self.hidden_size
         if s is None:
             return torch.zeros(LD, B, H, **self._factory_now())
         _check_tensor(where, name, s, self._param_dtype())
@@ -854,6 +956,24 @@ class _RNNBase(nn.Module):
 _PEEPHOLES = ("weight_ci", "weight_cf", "weight_co")
 
 
+def _check_proj_size(proj_size, hidden_size, use_peephole, cell_clip, forget_bias):
+    """nn.LSTM's rules for proj_size (an int in [0, hidden_size)); a projected LSTM
+    has none of blockrnn's extras (nn.LSTM has none to match)."""
+    if isinstance(proj_size, bool) or not isinstance(proj_size, int):
+        raise TypeError(f"LSTM: proj_size must be an int, got {type(proj_size).__name__}")
+    if proj_size < 0:
+        raise ValueError(f"LSTM: proj_size should be a positive integer or zero to disable "
+                         f"projections, got {proj_size}")
+    if proj_size and isinstance(hidden_size, int) and proj_size >= hidden_size:
+        raise ValueError(f"LSTM: proj_size has to be smaller than hidden_size, got "
+                         f"proj_size={proj_size}, hidden_size={hidden_size}")
+    if proj_size and (use_peephole or cell_clip or forget_bias):
+        raise ValueError(f"LSTM: proj_size={proj_size} cannot be combined with "
+                         f"use_peephole, cell_clip or forget_bias (got use_peephole="
+                         f"{use_peephole!r}, cell_clip={cell_clip!r}, forget_bias="
+                         f"{forget_bias!r}): nn.LSTM's projected LSTM has none of them")
+
+
 class LSTM(_RNNBase):
     """``torch.nn.LSTM`` on blockrnn's ``block_lstm_v2``: the same constructor, call,
     parameters, initialisation and state_dict.
@@ -873,8 +993,11 @@ class LSTM(_RNNBase):
     bidirectional : bool, default False
         A reverse direction per layer that reads each row's valid prefix
         backwards; the layer output is [forward | reverse] (T, B, 2H).
-    proj_size : 0
-        Anything else raises ValueError (blockrnn has no projected LSTM yet).
+    proj_size : int in [0, hidden_size), default 0
+        P > 0: nn.LSTM's projected LSTM, h = (o * tanh(c)) @ W_hr^T of size P:
+        adds ``weight_hr_l{k}`` (P, H) after each cell's biases, ``weight_hh_l{k}``
+        is (4H, P), layer k > 0 reads (T, B, D*P), h0/h_n and y have P (not H)
+        features, c0/c_n keep H. Not with the extras below (ValueError).
     use_peephole : bool, default False (keyword only; every layer)
         Adds the parameters ``weight_ci_l{k}``, ``weight_cf_l{k}``,
         ``weight_co_l{k}`` (H,): TensorFlow's peepholes wci, wcf, wco.
@@ -907,25 +1030,25 @@ class LSTM(_RNNBase):
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, proj_size=0, *, use_peephole=False,
                  cell_clip=0.0, forget_bias=0.0, device=None, dtype=None):
-        if proj_size != 0:
-            raise ValueError(f"LSTM: proj_size must be 0, got {proj_size!r}: blockrnn has no "
-                             f"projected LSTM yet (use torch.nn.LSTM for proj_size)")
+        _check_proj_size(proj_size, hidden_size, use_peephole, cell_clip, forget_bias)
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, device, dtype)
         if not isinstance(use_peephole, bool):
             raise TypeError(f"LSTM: use_peephole must be a bool, got "
                             f"{type(use_peephole).__name__}")
-        self.proj_size = 0
+        self.proj_size = proj_size     # before the parameters: _cells reads it
         self.use_peephole = use_peephole
         self.cell_clip = check_float("LSTM", "cell_clip", cell_clip)
         self.forget_bias = check_float("LSTM", "forget_bias", forget_bias)
         H = hidden_size
         for _, _, sfx, I in self._cells():
             self._add(f"weight_ih{sfx}", 4 * H, I)
-            self._add(f"weight_hh{sfx}", 4 * H, H)
+            self._add(f"weight_hh{sfx}", 4 * H, proj_size or H)
             if self.bias:
                 self._add(f"bias_ih{sfx}", 4 * H)
                 self._add(f"bias_hh{sfx}", 4 * H)
+            if proj_size:     # nn.LSTM's order: after the biases
+                self._add(f"weight_hr{sfx}", proj_size, H)
             if use_peephole:
                 for name in _PEEPHOLES:
                     self._add(f"{name}{sfx}", H)
@@ -939,7 +1062,15 @@ class LSTM(_RNNBase):
                 *((get("bias_ih"), get("bias_hh")) if self.bias else (None, None)),
                 *((get(n) for n in _PEEPHOLES) if self.use_peephole else (None,) * 3))
 
+    def _cells(self):
+        """As _RNNBase._cells, with I_k = D*P for k > 0 when projected."""
+        for k, d, sfx, I in super()._cells():
+            yield k, d, sfx, (I if k == 0 or not self.proj_size
+                              else self.num_directions * self.proj_size)
+
     def forward(self, x, hx=None, sequence_length=None):
+        if self.proj_size:
+            return self._forward_proj(x, hx, sequence_length)
         where = "blockrnn.torch.LSTM"
         xt, batched, lengths, packed = self._input(where, x, sequence_length)
         B = xt.shape[1]
@@ -959,20 +1090,50 @@ class LSTM(_RNNBase):
         y, (h_n, c_n) = self._run(xt, states, lengths, batched, step)
         return self._output(y, batched, packed, lengths), (h_n, c_n)
 
+    def _forward_proj(self, x, hx, sequence_length):
+        """forward with proj_size = P > 0: h0/h_n (L*D, B, P), y (T, B, D*P), on
+        lstm_proj_op."""
+        where = "blockrnn.torch.LSTM"
+        xt, batched, lengths, packed = self._input(where, x, sequence_length)
+        B = xt.shape[1]
+        if hx is None:
+            hx = (None, None)
+        elif not isinstance(hx, (tuple, list)) or len(hx) != 2:
+            raise TypeError(f"{where}: hx must be None or a tuple (h0, c0), got "
+                            f"{type(hx).__name__}")
+        states = (self._state(where, "h0", hx[0], B, batched, size=self.proj_size),
+                  self._state(where, "c0", hx[1], B, batched))
+
+        def step(x, init, sfx, reverse):
+            out = lstm_proj_op(x, *init, *self._cell_params(sfx)[:4],
+                               getattr(self, f"weight_hr{sfx}"), lengths, reverse)
+            return out[0], out[1]
+
+        y, (h_n, c_n) = self._run(xt, states, lengths, batched, step)
+        return self._output(y, batched, packed, lengths), (h_n, c_n)
+
     @classmethod
     def from_torch(cls, module):
         """A ``blockrnn.torch.LSTM`` with the configuration (num_layers, bidirectional,
-        bias, batch_first, dropout, dtype, training mode) and the state_dict of a
-        ``torch.nn.LSTM`` without projection (the parameters are the same)."""
-        nn_lstm_arrays(module)     # the checks: an nn.LSTM, no proj_size, float32/64
+        bias, batch_first, dropout, proj_size, dtype, training mode) and the state_dict
+        of a ``torch.nn.LSTM`` (the parameters are the same)."""
+        proj = getattr(module, "proj_size", 0) if isinstance(module, nn.LSTM) else 0
+        if proj:   # nn_lstm_arrays (TensorFlow's layout) has no projection: checked here
+            if module.weight_ih_l0.dtype not in _DTYPES:
+                raise TypeError(f"blockrnn.torch.LSTM.from_torch: nn.LSTM weights must be "
+                                f"float32 or float64, got {module.weight_ih_l0.dtype}")
+        else:
+            nn_lstm_arrays(module)     # the checks: an nn.LSTM, float32/64
         out = cls(module.input_size, module.hidden_size, module.num_layers, module.bias,
-                  module.batch_first, module.dropout, module.bidirectional,
+                  module.batch_first, module.dropout, module.bidirectional, proj,
                   dtype=module.weight_ih_l0.dtype)
         out.load_state_dict(module.state_dict(), strict=True)
         return out.train(module.training)
 
     def extra_repr(self):
         s = super().extra_repr()
+        if self.proj_size:
+            s += f", proj_size={self.proj_size}"
         if self.use_peephole:
             s += ", use_peephole=True"
         if self.cell_clip > 0:
