@@ -31,14 +31,16 @@ _GATES = ("i", "f", "o", "ci", "cs", "co", "m")
 
 def _check(args, seq_len_max, sequence_length):
     """x [T, B, I], h_prev [B, P], c_prev [B, H], w_ih [4H, I], w_hh [4H, P],
-    b_ih, b_hh [4H], w_hr [P, H] (H and P from w_hr), seq_len_max, sequence_length."""
+    b_ih, b_hh [4H], w_hr [P, H] (P, H >= 1), seq_len_max, sequence_length."""
     T, B, I = args.rank("x", "[T, B, I]")
-    P, H = args.rank("w_hr", "[P, H]")
-    if P < 1 or H < 1:
-        raise ValueError(f"{args.op}: w_hr must have shape [P, H] with P, H >= 1, got "
-                         f"{args['w_hr'].shape}")
+    P = args.rank("h_prev", "[B, P]")[1]
+    H = args.rank("c_prev", "[B, H]")[1]
     args.shape("h_prev", "[B, P]", (B, P))
     args.shape("c_prev", "[B, H]", (B, H))
+    if P < 1 or H < 1:
+        raise ValueError(f"{args.op}: the projection size P (h_prev's last axis) and the "
+                         f"cell size H (c_prev's) must be >= 1, got P = {P}, H = {H}")
+    args.shape("w_hr", "[P, H]", (P, H))
     args.shape("w_ih", "[4H, I]", (4 * H, I))
     args.shape("w_hh", "[4H, P]", (4 * H, P))
     args.shape("b_ih", "[4H]", (4 * H,))

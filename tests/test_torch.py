@@ -221,8 +221,8 @@ def test_errors():
         bt.GRU(I, H, dtype=torch.float16)
     with pytest.raises(ValueError, match="hidden_size must be positive"):
         bt.GRU(I, 0)
-    with pytest.raises(ValueError, match="proj_size=2"):
-        bt.LSTM.from_torch(nn.LSTM(I, H, proj_size=2))
+    with pytest.raises(ValueError, match="proj_size=2 cannot be combined with use_peephole"):
+        bt.LSTM(I, H, proj_size=2, use_peephole=True)
     with pytest.raises(ValueError, match="reset gate AFTER the recurrent matmul"):
         bt.LSTM.from_torch(nn.GRU(I, H))
     with pytest.raises(TypeError, match="expected a torch.nn.GRU"):

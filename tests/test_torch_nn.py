@@ -104,9 +104,8 @@ def test_extras_only_when_asked_for():
     assert not list(plain.buffers())
     assert "forget_bias=1.0" in repr(plain) and "reset_after=False" in \
         repr(bt.GRU(I, H, reset_after=False))
-    with pytest.raises(ValueError, match="proj_size must be 0, got 2: blockrnn has no "
-                                         "projected LSTM yet"):
-        bt.LSTM(I, H, proj_size=2)
+    assert [n for n, _ in bt.LSTM(I, H, proj_size=2).named_parameters()] == \
+        [n for n, _ in nn.LSTM(I, H, proj_size=2).named_parameters()]
 
 
 def test_forget_bias_is_a_constant_on_the_forget_gate():
