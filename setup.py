@@ -116,6 +116,7 @@ def extensions():
             "blockrnn/_lstm.pxi",
             "blockrnn/_gru.pxi",
             "blockrnn/_gru_reset_after.pxi",
+            "blockrnn/_lstm_proj.pxi",
             "blockrnn/_inference.pxi",
             "blockrnn/_capi.pxi",
             "blockrnn/_sequence.pxi",
