@@ -10,12 +10,29 @@
 # _lstm.pxi, no peepholes, no clipping, no forget bias): its "h" is m here.
 #
 # Products: the input projection of all L steps is hoisted (GEMM driver,
-# run_gemm_specs, straight into the gate outputs). The per-step products run in
-# blockrnn's packed kernel for float32 (weights packed once per call from
-# nn.LSTM's layout through strides) and in BLAS for float64. The time loop runs on
-# the calling thread (each step is two dependent products and the gates); the
-# products after the backward's loop use the GEMM driver's threads from the
-# budget, which split rows or panels, never a sum: no thread count changes a bit.
+# run_gemm_specs, straight into the gate outputs). float32: the per-step
+# products run in blockrnn's packed kernel (weights packed once per call from
+# nn.LSTM's layout through strides), in ONE OpenMP parallel region per call on up
+# to the thread budget's threads, each thread owning whole 16-column panels of
+# the H cells (unit_start(H)) and of the P projected features (unit_start(P));
+# two barriers per step (the projection needs all of m[t], the next product all of
+# h[t]; in the backward dm needs all of dH[t], dh_rec all of dG[t]). float64: BLAS
+# per step on the calling thread. The products after the backward's loop use the
+# GEMM driver's threads. Threads split rows or panels, never a sum: no thread
+# count changes a bit.
+
+
+cdef inline int lstm_proj_step_threads(Py_ssize_t B, Py_ssize_t H, Py_ssize_t P,
+                                       int limit) noexcept nogil:
+    """Threads of the float32 time loop: one per PACKED_WORK_PER_THREAD
+    multiply-adds of a step's products (B * P * 5H), at most one per 16-feature
+    panel of P (< H), at most limit."""
+    return packed_threads(B, P, 5 * H, P, limit)
+
+
+def lstm_proj_step_threads_for(Py_ssize_t B, Py_ssize_t H, Py_ssize_t P, int limit):
+    """lstm_proj_step_threads (for the tests)."""
+    return lstm_proj_step_threads(B, H, P, limit)
 
 
 cdef inline int lstm_proj_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
@@ -44,13 +61,73 @@ cdef inline Py_ssize_t lstm_proj_forward_workspace(Py_ssize_t L, Py_ssize_t B, P
                                                    Py_ssize_t H, Py_ssize_t P, bint f32,
                                                    int max_threads) noexcept nogil:
     """Elements of block_lstm_proj_forward_compute's workspace: the folded bias
-    [4H], one step's recurrent product g [B, 4H]; float32 then w_hh^T packed
-    [P, 4H] and w_hr^T packed [H, P]; then the GEMM driver's blocks."""
+    [4H], one step's recurrent product g [B, 4H]; float32 then w_hh's four gate
+    blocks transposed and packed [4, brnn_packed_size(P, H)] and w_hr^T packed
+    [H, P]; then the GEMM driver's blocks."""
     cdef Py_ssize_t n = 4 * H + B * 4 * H + 1
     if f32:
-        n += brnn_packed_size(P, 4 * H) + brnn_packed_size(H, P)
+        n += 4 * brnn_packed_size(P, H) + brnn_packed_size(H, P)
     return n + (lstm_proj_gemm_threads(L, B, I, H, P, max_threads)
                 * lstm_proj_gemm_ws(L, B, I, H, P, f32))
+
+
+cdef void lstm_proj_forward_cells(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, Py_ssize_t P, const float* pw_hh,
+        const float* h_in, const float* c_in, const float* b, const int64_t* lengths,
+        float* g, float* i_, float* f, float* o, float* ci, float* cs, float* co, float* m,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t of the float32 forward for the cells [u0, u1): their columns of the
+    four gate blocks of g = h_in @ w_hh^T (packed kernel), then their gates, c
+    and m (the gate outputs hold x[t] @ w_ih^T on entry)."""
+    cdef Py_ssize_t q, BH = B * H, ps = brnn_packed_size(P, H)
+    if u1 <= u0:
+        return
+    for q in range(4):
+        packed_product(B, P, h_in, P, pw_hh + q * ps, u0, u1, False, g + q * H, 4 * H)
+    lstm_forward_block[float](B, H, gate_offsets(IFCO, H), g, b, c_in, NULL, NULL, NULL, 0,
+                              0, False, lengths, t, True, i_ + t * BH, cs + t * BH,
+                              f + t * BH, o + t * BH, ci + t * BH, co + t * BH, m + t * BH,
+                              u0, u1 - u0)
+
+
+cdef void lstm_proj_forward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t P,
+        const float* pw_hh,       # IN  w_hh's gate blocks, transposed and packed
+        const float* pw_hr,       # IN  w_hr^T packed [H, P]
+        const float* h0, const float* c0, const float* b, const int64_t* lengths,
+        float* g,                 # workspace [B, 4H]
+        float* i_, float* f, float* o, float* ci, float* cs, float* co, float* m,
+        float* h, int n_threads) noexcept nogil:
+    """The time loop of the float32 forward on n_threads threads (one parallel
+    region): per step, each thread computes its cells' gates (lstm_proj_forward_cells),
+    barrier, its features [p0, p1) of h[t] = m[t] @ w_hr^T, barrier."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, p0 = 0, p1 = P, BH = B * H, BP = B * P
+    cdef int tid, nt
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            lstm_proj_forward_cells(t, B, H, P, pw_hh, h0 if t == 0 else h + (t - 1) * BP,
+                                    c0 if t == 0 else cs + (t - 1) * BH, b, lengths, g,
+                                    i_, f, o, ci, cs, co, m, 0, H)
+            packed_product(B, H, m + t * BH, H, pw_hr, 0, P, False, h + t * BP, P)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        p0 = unit_start(P, tid, nt)
+        p1 = unit_start(P, tid + 1, nt)
+        for t in range(L):
+            lstm_proj_forward_cells(t, B, H, P, pw_hh, h0 if t == 0 else h + (t - 1) * BP,
+                                    c0 if t == 0 else cs + (t - 1) * BH, b, lengths, g,
+                                    i_, f, o, ci, cs, co, m, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            if p1 > p0:
+                packed_product(B, H, m + t * BH, H, pw_hr, p0, p1, False, h + t * BP, P)
+            brnn_barrier_wait(&bar, nt)
 
 
 cdef void block_lstm_proj_forward_compute(
@@ -81,10 +158,13 @@ cdef void block_lstm_proj_forward_compute(
     cdef gemm_spec jobs[4]
     cdef const floating* h_in
     cdef const floating* c_in
+    cdef Py_ssize_t ps = brnn_packed_size(P, H)
+    cdef int granted
     if floating is float:
-        pw_hr = pw_hh + brnn_packed_size(P, H4)
+        pw_hr = pw_hh + 4 * ps
         gws = pw_hr + brnn_packed_size(H, P)
-        brnn_pack_f32(P, H4, w_hh, 1, P, pw_hh)   # W(k, n) = w_hh[n, k]
+        for q in range(4):   # block q: W(k, n) = w_hh[q*H + n, k]
+            brnn_pack_f32(P, H, w_hh + q * H * P, 1, P, pw_hh + q * ps)
         brnn_pack_f32(H, P, w_hr, 1, H, pw_hr)    # W(k, n) = w_hr[n, k]
     for j in range(H4):
         b[j] = b_ih[j] + b_hh[j]
@@ -93,20 +173,20 @@ cdef void block_lstm_proj_forward_compute(
     for q in range(4):
         jobs[q] = gspec(L * B, H, I, x, I, 1, w_ih + q * H * I, 1, I, False, dst[q], H)
     run_gemm_specs(4, jobs, gws, lstm_proj_gemm_threads(L, B, I, H, P, max_threads))
-    for t in range(L):
-        h_in = h0 if t == 0 else h + (t - 1) * BP
-        c_in = c0 if t == 0 else cs + (t - 1) * BH
-        if floating is float:
-            packed_product(B, P, h_in, P, pw_hh, 0, H4, False, g, H4)
-        else:
+    if floating is float:
+        granted = brnn_budget_take(lstm_proj_step_threads(B, H, P, max_threads), max_threads)
+        lstm_proj_forward_packed(L, B, H, P, pw_hh, pw_hr, h0, c0, b, lengths, g, i_, f, o,
+                                 ci, cs, co, m, h, granted)
+        brnn_budget_give(granted)
+    else:
+        for t in range(L):
+            h_in = h0 if t == 0 else h + (t - 1) * BP
+            c_in = c0 if t == 0 else cs + (t - 1) * BH
             gemm(False, True, B, H4, P, 1, h_in, P, w_hh, P, 0, g, H4)
-        lstm_forward_block(B, H, off, g, b, c_in, <floating*>NULL, <floating*>NULL,
-                           <floating*>NULL, 0, 0, False, lengths, t, True,
-                           i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH, ci + t * BH,
-                           co + t * BH, m + t * BH)
-        if floating is float:
-            packed_product(B, H, m + t * BH, H, pw_hr, 0, P, False, h + t * BP, P)
-        else:
+            lstm_forward_block(B, H, off, g, b, c_in, <floating*>NULL, <floating*>NULL,
+                               <floating*>NULL, 0, 0, False, lengths, t, True,
+                               i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH, ci + t * BH,
+                               co + t * BH, m + t * BH)
             gemm(False, True, B, P, H, 1, m + t * BH, H, w_hr, H, 0, h + t * BP, P)
     zero_lstm_outputs(L * BH, (T - L) * BH, i_, cs, f, o, ci, co, m)
     memset(h + L * BP, 0, (T - L) * BP * sizeof(floating))
@@ -190,6 +270,87 @@ cdef void lstm_proj_backward_products(
     memset(x_grad + LB * I, 0, (T - L) * B * I * sizeof(floating))
 
 
+cdef void lstm_proj_backward_packed(
+        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t P,
+        const float* pw_hr,       # IN  w_hr packed [P, H]
+        const float* pw_hh,       # IN  w_hh packed [4H, P]
+        const float* c0, const float* i_, const float* f, const float* o, const float* ci,
+        const float* cs, const float* co, const float* cs_grad, const float* h_grad,
+        const int64_t* lengths, const float* zero,
+        float* dg, float* dh, float* dm,  # workspace: dG [L*B, 4H], dH [L*B, P], [B, H]
+        float* dh_rec,            # OUT [B, P] (h0_grad)
+        float* carry,             # OUT [B, H] (c0_grad)
+        int n_threads) noexcept nogil:
+    """The reverse loop of the float32 backward on n_threads threads (one parallel
+    region), each owning the features [p0, p1) and the cells [u0, u1): per step,
+    its features of dH[t] = h_grad[t] + dh_rec, barrier, its cells' dm = dH[t] @ w_hr
+    and gate gradients dG[t] (and c carry), barrier, its features of
+    dh_rec = dG[t] @ w_hh (only it reads them next)."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, p0 = 0, p1 = P
+    cdef int tid, nt
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L - 1, -1, -1):
+            lstm_proj_backward_features(t, B, P, h_grad, lengths, dh, dh_rec, 0, P)
+            lstm_proj_backward_cells(t, B, H, P, pw_hr, c0, i_, f, o, ci, cs, co, cs_grad,
+                                     lengths, zero, dg, dh, dm, carry, 0, H)
+            packed_product(B, 4 * H, dg + t * B * 4 * H, 4 * H, pw_hh, 0, P, False, dh_rec, P)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        p0 = unit_start(P, tid, nt)
+        p1 = unit_start(P, tid + 1, nt)
+        for t in range(L - 1, -1, -1):
+            lstm_proj_backward_features(t, B, P, h_grad, lengths, dh, dh_rec, p0, p1)
+            brnn_barrier_wait(&bar, nt)
+            lstm_proj_backward_cells(t, B, H, P, pw_hr, c0, i_, f, o, ci, cs, co, cs_grad,
+                                     lengths, zero, dg, dh, dm, carry, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            if p1 > p0:
+                packed_product(B, 4 * H, dg + t * B * 4 * H, 4 * H, pw_hh, p0, p1, False,
+                               dh_rec, P)
+
+
+cdef void lstm_proj_backward_features(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t P, const float* h_grad,
+        const int64_t* lengths, float* dh, const float* dh_rec, Py_ssize_t p0,
+        Py_ssize_t p1) noexcept nogil:
+    """dH[t][:, p0:p1] = h_grad[t] + dh_rec, zero in rows past their length."""
+    cdef Py_ssize_t r, j
+    cdef float* d = dh + t * B * P
+    cdef const float* hg = h_grad + t * B * P
+    for r in range(B):
+        if finished(lengths, r, t):
+            for j in range(p0, p1):
+                d[r * P + j] = 0
+        else:
+            for j in range(p0, p1):
+                d[r * P + j] = hg[r * P + j] + dh_rec[r * P + j]
+
+
+cdef void lstm_proj_backward_cells(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, Py_ssize_t P, const float* pw_hr,
+        const float* c0, const float* i_, const float* f, const float* o, const float* ci,
+        const float* cs, const float* co, const float* cs_grad, const int64_t* lengths,
+        const float* zero, float* dg, const float* dh, float* dm, float* carry,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t of the float32 backward for the cells [u0, u1): dm = dH[t] @ w_hr
+    (packed kernel), then the cell backward into dG[t] and the c carry."""
+    cdef Py_ssize_t BH = B * H
+    if u1 <= u0:
+        return
+    packed_product(B, P, dh + t * B * P, P, pw_hr, u0, u1, False, dm, H)
+    lstm_backward_block[float](B, H, gate_offsets(IFCO, H), c0 if t == 0 else cs + (t - 1) * BH,
+                               i_ + t * BH, f + t * BH, o + t * BH, ci + t * BH, co + t * BH,
+                               cs_grad + t * BH, dm, zero, NULL, NULL, NULL, False, True,
+                               lengths, t, dg + t * B * 4 * H, carry, u0, u1 - u0)
+
+
 cdef void block_lstm_proj_backward_compute(
         Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, Py_ssize_t P,
         const floating* x,        # IN  [T, B, I]
@@ -232,6 +393,7 @@ cdef void block_lstm_proj_backward_compute(
     cdef floating* gws = pw_hr
     cdef floating* dht
     cdef const floating* hg
+    cdef int granted
     if floating is float:
         pw_hh = pw_hr + brnn_packed_size(P, H)
         gws = pw_hh + brnn_packed_size(H4, P)
@@ -240,24 +402,24 @@ cdef void block_lstm_proj_backward_compute(
     memset(h0_grad, 0, BP * sizeof(floating))
     memset(c0_grad, 0, BH * sizeof(floating))
     memset(zero, 0, BH * sizeof(floating))
-    for t in range(L - 1, -1, -1):
-        dht = dh + t * BP
-        hg = h_grad + t * BP
-        for j in range(BP):
-            dht[j] = hg[j] + h0_grad[j]
-        zero_rows(B, P, lengths, t, dht)
-        if floating is float:
-            packed_product(B, P, dht, P, pw_hr, 0, H, False, dm, H)
-        else:
+    if floating is float:
+        granted = brnn_budget_take(lstm_proj_step_threads(B, H, P, max_threads), max_threads)
+        lstm_proj_backward_packed(L, B, H, P, pw_hr, pw_hh, c0, i_, f, o, ci, cs, co, cs_grad,
+                                  h_grad, lengths, zero, dg, dh, dm, h0_grad, c0_grad, granted)
+        brnn_budget_give(granted)
+    else:
+        for t in range(L - 1, -1, -1):
+            dht = dh + t * BP
+            hg = h_grad + t * BP
+            for j in range(BP):
+                dht[j] = hg[j] + h0_grad[j]
+            zero_rows(B, P, lengths, t, dht)
             gemm(False, False, B, H, P, 1, dht, P, w_hr, H, 0, dm, H)
-        lstm_backward_block(B, H, off, c0 if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
-                            f + t * BH, o + t * BH, ci + t * BH, co + t * BH,
-                            cs_grad + t * BH, dm, zero, <floating*>NULL, <floating*>NULL,
-                            <floating*>NULL, False, True, lengths, t, dg + t * B * H4,
-                            c0_grad)
-        if floating is float:
-            packed_product(B, H4, dg + t * B * H4, H4, pw_hh, 0, P, False, h0_grad, P)
-        else:
+            lstm_backward_block(B, H, off, c0 if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
+                                f + t * BH, o + t * BH, ci + t * BH, co + t * BH,
+                                cs_grad + t * BH, dm, zero, <floating*>NULL, <floating*>NULL,
+                                <floating*>NULL, False, True, lengths, t, dg + t * B * H4,
+                                c0_grad)
             gemm(False, False, B, P, H4, 1, dg + t * B * H4, H4, w_hh, P, 0, h0_grad, P)
     lstm_proj_backward_products(L, T, B, I, H, P, x, h0, h, m, w_ih, dg, dh, x_grad,
                                 w_ih_grad, w_hh_grad, w_hr_grad, gws,

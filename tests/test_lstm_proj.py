@@ -24,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from threadpoolctl import threadpool_limits
 
 import blockrnn.torch as bt
-from blockrnn import convert
+from blockrnn import _kernels, convert
 from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
 
 T, B, I, H, P = 6, 4, 5, 4, 3
@@ -290,11 +290,13 @@ def test_kernel_seq_len_max_lengths_and_nan_padding():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_kernel_bits_independent_of_threads(dtype):
-    """1 and 2 threads give the same bits, forward and backward (the GEMM driver splits
-    rows or panels, never a sum; the time loop is on one thread)."""
-    T_, B_, I_, H_, P_ = 20, 16, 64, 64, 32      # enough work for 2 driver threads
-    args = _np_case(T_, B_, I_, H_, P_, dtype, seed=5)
-    lengths = np.array([20, 3, 17, 0] * 4)
+    """1 and 2 threads give the same bits, forward and backward: float32's time loop
+    splits each step's panels of H and P between threads, the GEMM driver (both
+    precisions) rows or panels, never a sum."""
+    T_, B_, I_, H_, P_ = 8, 32, 32, 256, 64
+    assert _kernels.lstm_proj_step_threads_for(B_, H_, P_, 2) == 2   # the loop splits
+    args = [a * dtype(0.1) for a in _np_case(T_, B_, I_, H_, P_, dtype, seed=5)]
+    lengths = np.array([8, 3, 7, 0] * 8)
     rng = np.random.default_rng(2)
     gh = rng.standard_normal((T_, B_, P_)).astype(dtype)
     gc = rng.standard_normal((T_, B_, H_)).astype(dtype)
@@ -306,6 +308,10 @@ def test_kernel_bits_independent_of_threads(dtype):
         runs.append(list(out) + list(g))
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+    if dtype == np.float32:   # and the values are right
+        ref = block_lstm_proj(T_, *(a.astype(np.float64) for a in args),
+                              sequence_length=lengths)
+        np.testing.assert_allclose(runs[0][7], ref.h, rtol=1e-4, atol=1e-5)
 
 
 def test_kernel_float32_matches_float64():
