@@ -20,7 +20,8 @@ CPU only; float32 and float64 tensors.
 * The ops underneath are PyTorch custom operators (``torch.library.custom_op``,
   namespace ``blockrnn``): ``lstm_op`` / ``lstm_backward_op``, ``gru_op`` /
   ``gru_backward_op`` (nn.GRU's math), ``gru_block_op`` /
-  ``gru_block_backward_op`` (GRUBlockCell), one layer in one direction each,
+  ``gru_block_backward_op`` (GRUBlockCell), ``lstm_proj_op`` /
+  ``lstm_proj_backward_op`` (nn.LSTM with proj_size), one layer in one direction each,
   with fake (shape) implementations and autograd, so ``torch.compile(...,
   fullgraph=True)`` and ``torch.export`` trace a model holding these modules.
   Gradients are first-order only: a double backward raises a RuntimeError.
@@ -1117,7 +1118,7 @@ class LSTM(_RNNBase):
         """A ``blockrnn.torch.LSTM`` with the configuration (num_layers, bidirectional,
         bias, batch_first, dropout, proj_size, dtype, training mode) and the state_dict
         of a ``torch.nn.LSTM`` (the parameters are the same)."""
-        proj = getattr(module, "proj_size", 0) if isinstance(module, nn.LSTM) else 0
+        proj = module.proj_size if isinstance(module, (nn.LSTM, LSTM)) else 0
         if proj:   # nn_lstm_arrays (TensorFlow's layout) has no projection: checked here
             if module.weight_ih_l0.dtype not in _DTYPES:
                 raise TypeError(f"blockrnn.torch.LSTM.from_torch: nn.LSTM weights must be "
@@ -1265,6 +1266,9 @@ def upgrade_state_dict_v01(state_dict, module):
     if not isinstance(module, LSTM):
         raise TypeError(f"{where}: module must be a blockrnn.torch.LSTM or GRU, got "
                         f"{type(module).__name__}")
+    if module.proj_size:
+        raise ValueError(f"{where}: blockrnn 0.1 had no projected LSTM; the module has "
+                         f"proj_size={module.proj_size}")
     old = dict(state_dict)
     out = {}
     for _, _, sfx, I in module._cells():

@@ -86,6 +86,9 @@ def test_parameters_and_state_dict_both_ways(config):
         assert torch.equal(p, q), n
     copy = bt.LSTM.from_torch(other)
     assert copy.proj_size == P and "proj_size=3" in repr(copy)
+    again = bt.LSTM.from_torch(copy)         # a blockrnn module converts too
+    for p, q in zip(again.parameters(), copy.parameters()):
+        assert torch.equal(p, q)
     x = _rand(B, T, I, seed=1) if config["batch_first"] else _rand(T, B, I, seed=1)
     y0, (h0, c0) = other(x)
     y1, (h1, c1) = copy(x)
@@ -314,6 +317,54 @@ def test_kernel_bits_independent_of_threads(dtype):
         np.testing.assert_allclose(runs[0][7], ref.h, rtol=1e-4, atol=1e-5)
 
 
+_VARIANT_CHECK = r'''
+import sys, numpy as np, blockrnn
+from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
+assert blockrnn._kernels.packed_kernel_name() == sys.argv[1]
+rng = np.random.default_rng(0)
+for T, B, I, H, P in [(5, 1, 7, 37, 5), (6, 13, 20, 40, 17), (4, 3, 0, 33, 32)]:
+    r = lambda *s: rng.uniform(-0.5, 0.5, s)
+    args = [r(T, B, I), r(B, P), r(B, H), r(4 * H, I), r(4 * H, P), r(4 * H), r(4 * H),
+            r(P, H)]
+    lens = rng.integers(0, T + 1, B)
+    gh, gc = r(T, B, P), r(T, B, H)
+    want = block_lstm_proj(T, *args, sequence_length=lens)
+    want = list(want) + list(block_lstm_proj_grad(T, *args, *want, gc, gh, sequence_length=lens))
+    a32 = [a.astype(np.float32) for a in args]
+    got = block_lstm_proj(T, *a32, sequence_length=lens)
+    got = list(got) + list(block_lstm_proj_grad(T, *a32, *got, gc.astype(np.float32),
+                                                gh.astype(np.float32), sequence_length=lens))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("variant", ["avx512", "avx2", "portable"])
+def test_every_kernel_variant(variant):
+    """float32 forward and backward under each packed-kernel variant this CPU runs (in a
+    subprocess: the variant is chosen at import) against float64; batch 1, H and P not
+    multiples of 16, I = 0. A variant the CPU lacks is refused at import
+    (tests/test_packed.py)."""
+    import os
+    import subprocess
+    import sys
+    if variant not in _kernels.packed_paths_supported():
+        return
+    out = subprocess.run([sys.executable, "-c", _VARIANT_CHECK, variant], capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_float16_is_computed_in_float32():
+    args = _np_case(5, 3, 4, 6, 2, np.float16, seed=7)
+    out = block_lstm_proj(5, *args)
+    ref = block_lstm_proj(5, *(a.astype(np.float32) for a in args))
+    for a, b in zip(out, ref):
+        assert a.dtype == np.float16
+        np.testing.assert_array_equal(a, b.astype(np.float16))
+
+
 def test_kernel_float32_matches_float64():
     args64 = _np_case(9, 6, 20, 24, 10, np.float64, seed=3)
     args32 = [a.astype(np.float32) for a in args64]
@@ -512,3 +563,5 @@ def test_bad_input():
     # blockrnn's NumPy layers have no projection: convert keeps refusing, naming proj_size
     with pytest.raises(ValueError, match="proj_size"):
         convert.from_torch(nn.LSTM(I, H, proj_size=P))
+    with pytest.raises(ValueError, match="no projected LSTM; the module has proj_size=3"):
+        bt.upgrade_state_dict_v01({}, ours)
