@@ -485,6 +485,29 @@ def test_compile_fullgraph_forward_and_backward(bidirectional):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_compile_fullgraph_packed_sequence_input():
+    """An unsorted PackedSequence through a compiled 2-layer bidirectional projected LSTM:
+    no graph break; outputs and the input gradient equal eager and nn.LSTM's."""
+    torch._dynamo.reset()
+    ref, ours = _pair(num_layers=2, bidirectional=True)
+    x = _rand(T, B, I, seed=1)
+
+    def f(module, pk):
+        y, (h, c) = module(pk)
+        return y.data, h, c
+
+    compiled = torch.compile(lambda pk: f(ours, pk), fullgraph=True)
+    results = []
+    for fn in (compiled, lambda pk: f(ours, pk), lambda pk: f(ref, pk)):
+        x.grad = None
+        outs = fn(pack_padded_sequence(x, torch.tensor(LENGTHS), enforce_sorted=False))
+        _loss(outs[0], outs[1:]).backward()
+        results.append([o.detach() for o in outs] + [x.grad.clone()])
+    for a, b, c in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-10)
+
+
 def test_export_runs_and_equals_eager():
     model = _Model(bidirectional=True).double().eval()
     tokens = torch.randint(0, 17, (T, B), generator=torch.Generator().manual_seed(5))
