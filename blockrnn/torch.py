@@ -715,10 +715,11 @@ def _check_device(where, device):
 # ---------------------------------------------------------------------------
 
 class _PackCache(dict):
-    """A module's packed weights: cell suffix -> (key, pinned, packed).
+    """A module's packed weights: cell suffix -> (key, names, pinned, packed).
 
     ``key`` is every parameter's (``_version``, ``data_ptr()``, dtype, shape,
-    device) and the module's cell options; ``pinned`` holds a detached alias of
+    device) and the module's cell options, ``names`` the parameters' names (a hit
+    reads them from the module's own dict); ``pinned`` holds a detached alias of
     each parameter (the same storage and version counter) so that its memory
     cannot be reused by a new tensor while the entry exists: a new tensor always
     has another data_ptr. A copy or pickle of the module gets an empty cache
@@ -745,7 +746,9 @@ def _tracing(x):
 
 
 def _param_key(t):
-    return None if t is None else (t._version, t.data_ptr(), t.dtype, t.shape, t.device)
+    if t is None:
+        return None
+    return t._version, t.data_ptr(), t.dtype, t.shape, t.device
 
 
 class _RNNBase(nn.Module):
@@ -827,11 +830,12 @@ class _RNNBase(nn.Module):
             x = x.transpose(0, 1)
         return x, batched, _lengths_tensor(where, sequence_length, *x.shape[:2]), None
 
-    def _state(self, where, name, s, B, batched):
-        """h0 / c0: None (zeros) or (L*D, B, H) ((L*D, H) unbatched) -> (L*D, B, H)."""
+    def _state(self, where, name, s, B, batched, zeros=True):
+        """h0 / c0: None (zeros; None if not `zeros`) or (L*D, B, H) ((L*D, H) unbatched)
+        -> (L*D, B, H)."""
         LD, H = self.num_layers * self.num_directions, self.hidden_size
         if s is None:
-            return torch.zeros(LD, B, H, **self._factory_now())
+            return torch.zeros(LD, B, H, **self._factory_now()) if zeros else None
         _check_tensor(where, name, s, self._param_dtype())
         want = (LD, B, H) if batched else (LD, H)
         if tuple(s.shape) != want:
@@ -880,9 +884,9 @@ class _RNNBase(nn.Module):
         if _tracing(x) or getattr(self, "proj_size", 0):
             return False
         if torch.is_grad_enabled():
-            params = self.parameters()
-            if (x.requires_grad or any(s is not None and s.requires_grad for s in states)
-                    or any(p.requires_grad for p in params)):
+            if (x.requires_grad
+                    or any(isinstance(s, torch.Tensor) and s.requires_grad for s in states)
+                    or any(p.requires_grad for p in self._parameters.values())):
                 self.clear_inference_cache()   # a graph is recorded: see clear_inference_cache
                 return False
         return self._param_dtype() == torch.float32
@@ -906,7 +910,7 @@ class _RNNBase(nn.Module):
         made, "nbytes": bytes of the packed copies held} (see the class docstring)."""
         cache = self.__dict__.get("_inference_cache") or _PackCache()
         return {"cells": len(cache), "packings": cache.packings,
-                "nbytes": sum(entry[2].nbytes for entry in cache.values())}
+                "nbytes": sum(entry[-1].nbytes for entry in cache.values())}
 
     def _packed_cell(self, sfx):
         """The packed weights of one cell, packed again only when a parameter or a
@@ -914,14 +918,20 @@ class _RNNBase(nn.Module):
         cache = self.__dict__.get("_inference_cache")
         if cache is None:
             cache = self.__dict__["_inference_cache"] = _PackCache()
-        params = self._cell_params(sfx)
-        key = (tuple(_param_key(p) for p in params), self._cell_options())
         entry = cache.get(sfx)
-        if entry is not None and entry[0] == key:
-            return entry[2]
-        arrays = [None if p is None else p.detach().numpy() for p in params]
-        packed = self._pack_cell(*arrays)
-        cache[sfx] = (key, [None if p is None else p.detach() for p in params], packed)
+        options = self._cell_options()
+        if entry is not None:
+            key, names, _, packed = entry
+            own = self._parameters
+            if key == (tuple(None if n is None else _param_key(own.get(n)) for n in names),
+                       options):
+                return packed
+        params = self._cell_params(sfx)
+        name_of = {id(p): n for n, p in self._parameters.items()}
+        names = tuple(None if p is None else name_of[id(p)] for p in params)
+        key = (tuple(_param_key(p) for p in params), options)
+        packed = self._pack_cell(*(None if p is None else p.detach().numpy() for p in params))
+        cache[sfx] = (key, names, [None if p is None else p.detach() for p in params], packed)
         cache.packings += 1
         return packed
 
@@ -969,7 +979,9 @@ class _RNNBase(nn.Module):
         return y.transpose(0, 1) if self.batch_first else y
 
     def _param_dtype(self):
-        return next(self.parameters()).dtype
+        # the first parameter (weight_ih_l0 / w_ru_l0), read from the module's own dict: a
+        # tenth of the cost of next(self.parameters()), which runs once per call or more
+        return next(iter(self._parameters.values())).dtype
 
     def _factory_now(self):
         return {"dtype": self._param_dtype()}
@@ -1086,10 +1098,11 @@ class LSTM(_RNNBase):
         elif not isinstance(hx, (tuple, list)) or len(hx) != 2:
             raise TypeError(f"{where}: hx must be None or a tuple (h0, c0), got "
                             f"{type(hx).__name__}")
-        states = (self._state(where, "h0", hx[0], B, batched),
-                  self._state(where, "c0", hx[1], B, batched))
+        infer = self._wants_inference(xt, hx)    # no gradient: the packed inference forward
+        states = (self._state(where, "h0", hx[0], B, batched, zeros=not infer),
+                  self._state(where, "c0", hx[1], B, batched, zeros=not infer))
 
-        if self._wants_inference(xt, states):   # no gradient: the packed inference forward
+        if infer:
             y, (h_n, c_n) = self._run_inference(where, xt, states, lengths, batched)
             return self._output(y, batched, packed, lengths), (h_n, c_n)
 
@@ -1200,10 +1213,11 @@ class GRU(_RNNBase):
     def forward(self, x, hx=None, sequence_length=None):
         where = "blockrnn.torch.GRU"
         xt, batched, lengths, packed = self._input(where, x, sequence_length)
-        states = (self._state(where, "hx", hx, xt.shape[1], batched),)
+        infer = self._wants_inference(xt, (hx,))  # no gradient: the packed inference forward
+        states = (self._state(where, "hx", hx, xt.shape[1], batched, zeros=not infer),)
         op = gru_op if self.reset_after else gru_block_op
 
-        if self._wants_inference(xt, states):   # no gradient: the packed inference forward
+        if infer:
             y, (h_n,) = self._run_inference(where, xt, states, lengths, batched)
             return self._output(y, batched, packed, lengths), h_n
 
