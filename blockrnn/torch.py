@@ -24,6 +24,22 @@ CPU only; float32 and float64 tensors.
   with fake (shape) implementations and autograd, so ``torch.compile(...,
   fullgraph=True)`` and ``torch.export`` trace a model holding these modules.
   Gradients are first-order only: a double backward raises a RuntimeError.
+* No-grad calls (``torch.no_grad()``, ``torch.inference_mode()``, or nothing --
+  input, states, parameters -- requiring grad) of a float32 module run the
+  inference forward (``blockrnn.inference``: y and the final states only, the
+  weights packed once): each layer's and direction's weights are packed at the
+  first such call and cached on the module (an attribute, not state_dict, not a
+  buffer), keyed on every parameter's ``_version``, ``data_ptr()``, dtype, shape
+  and device, so any update (optimizer step, ``load_state_dict``, in place under
+  ``no_grad``, ``.double()``/``.float()``, a new tensor) repacks that cell at the
+  next call. ``.data`` changes bypass the version counter: every forward that
+  records a graph drops the cache, and ``clear_inference_cache()`` does by hand.
+  The answers equal the grad path's bit for bit (from 2 batch rows; at batch 1 the
+  training op's recurrent product is a BLAS GEMV). Memory: the packed copy, per
+  layer and direction 4 (LSTM) or 3 (GRU) x (I_k + H) x H' float32 (H' = H rounded
+  up to a multiple of 16) plus the biases, about the weights once more;
+  ``inference_cache_info()["nbytes"]``. float64 modules, ``proj_size > 0`` and
+  traced calls (torch.compile, torch.export) run the training ops (same bits).
 * ``upgrade_state_dict_v01(state_dict, module)``: a blockrnn 0.1 state_dict
   (TensorFlow-layout ``w_l{k}``, ``b_l{k}``) in 0.2's names (CHANGELOG.md).
 * ``BlockLSTMFunction``, ``BlockGRUFunction``: autograd Functions over the ops in
