@@ -131,6 +131,31 @@ def test_batch_one_is_row_zero_of_the_grad_path(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_empty_batch_time_and_zero_lengths(kind):
+    module = _make(kind, num_layers=2, bidirectional=True)
+    for shape, lengths in (((0, B, I), None), ((T, 0, I), None), ((T, B, I), [0, 0, 0])):
+        x = _x(*shape)
+        state = _state(kind, 4, shape[1])
+        want = _grad_path(module, x, state, sequence_length=lengths)
+        for got in _no_grad_paths(module, x, state, sequence_length=lengths):
+            _equal(got, want)
+
+
+def test_bad_input_is_refused_on_the_no_grad_path():
+    module = _make("lstm")
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"blockrnn.torch.LSTM: sequence_length entries"):
+            module(_x(T, B, I), sequence_length=[T + 1, 1, 1])
+        with pytest.raises(ValueError, match=r"sequence_length must have shape"):
+            module(_x(T, B, I), sequence_length=[1, 1])
+        with pytest.raises(TypeError, match="input has dtype torch.float64"):
+            module(_x(T, B, I, dtype=torch.float64))
+        with pytest.raises(ValueError, match=r"h0 must have shape"):
+            module(_x(T, B, I), (_x(1, B + 1, H), _x(1, B, H)))
+    assert module.inference_cache_info()["packings"] == 0   # refused before any packing
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_float64_runs_the_training_ops(kind):
     """float64 has no inference kernel yet: no-grad calls run the training ops (the same
     bits), and nothing is packed."""
