@@ -657,6 +657,8 @@ def from_onnx(model_or_path, node=None, *, dtype=None):
     p_o, p_f] becomes the peepholes (zeros for a node of the chain without
     ``P``). The layer is time-major like the nodes: ``Y`` of the last node,
     transposed to (T, B, D, H) and reshaped to (T, B, D*H), is ``forward(X)[0]``.
+    To serve the model (no backward follows), call ``.inference()`` on the layer:
+    a frozen copy with its weights packed once (README, Inference).
     """
     import os
 

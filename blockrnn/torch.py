@@ -25,6 +25,22 @@ CPU only; float32 and float64 tensors.
   with fake (shape) implementations and autograd, so ``torch.compile(...,
   fullgraph=True)`` and ``torch.export`` trace a model holding these modules.
   Gradients are first-order only: a double backward raises a RuntimeError.
+* No-grad calls (``torch.no_grad()``, ``torch.inference_mode()``, or nothing --
+  input, states, parameters -- requiring grad) of a float32 module run the
+  inference forward (``blockrnn.inference``: y and the final states only, the
+  weights packed once): each layer's and direction's weights are packed at the
+  first such call and cached on the module (an attribute, not state_dict, not a
+  buffer), keyed on every parameter's ``_version``, ``data_ptr()``, dtype, shape
+  and device, so any update (optimizer step, ``load_state_dict``, in place under
+  ``no_grad``, ``.double()``/``.float()``, a new tensor) repacks that cell at the
+  next call. ``.data`` changes bypass the version counter: every forward that
+  records a graph drops the cache, and ``clear_inference_cache()`` does by hand.
+  The answers equal the grad path's bit for bit (from 2 batch rows; at batch 1 the
+  training op's recurrent product is a BLAS GEMV). Memory: the packed copy, per
+  layer and direction 4 (LSTM) or 3 (GRU) x (I_k + H) x H' float32 (H' = H rounded
+  up to a multiple of 16) plus the biases, about the weights once more;
+  ``inference_cache_info()["nbytes"]``. float64 modules, ``proj_size > 0`` and
+  traced calls (torch.compile, torch.export) run the training ops (same bits).
 * ``upgrade_state_dict_v01(state_dict, module)``: a blockrnn 0.1 state_dict
   (TensorFlow-layout ``w_l{k}``, ``b_l{k}``) in 0.2's names (CHANGELOG.md).
 * ``BlockLSTMFunction``, ``BlockGRUFunction``: autograd Functions over the ops in
@@ -42,6 +58,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 import blockrnn
+from blockrnn import _kernels
 from blockrnn._validation import RESET_AFTER, check_float, check_sequence_length, steps_to_run
 from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
 
@@ -811,6 +828,47 @@ def _check_device(where, device):
                          f"'cpu', got {device!r}")
 
 
+# ---------------------------------------------------------------------------
+# The no-grad path (issue 26): the inference forward on weights packed once
+# ---------------------------------------------------------------------------
+
+class _PackCache(dict):
+    """A module's packed weights: cell suffix -> (key, names, pinned, packed).
+
+    ``key`` is every parameter's (``_version``, ``data_ptr()``, dtype, shape,
+    device) and the module's cell options, ``names`` the parameters' names (a hit
+    reads them from the module's own dict); ``pinned`` holds a detached alias of
+    each parameter (the same storage and version counter) so that its memory
+    cannot be reused by a new tensor while the entry exists: a new tensor always
+    has another data_ptr. A copy or pickle of the module gets an empty cache
+    (the packed objects are rebuilt on the first no-grad call)."""
+
+    packings = 0   # how many cells were packed (tests count it)
+
+    def __reduce__(self):
+        return type(self), ()
+
+    def __copy__(self):
+        return type(self)()
+
+    def __deepcopy__(self, memo):
+        return type(self)()
+
+
+def _tracing(x):
+    """Whether this call is being traced (torch.compile / torch.export / jit.trace /
+    fake or functional tensors): then the module runs the training ops, never the
+    packed cache (see _RNNBase._wants_inference)."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or type(x) is not torch.Tensor)
+
+
+def _param_key(t):
+    if t is None:
+        return None
+    return t._version, t.data_ptr(), t.dtype, t.shape, t.device
+
+
 class _RNNBase(nn.Module):
     """What LSTM and GRU share: the constructor's checks, the parameter names, the
     input / state / output conventions of nn.LSTM and the loop over layers."""
@@ -890,12 +948,12 @@ class _RNNBase(nn.Module):
             x = x.transpose(0, 1)
         return x, batched, _lengths_tensor(where, sequence_length, *x.shape[:2]), None
 
-    def _state(self, where, name, s, B, batched, size=None):
-        """h0 / c0: None (zeros) or (L*D, B, H) ((L*D, H) unbatched) -> (L*D, B, H);
-        H = size if given (a projected LSTM's h0: P)."""
+    def _state(self, where, name, s, B, batched, size=None, zeros=True):
+        """h0 / c0: None (zeros; None if not `zeros`) or (L*D, B, H) ((L*D, H) unbatched)
+        -> (L*D, B, H); H = size if given (a projected LSTM's h0: P)."""
         LD, H = self.num_layers * self.num_directions, size or self.hidden_size
         if s is None:
-            return torch.zeros(LD, B, H, **self._factory_now())
+            return torch.zeros(LD, B, H, **self._factory_now()) if zeros else None
         _check_tensor(where, name, s, self._param_dtype())
         want = (LD, B, H) if batched else (LD, H)
         if tuple(s.shape) != want:
@@ -924,6 +982,111 @@ class _RNNBase(nn.Module):
                     x = nn.functional.dropout(x, self.dropout, training=True)
         return x, tuple(torch.stack(f) for f in finals)
 
+    # -- the no-grad path -------------------------------------------------------
+
+    def _wants_inference(self, x, states):
+        """Whether this call runs the inference forward on packed weights: no
+        gradient can be needed (grad mode off -- torch.no_grad, inference_mode --
+        or neither x, the states nor any parameter requires grad), the
+        parameters are float32 (float64 has no inference kernel yet: the training
+        ops then run, which is what float64 inference is today), no projection
+        (proj_size > 0 has no inference kernel), and the call is not traced.
+
+        Under tracing the training op runs, by choice: the packed cache is
+        Python state on the module that a compiled or exported graph cannot
+        see or guard (a graph would bake one version of it, or break), while
+        the training op is a pure function of the weight tensors with the same
+        bits (float32 from 2 batch rows; at batch 1 the training op's
+        recurrent product is a BLAS GEMV). A custom inference op taking the
+        weights would have to pack on every call inside the graph."""
+        if _tracing(x) or getattr(self, "proj_size", 0):
+            return False
+        if torch.is_grad_enabled():
+            if (x.requires_grad
+                    or any(isinstance(s, torch.Tensor) and s.requires_grad for s in states)
+                    or any(p.requires_grad for p in self._parameters.values())):
+                self.clear_inference_cache()   # a graph is recorded: see clear_inference_cache
+                return False
+        return self._param_dtype() == torch.float32
+
+    def clear_inference_cache(self):
+        """Drop the packed weights of the no-grad path (the next no-grad call repacks).
+
+        Needed only after an in-place change through ``.data`` (``p.data.add_(...)``),
+        which bypasses the version counter the cache checks; every forward that records
+        a graph drops the cache too, so a training loop that updates ``p.data`` by hand
+        between its forwards and a ``torch.no_grad()`` evaluation is served fresh
+        weights. ``torch.optim``, ``load_state_dict``, ``nn.init``, ``with
+        torch.no_grad(): p.mul_(...)``, ``.double()`` / ``.float()`` and assigning new
+        tensors are seen without it."""
+        cache = self.__dict__.get("_inference_cache")
+        if cache:
+            cache.clear()
+
+    def inference_cache_info(self):
+        """{"cells": cells packed now, "packings": packings done since the cache was
+        made, "nbytes": bytes of the packed copies held} (see the class docstring)."""
+        cache = self.__dict__.get("_inference_cache") or _PackCache()
+        return {"cells": len(cache), "packings": cache.packings,
+                "nbytes": sum(entry[-1].nbytes for entry in cache.values())}
+
+    def _packed_cell(self, sfx):
+        """The packed weights of one cell, packed again only when a parameter or a
+        cell option changed (see _PackCache)."""
+        cache = self.__dict__.get("_inference_cache")
+        if cache is None:
+            cache = self.__dict__["_inference_cache"] = _PackCache()
+        entry = cache.get(sfx)
+        options = self._cell_options()
+        if entry is not None:
+            key, names, _, packed = entry
+            own = self._parameters
+            if key == (tuple(None if n is None else _param_key(own.get(n)) for n in names),
+                       options):
+                return packed
+        params = self._cell_params(sfx)
+        name_of = {id(p): n for n, p in self._parameters.items()}
+        names = tuple(None if p is None else name_of[id(p)] for p in params)
+        key = (tuple(_param_key(p) for p in params), options)
+        packed = self._pack_cell(*(None if p is None else p.detach().numpy() for p in params))
+        cache[sfx] = (key, names, [None if p is None else p.detach() for p in params], packed)
+        cache.packings += 1
+        return packed
+
+    def _run_inference(self, where, x, states, lengths, batched):
+        """_run's result from the inference forward: per layer and direction, the
+        cell's packed weights run x (reversed with reverse_sequence for the
+        reverse direction, as the ops do) and give y and the final states at
+        once; dropout between layers as _run (the same torch call, so the same
+        random numbers in training mode)."""
+        D, H = self.num_directions, self.hidden_size
+        T, B = x.shape[:2]
+        n = None if lengths is None else check_sequence_length(where, lengths.numpy(), B, T)
+        inits = [None if s is None else s.detach().numpy() for s in states]
+        inp = x.detach().numpy()
+        if self.num_layers == 1 and D == 1:       # one cell: no copies
+            y, *fin = self._packed_cell("_l0").forward(
+                inp, *(None if s is None else s[0] for s in inits), n)
+            return torch.from_numpy(y), tuple(torch.from_numpy(f[None] if batched else f)
+                                              for f in fin)
+        finals = [np.empty((self.num_layers * D, B, H), np.float32) for _ in states]
+        outs = []
+        for k, d, sfx, _ in self._cells():
+            xin = inp if d == 0 else blockrnn.reverse_sequence(inp, n)
+            y, *fin = self._packed_cell(sfx).forward(
+                xin, *(None if s is None else s[k * D + d] for s in inits), n)
+            for f, v in zip(finals, fin):
+                f[k * D + d] = v
+            outs.append(y if d == 0 else blockrnn.reverse_sequence(y, n))
+            if d == D - 1:
+                inp = outs[0] if D == 1 else np.concatenate(outs, axis=-1)
+                outs = []
+                if self.dropout and self.training and k < self.num_layers - 1:
+                    inp = nn.functional.dropout(torch.from_numpy(inp), self.dropout,
+                                                training=True).numpy()
+        return torch.from_numpy(inp), tuple(torch.from_numpy(f if batched else f[:, 0])
+                                            for f in finals)
+
     def _output(self, y, batched, packed, lengths):
         """y (T, B, D*H) time-major -> nn.LSTM's output layout (a PackedSequence with the
         input's batch_sizes and indices for a packed input)."""
@@ -934,7 +1097,9 @@ class _RNNBase(nn.Module):
         return y.transpose(0, 1) if self.batch_first else y
 
     def _param_dtype(self):
-        return next(self.parameters()).dtype
+        # the first parameter (weight_ih_l0 / w_ru_l0), read from the module's own dict: a
+        # tenth of the cost of next(self.parameters()), which runs once per call or more
+        return next(iter(self._parameters.values())).dtype
 
     def _factory_now(self):
         return {"dtype": self._param_dtype()}
@@ -1080,8 +1245,13 @@ class LSTM(_RNNBase):
         elif not isinstance(hx, (tuple, list)) or len(hx) != 2:
             raise TypeError(f"{where}: hx must be None or a tuple (h0, c0), got "
                             f"{type(hx).__name__}")
-        states = (self._state(where, "h0", hx[0], B, batched),
-                  self._state(where, "c0", hx[1], B, batched))
+        infer = self._wants_inference(xt, hx)    # no gradient: the packed inference forward
+        states = (self._state(where, "h0", hx[0], B, batched, zeros=not infer),
+                  self._state(where, "c0", hx[1], B, batched, zeros=not infer))
+
+        if infer:
+            y, (h_n, c_n) = self._run_inference(where, xt, states, lengths, batched)
+            return self._output(y, batched, packed, lengths), (h_n, c_n)
 
         def step(x, init, sfx, reverse):
             out = lstm_op(x, *init, *self._cell_params(sfx), lengths, self.cell_clip,
@@ -1112,6 +1282,21 @@ class LSTM(_RNNBase):
 
         y, (h_n, c_n) = self._run(xt, states, lengths, batched, step)
         return self._output(y, batched, packed, lengths), (h_n, c_n)
+
+    def _cell_options(self):
+        return self.use_peephole, self.cell_clip, self.forget_bias
+
+    def _pack_cell(self, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco):
+        """One cell's weights (NumPy views of the parameters) packed for the inference
+        forward, with the training op's bias: b = b_ih + b_hh, then + forget_bias on the
+        f block (the same two float32 roundings as lstm_op's, so the same bits)."""
+        H = w_hh.shape[1]
+        b = np.zeros(4 * H, np.float32) if b_ih is None else b_ih + b_hh
+        if self.forget_bias:
+            b[H:2 * H] += self.forget_bias
+        return _kernels.PackedLSTMWeights(
+            w_ih, w_hh, b, wci, wcf, wco, layout=int(_kernels.GateLayout.IFCO),
+            cell_clip=self.cell_clip, use_peephole=self.use_peephole, gates_in_rows=True)
 
     @classmethod
     def from_torch(cls, module):
@@ -1205,14 +1390,34 @@ class GRU(_RNNBase):
     def forward(self, x, hx=None, sequence_length=None):
         where = "blockrnn.torch.GRU"
         xt, batched, lengths, packed = self._input(where, x, sequence_length)
-        states = (self._state(where, "hx", hx, xt.shape[1], batched),)
+        infer = self._wants_inference(xt, (hx,))  # no gradient: the packed inference forward
+        states = (self._state(where, "hx", hx, xt.shape[1], batched, zeros=not infer),)
         op = gru_op if self.reset_after else gru_block_op
+
+        if infer:
+            y, (h_n,) = self._run_inference(where, xt, states, lengths, batched)
+            return self._output(y, batched, packed, lengths), h_n
 
         def step(x, init, sfx, reverse):
             return (op(x, *init, *self._cell_params(sfx), lengths, reverse)[0],)
 
         y, (h_n,) = self._run(xt, states, lengths, batched, step)
         return self._output(y, batched, packed, lengths), h_n
+
+    def _cell_options(self):
+        return self.reset_after
+
+    def _pack_cell(self, w1, w2, b1, b2):
+        """One cell's weights packed for the inference forward (no bias: zeros, as the
+        training ops)."""
+        H = self.hidden_size
+        if self.reset_after:
+            if b1 is None:
+                b1 = b2 = np.zeros(3 * H, np.float32)
+            return _kernels.PackedGRUResetAfterWeights(w1, w2, b1, b2)
+        if b1 is None:
+            b1, b2 = np.zeros(2 * H, np.float32), np.zeros(H, np.float32)
+        return _kernels.PackedGRUWeights(w1, w2, b1, b2)
 
     @classmethod
     def from_torch(cls, module):

@@ -331,3 +331,42 @@ def test_every_kernel_variant_serves_the_forward(variant):
     out = subprocess.run([sys.executable, "-c", _VARIANT_CHECK, variant], capture_output=True,
                          text=True, timeout=300, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("kind", ["lstm", "lstm_peephole", "gru", "gru_reset_before"])
+@pytest.mark.parametrize("L,bidirectional", [(1, False), (2, True)])
+def test_served_onnx_model_matches_onnx_runtime(kind, L, bidirectional):
+    """A model read by convert.from_onnx is served with .inference() (the README's way):
+    its answers are ONNX Runtime's on the same model (to float32 rounding) and the read
+    layer's forward bit for bit."""
+    import onnxruntime as ort
+
+    import blockrnn.onnx as bo
+    from blockrnn import convert
+    T_, B, I_, H_ = 6, 4, 5, 19
+    D = 2 if bidirectional else 1
+    if kind.startswith("lstm"):
+        source = blockrnn.LSTM(I_, H_, L, bidirectional=bidirectional,
+                               use_peephole=kind == "lstm_peephole", seed=L)
+    else:
+        source = blockrnn.GRU(I_, H_, L, bidirectional=bidirectional,
+                              reset_after=kind == "gru", seed=L)
+    model = bo.export(source, sequence_lens=True, initial_state=True)
+    served = convert.from_onnx(model).inference()
+    rng = np.random.default_rng(16)
+    x = rng.uniform(-1, 1, (T_, B, I_)).astype(np.float32)
+    lengths = np.array([6, 2, 3, 1], np.int32)   # no 0: ONNX Runtime's final state is then 0
+    parts = [rng.uniform(-1, 1, (L * D, B, H_)).astype(np.float32)
+             for _ in range(2 if kind.startswith("lstm") else 1)]
+    state = tuple(parts) if kind.startswith("lstm") else parts[0]
+    y, final = served(x, state, lengths)
+    feed = {"X": x, "sequence_lens": lengths, **dict(zip(("initial_h", "initial_c"), parts))}
+    out = ort.InferenceSession(model.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, feed)
+    got = [y, *_states(final)]
+    want = [out[0].transpose(0, 2, 1, 3).reshape(T_, B, D * H_), *out[1:]]
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * float(np.abs(w).max()))
+    y_fwd, final_fwd, _ = convert.from_onnx(model).forward(x, state, lengths)
+    _equal(got, [y_fwd, *_states(final_fwd)])

@@ -165,6 +165,9 @@ def test_torch(readme):
         [n for n, _ in ns["nn_lstm"].named_parameters()]
     assert "weight_ci_l0" in dict(ns["peephole"].named_parameters())
     assert "w_ru_l0" in dict(ns["gru_block"].named_parameters())
+    # the no-grad call ran the packed inference forward: the grad path's bits, 2 cells packed
+    assert torch.equal(ns["y_served_t"], ns["y"]) and torch.equal(ns["h_served_t"], ns["h_n"])
+    assert ns["gru"].inference_cache_info()["packings"] == 2
 
 
 def test_ddp_block_single_rank(readme):
@@ -219,6 +222,8 @@ def test_onnx_export(readme):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
     for name, p in lstm.params.items():
         np.testing.assert_array_equal(ns["again"].params[name], p)
+    np.testing.assert_array_equal(ns["y_served_onnx"], y)     # the served model: forward's bits
+    assert ns["served"].packings == 1
     deep = ns["deep"]
     T, B = x.shape[:2]
     assert ns["y2"].shape == (T, 2, B, 32) and ns["h2"].shape == ns["c2"].shape == (4, B, 32)
