@@ -236,8 +236,9 @@ def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_pee
     outs = args.output_buffers(7, T, B, H)
     if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
         return BlockLSTMOutput(*args.results(outs))
+    x, cs_prev, h_prev, w, wci, wcf, wco, b = args.kernel("x", "cs_prev", "h_prev", *_PARAMS)
     _kernels.block_lstm_forward(
-        steps_to_run(L, lengths), *args.kernel("x", "cs_prev", "h_prev", *_PARAMS),
+        steps_to_run(L, lengths), x, cs_prev, h_prev, w[:I], w[I:], wci, wcf, wco, b,
         forget_bias, cell_clip, use_peephole, layout, kernel_threads(B, H),
         _config.thread_limit(), *outs, lengths)
     return BlockLSTMOutput(*args.results(outs))
@@ -324,12 +325,14 @@ def _block_lstm_grad(op, layout, seq_len_max, values, use_peephole, sequence_len
     steps = steps_to_run(L, lengths)
     # The weight and peephole gradients multiply h and cs at a row's padding by
     # zero: zero it in the copies they read, so that any padding gives zeros.
+    x, cs_prev, h_prev, w, *rest = args.kernel(
+        "x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", *_GATES, "h", "cs_grad", "h_grad",
+        padded=("cs", "h"), steps=steps, lengths=lengths)
+    w_grad = grads[3]
     _kernels.block_lstm_backward(
-        steps,
-        *args.kernel("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco",
-                     *_GATES, "h", "cs_grad", "h_grad",
-                     padded=("cs", "h"), steps=steps, lengths=lengths),
-        use_peephole, layout, kernel_threads(B, H), _config.thread_limit(), *grads, lengths)
+        steps, x, cs_prev, h_prev, w[:I], w[I:], *rest, use_peephole, layout,
+        kernel_threads(B, H), _config.thread_limit(), *grads[:3], w_grad[:I], w_grad[I:],
+        *grads[4:], lengths)
     if not use_peephole:  # zeros of the shape of the given (unused) peephole weights
         grads[4:7] = [args.zeros(args[name].shape) for name in ("wci", "wcf", "wco")]
     grads = list(map(args.result, grads))
