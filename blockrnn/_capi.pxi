@@ -33,8 +33,8 @@ cdef int api_block_lstm(
     if g == NULL:
         return -1
     block_lstm_forward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, w + I * 4 * H,
-                               tf_weight_strides(H), wci, wcf, wco, b, forget_bias, cell_clip, use_peephole != 0, lengths, g,
-                               i_, cs, f, o, ci, co, h, 1, 1)
+                               tf_weight_strides(H), wci, wcf, wco, b, forget_bias, cell_clip,
+                               use_peephole != 0, lengths, g, i_, cs, f, o, ci, co, h, 1, 1)
     free(g)
     return 0
 

@@ -425,16 +425,17 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
             block_lstm_forward_compute[float](
                 L, T, B, I, H, layout, <float*>a[0], <float*>a[1], <float*>a[2],
                 <float*>a[3], <float*>a[3] + I * 4 * H, tf_weight_strides(H),
-                <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7], <float>fb, <float>clip_, peep, NULL, <float*>g, <float*>o[0], <float*>o[1],
+                <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7], <float>fb,
+                <float>clip_, peep, NULL, <float*>g, <float*>o[0], <float*>o[1],
                 <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5], <float*>o[6], 1,
                 max_threads)
         else:
             block_lstm_forward_compute[double](
                 L, T, B, I, H, layout, <double*>a[0], <double*>a[1], <double*>a[2],
                 <double*>a[3], <double*>a[3] + I * 4 * H, tf_weight_strides(H),
-                <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7], fb, clip_, peep, NULL, <double*>g, <double*>o[0], <double*>o[1],
-                <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1,
-                max_threads)
+                <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7], fb, clip_, peep,
+                NULL, <double*>g, <double*>o[0], <double*>o[1], <double*>o[2], <double*>o[3],
+                <double*>o[4], <double*>o[5], <double*>o[6], 1, max_threads)
     PyMem_RawFree(g)
     return outs
 
@@ -706,9 +707,10 @@ def block_lstm_forward(
     with nogil:
         block_lstm_forward_compute(
             L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w_x[0, 0],
-            &w_h[0, 0], s, &wci[0], &wcf[0], &wco[0], &b[0], <floating>forget_bias, <floating>cell_clip,
-            use_peephole, lens, &g[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
-            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads, max_threads)
+            &w_h[0, 0], s, &wci[0], &wcf[0], &wco[0], &b[0], <floating>forget_bias,
+            <floating>cell_clip, use_peephole, lens, &g[0], &i_[0, 0, 0], &cs[0, 0, 0],
+            &f[0, 0, 0], &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads,
+            max_threads)
 
 
 cdef inline int lstm_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
@@ -903,7 +905,8 @@ cdef void block_lstm_backward_compute(
                 gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w_h, s.hk,
                                         False, h_prev_grad, H, dh_t)
 
-    lstm_backward_gemms(L, B, I, H, x, h_prev, h, w_x, s, dg, x_grad, w_x_grad, w_h_grad, gs,
+    lstm_backward_gemms(L, B, I, H, x, h_prev, h, w_x, s, dg, x_grad, w_x_grad, w_h_grad,
+                        gs,
                         packed_t + brnn_packed_size(G4, H) if floating is float else packed_t,
                         lstm_backward_gemm_threads(L, B, I, H, max_threads))
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
@@ -958,8 +961,8 @@ def block_lstm_backward(
     with nogil:
         block_lstm_backward_compute(
             L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w_x[0, 0],
-            &w_h[0, 0], s, &wci[0], &wcf[0], &wco[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
-            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], &cs_grad[0, 0, 0],
+            &w_h[0, 0], s, &wci[0], &wcf[0], &wco[0], &i_[0, 0, 0], &cs[0, 0, 0],
+            &f[0, 0, 0], &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], &cs_grad[0, 0, 0],
             &h_grad[0, 0, 0], use_peephole, lens, &ws[0], &acc[0],
             &x_grad[0, 0, 0],
             &cs_prev_grad[0, 0], &h_prev_grad[0, 0], &w_x_grad[0, 0], &w_h_grad[0, 0], gs,
