@@ -100,3 +100,49 @@ def test_nn_layout_bad_shapes_are_clear_errors():
     bad[5] = p["w_hh"][:, :-1]
     with pytest.raises(ValueError, match=r"w_hh must have shape \[4H, H\]"):
         _block_lstm_nn(*bad)
+
+
+_VARIANT_CHECK = r'''
+import sys, numpy as np, blockrnn
+from blockrnn.lstm import _block_lstm_nn, _block_lstm_nn_grad
+assert blockrnn._kernels.packed_kernel_name() == sys.argv[1]
+rng = np.random.default_rng(0)
+for T, B, I, H in [(5, 3, 40, 37), (6, 8, 16, 130)]:
+    r = lambda *s: (rng.standard_normal(s) * 0.3).astype(np.float32)
+    x, c0, h0, w_ih, w_hh, b, dcs, dh = (r(T, B, I), r(B, H), r(B, H), r(4 * H, I),
+                                          r(4 * H, H), r(4 * H), r(T, B, H), r(T, B, H))
+    p = [np.zeros(H, np.float32)] * 3
+    w = np.concatenate([w_ih.T, w_hh.T])
+    ref = blockrnn.block_lstm_v2(T, x, c0, h0, w, *p, b)
+    got = _block_lstm_nn(T, x, c0, h0, w_ih, w_hh, *p, b)
+    for a, e in zip(got, ref):
+        np.testing.assert_array_equal(a, e)
+    gates = [ref.i, ref.cs, ref.f, ref.o, ref.ci, ref.co, ref.h]
+    gr = blockrnn.block_lstm_grad_v2(T, x, c0, h0, w, *p, b, *gates, dcs, dh,
+                                     use_peephole=False)
+    g = _block_lstm_nn_grad(T, x, c0, h0, w_ih, w_hh, *p, b, *gates, dcs, dh,
+                            use_peephole=False)
+    np.testing.assert_array_equal(g.w_ih_grad, gr.w_grad[:I].T)
+    np.testing.assert_array_equal(g.w_hh_grad, gr.w_grad[I:].T)
+    np.testing.assert_array_equal(g.x_grad, gr.x_grad)
+    np.testing.assert_array_equal(g.h_prev_grad, gr.h_prev_grad)
+print("ok")
+'''
+
+
+@pytest.mark.parametrize("variant", ["avx512", "avx2", "portable"])
+def test_nn_layout_same_bits_under_every_kernel_variant(variant):
+    """Packing either layout gives the same panels, and the GEMM driver sums a gradient
+    element in the same order whichever way round its C is stored (gspec_c), under each
+    packed-kernel variant this CPU runs (float32, 2 rows on)."""
+    import os
+    import subprocess
+    import sys
+    if variant not in _kernels.packed_paths_supported():   # refused at import
+        with pytest.raises(subprocess.CalledProcessError):
+            subprocess.run([sys.executable, "-c", "import blockrnn"], check=True,
+                           capture_output=True, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
+        return
+    out = subprocess.run([sys.executable, "-c", _VARIANT_CHECK, variant], capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
