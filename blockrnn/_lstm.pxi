@@ -37,6 +37,67 @@ cpdef enum GateLayout:
     IFCO = 1  # BlockLSTMV2
 
 
+# Where the sequence ops read their weights: the input weights W_x [I, 4H] and
+# the recurrent weights W_h [H, 4H] (gate columns as GateOffsets) through
+# pointers and element strides, W_x(k, n) = w_x[k*xk + n*xn] and
+# W_h(k, n) = w_h[k*hk + n*hn], each matrix stored row-major (n stride 1) or
+# transposed (k stride 1). TensorFlow's w [I+H, 4H] is w_x = w, w_h = w + I*4H,
+# strides (4H, 1); nn.LSTM's weight_ih [4H, I] and weight_hh [4H, H] are W_x^T
+# and W_h^T as stored, strides (1, I) and (1, H). The products read either in
+# place: packed (brnn_pack_f32 takes strides), by the GEMM driver (gspec takes
+# strides) or by gemm with a transpose flag (gemm_weights). The same strides
+# describe where the backward writes the weight gradients.
+ctypedef struct WeightStrides:
+    Py_ssize_t xk, xn, hk, hn
+
+
+cdef inline WeightStrides tf_weight_strides(Py_ssize_t H) noexcept nogil:
+    """The strides of TensorFlow's w [I+H, 4H] (w_x = w, w_h = w + I*4H)."""
+    cdef WeightStrides s
+    s.xk, s.xn, s.hk, s.hn = 4 * H, 1, 4 * H, 1
+    return s
+
+
+cdef inline bint stored_transposed(Py_ssize_t N, Py_ssize_t sk,
+                                   Py_ssize_t sn) noexcept nogil:
+    """Whether a weight matrix W [K, N], W(k, n) = w[k*sk + n*sn], is read as
+    W^T stored row-major (row stride sn) rather than W row-major (row stride
+    sk >= N)."""
+    return not (sn == 1 and sk >= N)
+
+
+cdef inline void gemm_weights(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const floating* a,
+                              Py_ssize_t lda, const floating* w, Py_ssize_t sk,
+                              Py_ssize_t sn, floating* c, Py_ssize_t ldc) noexcept nogil:
+    """C[m, n] = A[m, k] @ W, W [k, n] with W(k, n) = w[k*sk + n*sn], as
+    stored: one gemm, W's transpose flag set when W^T is what is stored."""
+    if stored_transposed(n, sk, sn):
+        gemm(False, True, m, n, k, 1, a, lda, w, sn, 0, c, ldc)
+    else:
+        gemm(False, False, m, n, k, 1, a, lda, w, sk, 0, c, ldc)
+
+
+cdef WeightStrides weight_strides(const floating[:, :] w_x, const floating[:, :] w_h,
+                                 Py_ssize_t I, Py_ssize_t H) except *:
+    """The element strides of the views W_x [I, 4H] and W_h [H, 4H] (the
+    backward's gradient views too); ValueError unless each has shape and
+    contiguous rows or columns (a kernel entry's caller's bug)."""
+    cdef WeightStrides s
+    cdef Py_ssize_t size = sizeof(floating)
+    s.xk, s.xn = w_x.strides[0] // size, w_x.strides[1] // size
+    s.hk, s.hn = w_h.strides[0] // size, w_h.strides[1] // size
+    if (w_x.shape[0] != I or w_x.shape[1] != 4 * H or w_h.shape[0] != H
+            or w_h.shape[1] != 4 * H
+            or not (s.xn == 1 and s.xk >= 4 * H or s.xk == 1 and s.xn >= I)
+            or not (s.hn == 1 and s.hk >= 4 * H or s.hk == 1 and s.hn >= H)
+            or w_x.strides[0] % size or w_x.strides[1] % size
+            or w_h.strides[0] % size or w_h.strides[1] % size):
+        raise ValueError(
+            f"LSTM weights: W_x {(w_x.shape[0], w_x.shape[1])} strides "
+            f"{(w_x.strides[0], w_x.strides[1])} and W_h {(w_h.shape[0], w_h.shape[1])} "
+            f"strides {(w_h.strides[0], w_h.strides[1])} are not [I, 4H] = {(I, 4 * H)} and "
+            f"[H, 4H] = {(H, 4 * H)} views with contiguous rows or columns")
+    return s
 
 
 cdef GateOffsets gate_offsets(int layout, Py_ssize_t H) noexcept nogil:
@@ -363,17 +424,18 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
         if typenum == cnp.NPY_FLOAT32:
             block_lstm_forward_compute[float](
                 L, T, B, I, H, layout, <float*>a[0], <float*>a[1], <float*>a[2],
-                <float*>a[3], <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7],
-                <float>fb, <float>clip_, peep, NULL, <float*>g, <float*>o[0], <float*>o[1],
+                <float*>a[3], <float*>a[3] + I * 4 * H, tf_weight_strides(H),
+                <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7], <float>fb,
+                <float>clip_, peep, NULL, <float*>g, <float*>o[0], <float*>o[1],
                 <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5], <float*>o[6], 1,
                 max_threads)
         else:
             block_lstm_forward_compute[double](
                 L, T, B, I, H, layout, <double*>a[0], <double*>a[1], <double*>a[2],
-                <double*>a[3], <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7],
-                fb, clip_, peep, NULL, <double*>g, <double*>o[0], <double*>o[1],
-                <double*>o[2], <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1,
-                max_threads)
+                <double*>a[3], <double*>a[3] + I * 4 * H, tf_weight_strides(H),
+                <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7], fb, clip_, peep,
+                NULL, <double*>g, <double*>o[0], <double*>o[1], <double*>o[2], <double*>o[3],
+                <double*>o[4], <double*>o[5], <double*>o[6], 1, max_threads)
     PyMem_RawFree(g)
     return outs
 
@@ -514,7 +576,9 @@ cdef void block_lstm_forward_compute(
         Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
         const floating* x,        # IN  [T, B, I]
         const floating* cs_prev, const floating* h_prev,  # IN [B, H]
-        const floating* w,        # IN  [I+H, 4H]
+        const floating* w_x,      # IN  W_x [I, 4H] (strides s.xk, s.xn)
+        const floating* w_h,      # IN  W_h [H, 4H] (strides s.hk, s.hn)
+        WeightStrides s,
         const floating* wci, const floating* wcf, const floating* wco,  # IN [H]
         const floating* b,        # IN  [4H]
         floating forget_bias, floating cell_clip, bint use_peephole,
@@ -528,15 +592,18 @@ cdef void block_lstm_forward_compute(
 
     The input projection of all L steps is hoisted out of the time loop as one
     GEMM per gate, written straight into that gate's output: i[:L] holds
-    x[:L] @ w[:I, i-columns] until step t's gate pass overwrites i[t] (same for
+    x[:L] @ W_x[:, i-columns] until step t's gate pass overwrites i[t] (same for
     ci, f, o). Each step then computes only its recurrent product
-    g = h[t-1] @ w[I:] into the B x 4H workspace, so the call needs no
+    g = h[t-1] @ W_h into the B x 4H workspace, so the call needs no
     T x B x 4H buffer: its memory beyond the outputs is O(B x H), plus the
-    4H x H copy below when that is no larger than T x B x 4H.
+    4H x H copy below when that is no larger than T x B x 4H. The weights are
+    read where they are, through their strides (WeightStrides): TensorFlow's
+    w, or nn.LSTM's weight_ih and weight_hh as stored.
 
     From 4 rows on, OpenBLAS computes the recurrent product faster with the
     weights as its second column-major operand, unpacked as stored: that is
-    g^T = W_h^T @ h^T with a copy W_h^T made once per call, transposed back
+    g^T = W_h^T @ h^T with a copy W_h^T made once per call (none when W_h^T
+    is what is stored, nn.LSTM's weight_hh), transposed back
     into g in tiles (gemm_small_by_weights_t). Measured on the whole forward,
     float32, 2 threads, 40-60 alternated calls each, median (best): 185.6
     (169.9) vs 197.2 (177.9) ms at 100,64,512,512; 36.0 (32.5) vs 39.4 (34.3)
@@ -557,8 +624,8 @@ cdef void block_lstm_forward_compute(
     a call whose only BLAS call was the hoisted input GEMM)."""
     cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
     cdef floating* g = ws
-    cdef const floating* w_h = w + I * G4   # [H, 4H]
-    cdef floating* w_h_t = NULL  # if recurrent_weights_transposed: W_h^T [4H, H]
+    cdef const floating* w_h_t = NULL  # if recurrent_weights_transposed: W_h^T [4H, H]
+    cdef Py_ssize_t ld_t = H           # its row stride
     cdef floating* g_t = NULL    # and g^T [4H, B]
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
@@ -568,9 +635,10 @@ cdef void block_lstm_forward_compute(
     cdef Py_ssize_t ps = brnn_packed_size(H, H)
     cdef float* dst[4]
     if floating is float and B >= PACKED_MIN_ROWS:
-        for q in range(4):
-            brnn_pack_f32(H, H, w_h + q * H, G4, 1, ws + B * G4 + q * ps)
-            brnn_pack_f32(I, H, w + q * H, G4, 1, ws + B * G4 + 4 * ps + q * brnn_packed_size(I, H))
+        for q in range(4):   # gate block q: columns [qH, (q+1)H) of W_h and W_x
+            brnn_pack_f32(H, H, w_h + q * H * s.hn, s.hk, s.hn, ws + B * G4 + q * ps)
+            brnn_pack_f32(I, H, w_x + q * H * s.xn, s.xk, s.xn,
+                          ws + B * G4 + 4 * ps + q * brnn_packed_size(I, H))
         granted = brnn_budget_take(packed_threads(B, I + H, G4, H, max_threads), max_threads)
         lstm_forward_packed(L, B, I, H, off, ws + B * G4, x, cs_prev, h_prev, b, wci, wcf,
                             wco, forget_bias, cell_clip, use_peephole, lengths, g,
@@ -579,22 +647,29 @@ cdef void block_lstm_forward_compute(
     else:
         if floating is float:   # batch 1: W_x packed after g (B < 4: no W_h^T copy)
             for q in range(4):
-                brnn_pack_f32(I, H, w + q * H, G4, 1, ws + B * G4 + q * brnn_packed_size(I, H))
+                brnn_pack_f32(I, H, w_x + q * H * s.xn, s.xk, s.xn,
+                              ws + B * G4 + q * brnn_packed_size(I, H))
                 dst[q] = i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f else o
             packed_inputs(L * B, I, H, 4, x, ws + B * G4, dst, max_threads)
         else:
-            gemm(False, False, L * B, H, I, 1, x, I, w + off.i, G4, 0, i_, H)
-            gemm(False, False, L * B, H, I, 1, x, I, w + off.c, G4, 0, ci, H)
-            gemm(False, False, L * B, H, I, 1, x, I, w + off.f, G4, 0, f, H)
-            gemm(False, False, L * B, H, I, 1, x, I, w + off.o, G4, 0, o, H)
+            gemm_weights(L * B, H, I, x, I, w_x + off.i * s.xn, s.xk, s.xn, i_, H)
+            gemm_weights(L * B, H, I, x, I, w_x + off.c * s.xn, s.xk, s.xn, ci, H)
+            gemm_weights(L * B, H, I, x, I, w_x + off.f * s.xn, s.xk, s.xn, f, H)
+            gemm_weights(L * B, H, I, x, I, w_x + off.o * s.xn, s.xk, s.xn, o, H)
         if recurrent_weights_transposed(L, B, H):
-            w_h_t = ws + B * G4
-            g_t = w_h_t + G4 * H
-            transpose(H, G4, w_h, G4, False, w_h_t, H)
+            g_t = ws + B * G4 + G4 * H
+            if stored_transposed(G4, s.hk, s.hn):   # W_h^T is what is stored: no copy
+                w_h_t, ld_t = w_h, s.hn
+            else:
+                transpose(H, G4, w_h, s.hk, False, ws + B * G4, H)
+                w_h_t = ws + B * G4
         for t in range(L):
             cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
             h_in = h_prev if t == 0 else h + (t - 1) * BH
-            gemm_small_by_weights(B, G4, H, h_in, H, w_h, G4, w_h_t, False, g, G4, g_t)
+            if w_h_t != NULL:
+                gemm_small_by_weights_t(B, G4, H, h_in, H, w_h_t, ld_t, False, g, G4, g_t)
+            else:
+                gemm_weights(B, G4, H, h_in, H, w_h, s.hk, s.hn, g, G4)
             lstm_forward_rows(B, H, off, g, b, cs_in, wci, wcf, wco,
                               forget_bias, cell_clip, use_peephole, lengths, t, True,
                               i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
@@ -608,7 +683,8 @@ def block_lstm_forward(
         const floating[:, :, ::1] x,     # IN  [T, B, I]
         const floating[:, ::1] cs_prev,  # IN  [B, H]
         const floating[:, ::1] h_prev,   # IN  [B, H]
-        const floating[:, ::1] w,        # IN  [I+H, 4H]
+        const floating[:, :] w_x,        # IN  W_x [I, 4H]: TF's w[:I], or weight_ih.T
+        const floating[:, :] w_h,        # IN  W_h [H, 4H]: TF's w[I:], or weight_hh.T
         const floating[::1] wci, const floating[::1] wcf, const floating[::1] wco,  # IN
         const floating[::1] b,           # IN  [4H]
         double forget_bias, double cell_clip, bint use_peephole, int layout,
@@ -617,8 +693,11 @@ def block_lstm_forward(
         floating[:, :, ::1] o, floating[:, :, ::1] ci, floating[:, :, ::1] co,  # [T, B, H]
         floating[:, :, ::1] h,
         const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
-    """See block_lstm_forward_compute."""
+    """See block_lstm_forward_compute. w_x and w_h: any views whose rows or
+    columns are contiguous (see WeightStrides), e.g. nn.LSTM's weights
+    transposed, read in place."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
+    cdef WeightStrides s = weight_strides(w_x, w_h, I, H)
     dtype = np.float32 if floating is float else np.float64
     cdef floating[::1] g = np.empty(block_lstm_forward_workspace(L, B, H, I, floating is float),
                                     dtype=dtype)
@@ -627,10 +706,11 @@ def block_lstm_forward(
         lens = &lengths[0]
     with nogil:
         block_lstm_forward_compute(
-            L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w[0, 0],
-            &wci[0], &wcf[0], &wco[0], &b[0], <floating>forget_bias, <floating>cell_clip,
-            use_peephole, lens, &g[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
-            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads, max_threads)
+            L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w_x[0, 0],
+            &w_h[0, 0], s, &wci[0], &wcf[0], &wco[0], &b[0], <floating>forget_bias,
+            <floating>cell_clip, use_peephole, lens, &g[0], &i_[0, 0, 0], &cs[0, 0, 0],
+            &f[0, 0, 0], &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads,
+            max_threads)
 
 
 cdef inline int lstm_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
@@ -645,7 +725,8 @@ cdef inline Py_ssize_t lstm_backward_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssiz
     """Elements of one thread's GEMM-driver block for lstm_backward_gemms (a
     bound over its jobs: the driver's ws grows with each size)."""
     return max(gemm_ws_of(f32, L * B, I, 4 * H), gemm_ws_of(f32, I, 4 * H, L * B),
-               gemm_ws_of(f32, H, 4 * H, L * B))
+               gemm_ws_of(f32, H, 4 * H, L * B), gemm_ws_of(f32, 4 * H, I, L * B),
+               gemm_ws_of(f32, 4 * H, H, L * B))   # weight gradients either way round
 
 
 cdef inline Py_ssize_t block_lstm_backward_workspace(
@@ -669,25 +750,31 @@ cdef void lstm_backward_gemms(
         const floating* x,        # IN  [L*B, I]
         const floating* h_prev,   # IN  [B, H]
         const floating* h,        # IN  [L*B, H] (rows [0, (L-1)*B) used)
-        const floating* w,        # IN  [I+H, 4H]
+        const floating* w_x,      # IN  W_x [I, 4H] (strides s.xk, s.xn)
+        WeightStrides s,
         const floating* dg,       # IN  [L*B, 4H] the gate gradients of every step
         floating* x_grad,         # OUT [L*B, I]
-        floating* w_grad,         # OUT [I+H, 4H]
+        floating* w_x_grad,       # OUT dW_x [I, 4H] (strides gs.xk, gs.xn)
+        floating* w_h_grad,       # OUT dW_h [H, 4H] (strides gs.hk, gs.hn)
+        WeightStrides gs,
         floating* ws,             # workspace [threads * lstm_backward_gemm_ws(L, B, I, H, f32)]
         int threads) noexcept nogil:
     """The backward's products over all steps, through the GEMM driver of its
     precision (run_gemm_specs: blockrnn's packed float32 or float64 kernels,
     on blockrnn's threads, bits independent of their count):
-      x_grad = dG @ w[:I]^T,  w_grad[:I] = x^T @ dG,
-      w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:]."""
+      x_grad = dG @ W_x^T,  dW_x = x^T @ dG,
+      dW_h = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],
+    the weights read and the gradients written in place in their layouts
+    (gspec_c: a gradient stored transposed, nn.LSTM's, is the job
+    dW^T = dG^T @ x)."""
     cdef Py_ssize_t G4 = 4 * H, LB = L * B
     cdef gemm_spec jobs[4]
-    jobs[0] = gspec(LB, I, G4, dg, G4, 1, w, 1, G4, False, x_grad, I)
-    jobs[1] = gspec(I, G4, LB, x, 1, I, dg, G4, 1, False, w_grad, G4)
-    jobs[2] = gspec(H, G4, B if L > 0 else 0, h_prev, 1, H, dg, G4, 1, False,
-                    w_grad + I * G4, G4)
-    jobs[3] = gspec(H, G4, (L - 1) * B if L > 1 else 0, h, 1, H, dg + B * G4, G4, 1,
-                    True, w_grad + I * G4, G4)
+    jobs[0] = gspec(LB, I, G4, dg, G4, 1, w_x, s.xn, s.xk, False, x_grad, I)
+    jobs[1] = gspec_c(I, G4, LB, x, 1, I, dg, G4, 1, False, w_x_grad, gs.xk, gs.xn)
+    jobs[2] = gspec_c(H, G4, B if L > 0 else 0, h_prev, 1, H, dg, G4, 1, False,
+                      w_h_grad, gs.hk, gs.hn)
+    jobs[3] = gspec_c(H, G4, (L - 1) * B if L > 1 else 0, h, 1, H, dg + B * G4, G4, 1,
+                      True, w_h_grad, gs.hk, gs.hn)
     run_gemm_specs(4, jobs, ws, threads)
 
 
@@ -745,7 +832,9 @@ cdef void block_lstm_backward_compute(
         Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
         const floating* x,        # IN  [T, B, I]
         const floating* cs_prev, const floating* h_prev,  # IN [B, H]
-        const floating* w,        # IN  [I+H, 4H]
+        const floating* w_x,      # IN  W_x [I, 4H] (strides s.xk, s.xn)
+        const floating* w_h,      # IN  W_h [H, 4H] (strides s.hk, s.hn)
+        WeightStrides s,
         const floating* wci, const floating* wcf, const floating* wco,  # IN [H]
         const floating* i_, const floating* cs, const floating* f,     # IN [T, B, H]
         const floating* o, const floating* ci, const floating* co, const floating* h,
@@ -757,7 +846,9 @@ cdef void block_lstm_backward_compute(
         double* acc,              # workspace [3, 4H]
         floating* x_grad,         # OUT [T, B, I]
         floating* cs_prev_grad, floating* h_prev_grad,  # OUT [B, H]
-        floating* w_grad,         # OUT [I+H, 4H]
+        floating* w_x_grad,       # OUT dW_x [I, 4H] (strides gs.xk, gs.xn)
+        floating* w_h_grad,       # OUT dW_h [H, 4H] (strides gs.hk, gs.hn)
+        WeightStrides gs,
         floating* wci_grad, floating* wcf_grad, floating* wco_grad,  # OUT [H] (if peephole)
         floating* b_grad,         # OUT [4H]
         int n_threads, int max_threads) noexcept nogil:
@@ -765,12 +856,16 @@ cdef void block_lstm_backward_compute(
     gradients at t >= lengths[b] are zero (its upstream gradients there unused).
 
     The reverse time loop does only the gate gradients of step t (kept in the
-    workspace dG[t]) and the recurrent product dh = dG[t] @ w[I:]^T. The
+    workspace dG[t]) and the recurrent product dh = dG[t] @ W_h^T. The
     carries live in the outputs: cs_prev_grad holds d cs[t-1] and h_prev_grad
-    holds d h[t-1] while the loop runs. After the loop, x_grad, w_grad, b_grad
-    and the peephole gradients are single products / reductions over all steps:
-      x_grad[:L] = dG @ w[:I]^T,  w_grad[:I] = x[:L]^T @ dG,
-      w_grad[I:] = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG.
+    holds d h[t-1] while the loop runs. After the loop, x_grad, the weight
+    gradients, b_grad and the peephole gradients are single products /
+    reductions over all steps:
+      x_grad[:L] = dG @ W_x^T,  dW_x = x[:L]^T @ dG,
+      dW_h = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG.
+    The weights are read, and their gradients written, in their layouts
+    (WeightStrides s and gs: TensorFlow's w [I+H, 4H], or nn.LSTM's
+    weight_ih [4H, I] and weight_hh [4H, H]), with no transposed copy.
     float32 (B >= PACKED_MIN_ROWS) runs the reverse loop in the packed
     kernel, on up to max_threads threads from the thread budget
     (lstm_backward_packed); at batch 1 its steps are GEMVs. float64 keeps the
@@ -790,7 +885,7 @@ cdef void block_lstm_backward_compute(
     memset(acc, 0, 3 * G4 * sizeof(double))
     cdef int granted
     if floating is float and B >= PACKED_MIN_ROWS:
-        brnn_pack_f32(G4, H, w + I * G4, 1, G4, packed_t)   # W_h^T packed
+        brnn_pack_f32(G4, H, w_h, s.hn, s.hk, packed_t)   # W_h^T packed
         granted = brnn_budget_take(packed_threads(B, G4, H, H, max_threads), max_threads)
         lstm_backward_packed(L, B, H, off, packed_t, cs_prev, i_, cs, f, o, ci, co, cs_grad,
                              h_grad, wci, wcf, wco, use_peephole, lengths, dg,
@@ -803,10 +898,15 @@ cdef void block_lstm_backward_compute(
                                ci + t * BH, co + t * BH, cs_grad + t * BH, h_grad + t * BH,
                                h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
                                dg + t * B * G4, cs_prev_grad, n_threads)
-            gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w + I * G4, G4,
-                                    False, h_prev_grad, H, dh_t)
+            if stored_transposed(G4, s.hk, s.hn):   # dh = dG @ W_h^T, W_h^T as stored
+                gemm(False, False, B, H, G4, 1, dg + t * B * G4, G4, w_h, s.hn, 0,
+                     h_prev_grad, H)
+            else:
+                gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w_h, s.hk,
+                                        False, h_prev_grad, H, dh_t)
 
-    lstm_backward_gemms(L, B, I, H, x, h_prev, h, w, dg, x_grad, w_grad,
+    lstm_backward_gemms(L, B, I, H, x, h_prev, h, w_x, s, dg, x_grad, w_x_grad, w_h_grad,
+                        gs,
                         packed_t + brnn_packed_size(G4, H) if floating is float else packed_t,
                         lstm_backward_gemm_threads(L, B, I, H, max_threads))
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
@@ -829,7 +929,8 @@ def block_lstm_backward(
         const floating[:, :, ::1] x,     # IN  [T, B, I]
         const floating[:, ::1] cs_prev,  # IN  [B, H]
         const floating[:, ::1] h_prev,   # IN  [B, H]
-        const floating[:, ::1] w,        # IN  [I+H, 4H]
+        const floating[:, :] w_x,        # IN  W_x [I, 4H]: TF's w[:I], or weight_ih.T
+        const floating[:, :] w_h,        # IN  W_h [H, 4H]: TF's w[I:], or weight_hh.T
         const floating[::1] wci, const floating[::1] wcf, const floating[::1] wco,  # IN
         const floating[:, :, ::1] i_, const floating[:, :, ::1] cs,   # IN [T, B, H]
         const floating[:, :, ::1] f, const floating[:, :, ::1] o,
@@ -840,12 +941,16 @@ def block_lstm_backward(
         floating[:, :, ::1] x_grad,      # OUT [T, B, I]
         floating[:, ::1] cs_prev_grad,   # OUT [B, H]
         floating[:, ::1] h_prev_grad,    # OUT [B, H]
-        floating[:, ::1] w_grad,         # OUT [I+H, 4H]
+        floating[:, :] w_x_grad,         # OUT dW_x [I, 4H], a view as w_x's
+        floating[:, :] w_h_grad,         # OUT dW_h [H, 4H], a view as w_h's
         floating[::1] wci_grad, floating[::1] wcf_grad, floating[::1] wco_grad,  # OUT [H]
         floating[::1] b_grad,            # OUT [4H]
         const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
-    """See block_lstm_backward_compute."""
+    """See block_lstm_backward_compute. The weights and their gradients: views
+    as for block_lstm_forward (e.g. nn.LSTM's layout transposed), in place."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
+    cdef WeightStrides s = weight_strides(w_x, w_h, I, H)
+    cdef WeightStrides gs = weight_strides(w_x_grad, w_h_grad, I, H)
     dtype = np.float32 if floating is float else np.float64
     cdef floating[::1] ws = np.empty(
         block_lstm_backward_workspace(L, B, H, I, floating is float, max_threads), dtype=dtype)
@@ -855,10 +960,11 @@ def block_lstm_backward(
         lens = &lengths[0]
     with nogil:
         block_lstm_backward_compute(
-            L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w[0, 0],
-            &wci[0], &wcf[0], &wco[0], &i_[0, 0, 0], &cs[0, 0, 0], &f[0, 0, 0],
-            &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], &cs_grad[0, 0, 0],
+            L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w_x[0, 0],
+            &w_h[0, 0], s, &wci[0], &wcf[0], &wco[0], &i_[0, 0, 0], &cs[0, 0, 0],
+            &f[0, 0, 0], &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], &cs_grad[0, 0, 0],
             &h_grad[0, 0, 0], use_peephole, lens, &ws[0], &acc[0],
             &x_grad[0, 0, 0],
-            &cs_prev_grad[0, 0], &h_prev_grad[0, 0], &w_grad[0, 0], &wci_grad[0],
+            &cs_prev_grad[0, 0], &h_prev_grad[0, 0], &w_x_grad[0, 0], &w_h_grad[0, 0], gs,
+            &wci_grad[0],
             &wcf_grad[0], &wco_grad[0], &b_grad[0], n_threads, max_threads)

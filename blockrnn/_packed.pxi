@@ -371,6 +371,20 @@ cdef inline gemm_spec gspec(
     return j
 
 
+cdef inline gemm_spec gspec_c(
+        Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const void* a, Py_ssize_t sam,
+        Py_ssize_t sak, const void* b, Py_ssize_t sbk, Py_ssize_t sbn, bint accumulate,
+        void* c, Py_ssize_t scm, Py_ssize_t scn) noexcept nogil:
+    """gspec for a C of element strides (scm, scn), C(m, n) = c[m*scm + n*scn]:
+    row-major C (scn == 1, row stride scm) as gspec, else C stored transposed
+    (scm == 1, row stride scn) as the job C^T [N, M] (+)= B^T @ A^T. Each
+    element is the same sum over K either way (include/brnn_gemm.h: its bits
+    depend on K and the kernel variant only)."""
+    if scn == 1:
+        return gspec(M, N, K, a, sam, sak, b, sbk, sbn, accumulate, c, scm)
+    return gspec(N, M, K, b, sbn, sbk, a, sak, sam, accumulate, c, scn)
+
+
 cdef void run_gemm_specs(int njobs, const gemm_spec* specs, floating* ws,
                          int threads) noexcept nogil:
     """The jobs `specs` (at most GEMM_SPECS_MAX) through the driver of ws's

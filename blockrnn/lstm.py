@@ -31,6 +31,9 @@ BlockLSTMOutput = namedtuple("BlockLSTMOutput", "i cs f o ci co h")
 BlockLSTMGradOutput = namedtuple(
     "BlockLSTMGradOutput",
     "x_grad cs_prev_grad h_prev_grad w_grad wci_grad wcf_grad wco_grad b_grad")
+NNLSTMGradOutput = namedtuple(
+    "NNLSTMGradOutput",
+    "x_grad cs_prev_grad h_prev_grad w_ih_grad w_hh_grad wci_grad wcf_grad wco_grad b_grad")
 
 _PARAMS = ("w", "wci", "wcf", "wco", "b")
 _GATES = ("i", "cs", "f", "o", "ci", "co")
@@ -58,13 +61,27 @@ def _check_cell(args, peepholes_required):
     return B, I, H
 
 
-def _check_sequence(args, seq_len_max, peepholes_required):
-    """x [T, B, I], cs_prev and h_prev [B, H], the parameters and seq_len_max."""
+def _check_nn_params(args, I, H, peepholes_required):
+    """nn.LSTM's layout: w_ih [4H, I], w_hh [4H, H] in place of w; b and the peepholes
+    as _check_params."""
+    args.shape("w_ih", "[4H, I]", (4 * H, I))
+    args.shape("w_hh", "[4H, H]", (4 * H, H))
+    args.shape("b", "[4H]", (4 * H,))
+    for name in ("wci", "wcf", "wco"):
+        if peepholes_required:
+            args.shape(name, "[H]", (H,))
+        else:
+            args.rank(name, "[H]")
+
+
+def _check_sequence(args, seq_len_max, peepholes_required, nn_layout=False):
+    """x [T, B, I], cs_prev and h_prev [B, H], the parameters (TensorFlow's w, or
+    nn.LSTM's w_ih and w_hh with nn_layout) and seq_len_max."""
     T, B, I = args.rank("x", "[T, B, I]")
     H = args.rank("cs_prev", "[B, H]")[1]
     args.shape("cs_prev", "[B, H]", (B, H))
     args.shape("h_prev", "[B, H]", (B, H))
-    _check_params(args, I, H, peepholes_required)
+    (_check_nn_params if nn_layout else _check_params)(args, I, H, peepholes_required)
     L = check_seq_len_max(args.op, seq_len_max, T)
     if B and H:  # else nothing is computed (the ops return early)
         check_blas_sizes(args.op, **{"T*B": T * B, "I+H": I + H, "4H": 4 * H})
@@ -236,8 +253,9 @@ def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_pee
     outs = args.output_buffers(7, T, B, H)
     if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
         return BlockLSTMOutput(*args.results(outs))
+    x, cs_prev, h_prev, w, wci, wcf, wco, b = args.kernel("x", "cs_prev", "h_prev", *_PARAMS)
     _kernels.block_lstm_forward(
-        steps_to_run(L, lengths), *args.kernel("x", "cs_prev", "h_prev", *_PARAMS),
+        steps_to_run(L, lengths), x, cs_prev, h_prev, w[:I], w[I:], wci, wcf, wco, b,
         forget_bias, cell_clip, use_peephole, layout, kernel_threads(B, H),
         _config.thread_limit(), *outs, lengths)
     return BlockLSTMOutput(*args.results(outs))
@@ -324,12 +342,14 @@ def _block_lstm_grad(op, layout, seq_len_max, values, use_peephole, sequence_len
     steps = steps_to_run(L, lengths)
     # The weight and peephole gradients multiply h and cs at a row's padding by
     # zero: zero it in the copies they read, so that any padding gives zeros.
+    x, cs_prev, h_prev, w, *rest = args.kernel(
+        "x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", *_GATES, "h", "cs_grad", "h_grad",
+        padded=("cs", "h"), steps=steps, lengths=lengths)
+    w_grad = grads[3]
     _kernels.block_lstm_backward(
-        steps,
-        *args.kernel("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco",
-                     *_GATES, "h", "cs_grad", "h_grad",
-                     padded=("cs", "h"), steps=steps, lengths=lengths),
-        use_peephole, layout, kernel_threads(B, H), _config.thread_limit(), *grads, lengths)
+        steps, x, cs_prev, h_prev, w[:I], w[I:], *rest, use_peephole, layout,
+        kernel_threads(B, H), _config.thread_limit(), *grads[:3], w_grad[:I], w_grad[I:],
+        *grads[4:], lengths)
     if not use_peephole:  # zeros of the shape of the given (unused) peephole weights
         grads[4:7] = [args.zeros(args[name].shape) for name in ("wci", "wcf", "wco")]
     grads = list(map(args.result, grads))
@@ -393,3 +413,71 @@ block_lstm.__doc__ = block_lstm.__doc__.format(sequence_length=_SEQUENCE_LENGTH_
 block_lstm_grad.__doc__ = _GRAD_DOC.format(fwd="block_lstm", tf="BlockLSTMGrad", layout="ICFO")
 block_lstm_grad_v2.__doc__ = _GRAD_DOC.format(
     fwd="block_lstm_v2", tf="BlockLSTMGradV2", layout="IFCO")
+
+
+# --------------------------------------------------------------------------
+# BlockLSTMV2 on nn.LSTM's weight layout (for blockrnn.torch)
+# --------------------------------------------------------------------------
+
+def _block_lstm_nn(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b, *,
+                   cell_clip=0.0, use_peephole=False, sequence_length=None):
+    """``block_lstm_v2`` with nn.LSTM's weights as stored: w_ih (4H, I) =
+    ``weight_ih_l{k}``, w_hh (4H, H) = ``weight_hh_l{k}`` (gate rows i, f, g, o,
+    BlockLSTMV2's IFCO), in place of w = [w_ih.T; w_hh.T]. The kernels read them
+    in place (no transposed copy); the outputs are ``block_lstm_v2``'s, bit for
+    bit on the float32 packed route. b (4H,): b_ih + b_hh (any forget bias added
+    by the caller)."""
+    op = "block_lstm_nn"
+    cell_clip = check_float(op, "cell_clip", cell_clip)
+    use_peephole = check_bool(op, "use_peephole", use_peephole)
+    args = Arrays(op, x=x, cs_prev=cs_prev, h_prev=h_prev, w_ih=w_ih, w_hh=w_hh, wci=wci,
+                  wcf=wcf, wco=wco, b=b)
+    L, T, B, I, H = _check_sequence(args, seq_len_max, True, nn_layout=True)
+    lengths = check_sequence_length(op, sequence_length, B, T)
+    outs = args.output_buffers(7, T, B, H)
+    if B == 0 or H == 0:
+        return BlockLSTMOutput(*args.results(outs))
+    x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b = args.kernel(
+        "x", "cs_prev", "h_prev", "w_ih", "w_hh", "wci", "wcf", "wco", "b")
+    _kernels.block_lstm_forward(
+        steps_to_run(L, lengths), x, cs_prev, h_prev, w_ih.T, w_hh.T, wci, wcf, wco, b, 0.0,
+        cell_clip, use_peephole, _kernels.GateLayout.IFCO, kernel_threads(B, H),
+        _config.thread_limit(), *outs, lengths)
+    return BlockLSTMOutput(*args.results(outs))
+
+
+def _block_lstm_nn_grad(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b,
+                        i, cs, f, o, ci, co, h, cs_grad, h_grad, *, use_peephole,
+                        sequence_length=None):
+    """``block_lstm_grad_v2`` with nn.LSTM's weights as in ``_block_lstm_nn`` (b:
+    only its shape is used).
+    Returns NNLSTMGradOutput(x_grad, cs_prev_grad, h_prev_grad, w_ih_grad (4H, I),
+    w_hh_grad (4H, H), wci_grad, wcf_grad, wco_grad, b_grad (4H,)): the weight
+    gradients computed in nn.LSTM's layout directly, b_grad that of b_ih and of
+    b_hh alike."""
+    op = "block_lstm_nn_grad"
+    use_peephole = check_bool(op, "use_peephole", use_peephole)
+    args = Arrays(op, x=x, cs_prev=cs_prev, h_prev=h_prev, w_ih=w_ih, w_hh=w_hh, wci=wci,
+                  wcf=wcf, wco=wco, b=b, i=i, cs=cs, f=f, o=o, ci=ci, co=co, h=h,
+                  cs_grad=cs_grad, h_grad=h_grad)
+    L, T, B, I, H = _check_sequence(args, seq_len_max, use_peephole, nn_layout=True)
+    for name in _GATES + ("h", "cs_grad", "h_grad"):
+        args.shape(name, "[T, B, H]", (T, B, H))
+    lengths = check_sequence_length(op, sequence_length, B, T)
+    if B == 0 or H == 0:
+        return NNLSTMGradOutput(*(args.zeros(args[name].shape) for name in (
+            "x", "cs_prev", "h_prev", "w_ih", "w_hh", "wci", "wcf", "wco", "b")))
+    grads = [args.empty(T, B, I), args.empty(B, H), args.empty(B, H), args.empty(4 * H, I),
+             args.empty(4 * H, H), args.empty(H), args.empty(H), args.empty(H),
+             args.empty(4 * H)]
+    steps = steps_to_run(L, lengths)
+    x, cs_prev, h_prev, w_ih, w_hh, *rest = args.kernel(
+        "x", "cs_prev", "h_prev", "w_ih", "w_hh", "wci", "wcf", "wco", *_GATES, "h",
+        "cs_grad", "h_grad", padded=("cs", "h"), steps=steps, lengths=lengths)
+    _kernels.block_lstm_backward(
+        steps, x, cs_prev, h_prev, w_ih.T, w_hh.T, *rest, use_peephole,
+        _kernels.GateLayout.IFCO, kernel_threads(B, H), _config.thread_limit(), *grads[:3],
+        grads[3].T, grads[4].T, *grads[5:], lengths)
+    if not use_peephole:
+        grads[5:8] = [args.zeros(args[name].shape) for name in ("wci", "wcf", "wco")]
+    return NNLSTMGradOutput(*map(args.result, grads))

@@ -59,6 +59,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 import blockrnn
 from blockrnn import _kernels
+from blockrnn.lstm import _block_lstm_nn, _block_lstm_nn_grad
 from blockrnn._validation import RESET_AFTER, check_float, check_sequence_length, steps_to_run
 from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
 
@@ -134,25 +135,29 @@ def _fresh(*arrays):
     return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
 
 
-def _lstm_v2_weights(w_ih, w_hh, b_ih, b_hh, forget_bias):
-    """nn.LSTM's layout -> BlockLSTMV2's: w = [W_ih^T; W_hh^T] (I+H, 4H), IFCO columns
-    (nn.LSTM's gate rows i, f, g, o), b = b_ih + b_hh (+ forget_bias on the f block).
-
-    One copy of the weights per call: the kernels do not read nn.LSTM's layout
-    directly yet; this is the one place that builds it (the gradient maps back in
-    ``_lstm_grads_to_torch``).
-    """
-    w = np.concatenate([w_ih.T, w_hh.T], axis=0)
-    H = w_hh.shape[1]
-    b = np.zeros(4 * H, w.dtype) if b_ih is None else b_ih + b_hh
+def _lstm_bias(where, b_ih, b_hh, forget_bias, H, dtype):
+    """BlockLSTMV2's b (4H,) = b_ih + b_hh (zeros without bias) + forget_bias on the f
+    block (gate blocks i, f, g, o). The weights need nothing: the kernels read
+    weight_ih (4H, I) and weight_hh (4H, H) as stored (``_block_lstm_nn``)."""
+    if b_ih is None or b_hh is None:
+        if (b_ih is None) != (b_hh is None):
+            raise ValueError(f"{where}: bias_ih and bias_hh must both be given or both be "
+                             f"None")
+        b = np.zeros(4 * H, dtype)
+    elif b_ih.shape != b_hh.shape:
+        raise ValueError(f"{where}: bias_ih {b_ih.shape} and bias_hh {b_hh.shape} must have "
+                         f"one shape, (4H,) = ({4 * H},)")
+    else:
+        b = b_ih + b_hh
     if forget_bias:
         b[H:2 * H] += forget_bias
-    return w, b
+    return b
 
 
-def _lstm_grads_to_torch(w_grad, I):
-    """BlockLSTMV2's w gradient (I+H, 4H) -> (weight_ih grad (4H, I), weight_hh grad (4H, H))."""
-    return w_grad[:I].T, w_grad[I:].T
+def _hidden_size(where, w_hh):
+    if w_hh.ndim != 2:
+        raise ValueError(f"{where}: weight_hh must have shape (4H, H), got {w_hh.shape}")
+    return w_hh.shape[1]
 
 
 def _arrays(where, names, tensors, dtype):
@@ -184,12 +189,13 @@ def lstm_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
         dt)
     T, B = xa.shape[:2]
     n = _op_lengths(where, lengths, T, B)
-    w, b = _lstm_v2_weights(w_ih, w_hh, b_ih, b_hh, forget_bias)
+    H = _hidden_size(where, w_hh)
+    b = _lstm_bias(where, b_ih, b_hh, forget_bias, H, w_hh.dtype)
     peep = wci is not None
-    zeros = np.zeros(w_hh.shape[1], w.dtype)
-    fwd = blockrnn.block_lstm_v2(steps_to_run(T, n), _in_op_order(xa, n, reverse), c0a, h0a,
-                                 w, *((wci, wcf, wco) if peep else (zeros,) * 3), b,
-                                 cell_clip=cell_clip, use_peephole=peep, sequence_length=n)
+    zeros = np.zeros(H, w_hh.dtype)
+    fwd = _block_lstm_nn(steps_to_run(T, n), _in_op_order(xa, n, reverse), c0a, h0a, w_ih,
+                         w_hh, *((wci, wcf, wco) if peep else (zeros,) * 3), b,
+                         cell_clip=cell_clip, use_peephole=peep, sequence_length=n)
     return _fresh(_in_op_order(fwd.h, n, reverse), _in_op_order(fwd.cs, n, reverse),
                   fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co)
 
@@ -224,17 +230,17 @@ def lstm_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_i
                for name, g in (("h_grad", h_grad), ("cs_grad", cs_grad)))
     T, B = xa.shape[:2]
     n = _op_lengths(where, lengths, T, B)
-    w, b = _lstm_v2_weights(w_ih, w_hh, b_ih, b_hh, forget_bias)
+    H = _hidden_size(where, w_hh)
+    b = _lstm_bias(where, b_ih, b_hh, forget_bias, H, w_hh.dtype)   # its shape is checked
     peep = wci is not None
-    zeros = np.zeros(w_hh.shape[1], w.dtype)
+    zeros = np.zeros(H, w_hh.dtype)
     order = lambda a: _in_op_order(a, n, reverse)  # noqa: E731
-    g = blockrnn.block_lstm_grad_v2(steps_to_run(T, n), order(xa), c0a, h0a, w,
-                                    *((wci, wcf, wco) if peep else (zeros,) * 3), b,
-                                    ia, order(csa), fa, oa, cia, coa, order(ha), order(dcs),
-                                    order(dh), use_peephole=peep, sequence_length=n)
-    return _fresh(order(g.x_grad), g.h_prev_grad, g.cs_prev_grad,
-                  *_lstm_grads_to_torch(g.w_grad, xa.shape[2]), g.b_grad,
-                  g.wci_grad, g.wcf_grad, g.wco_grad)
+    g = _block_lstm_nn_grad(steps_to_run(T, n), order(xa), c0a, h0a, w_ih, w_hh,
+                            *((wci, wcf, wco) if peep else (zeros,) * 3), b,
+                            ia, order(csa), fa, oa, cia, coa, order(ha), order(dcs),
+                            order(dh), use_peephole=peep, sequence_length=n)
+    return _fresh(order(g.x_grad), g.h_prev_grad, g.cs_prev_grad, g.w_ih_grad, g.w_hh_grad,
+                  g.b_grad, g.wci_grad, g.wcf_grad, g.wco_grad)
 
 
 @lstm_backward_op.register_fake
@@ -709,11 +715,13 @@ def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
     for k in range(module.num_layers):
         for s in ("", "_reverse") if module.bidirectional else ("",):
             sfx = f"_l{k}{s}"
-            w, b = _lstm_v2_weights(
-                array(f"weight_ih{sfx}"), array(f"weight_hh{sfx}"),
-                *((array(f"bias_ih{sfx}"), array(f"bias_hh{sfx}")) if module.bias
-                  else (None, None)), module.forget_bias if ours else 0.0)
-            params[f"w{sfx}"], params[f"b{sfx}"] = w, b
+            w_ih, w_hh = array(f"weight_ih{sfx}"), array(f"weight_hh{sfx}")
+            # the layers hold TensorFlow's layout: one copy, here, at conversion
+            params[f"w{sfx}"] = np.concatenate([w_ih.T, w_hh.T], axis=0)
+            params[f"b{sfx}"] = _lstm_bias(
+                where, *((array(f"bias_ih{sfx}"), array(f"bias_hh{sfx}")) if module.bias
+                         else (None, None)), module.forget_bias if ours else 0.0,
+                module.hidden_size, w_ih.dtype)
             if ours and module.use_peephole:
                 for tf_name, name in zip(("wci", "wcf", "wco"), _PEEPHOLES):
                     params[f"{tf_name}{sfx}"] = array(f"{name}{sfx}").copy()
