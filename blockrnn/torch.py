@@ -678,6 +678,15 @@ class BlockGRUFunction(torch.autograd.Function):
 # The modules
 # ---------------------------------------------------------------------------
 
+def _check_source(where, module, types, name):
+    """The checks of a module to convert: one of `types`, float32 or float64 weights."""
+    if not isinstance(module, types):
+        raise TypeError(f"{where}: expected a {name}, got {type(module).__name__}")
+    if module.weight_ih_l0.dtype not in _DTYPES:
+        raise TypeError(f"{where}: {name} weights must be float32 or float64, got "
+                        f"{module.weight_ih_l0.dtype}")
+
+
 def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
     """The weights of a ``torch.nn.LSTM`` without projection (or of a
     ``blockrnn.torch.LSTM``: the same parameters) in TensorFlow's layout.
@@ -698,14 +707,10 @@ def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
     if isinstance(module, (nn.GRU, GRU)):
         raise ValueError(f"{where}: " + RESET_AFTER.format(
             what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU.from_torch instead."))
-    if not isinstance(module, (nn.LSTM, LSTM)):
-        raise TypeError(f"{where}: expected a torch.nn.LSTM, got {type(module).__name__}")
+    _check_source(where, module, (nn.LSTM, LSTM), "torch.nn.LSTM")
     if getattr(module, "proj_size", 0):
         raise ValueError(f"{where}: nn.LSTM with proj_size={module.proj_size} (projected "
                          f"LSTM) is not supported")
-    if module.weight_ih_l0.dtype not in _DTYPES:
-        raise TypeError(f"{where}: nn.LSTM weights must be float32 or float64, got "
-                        f"{module.weight_ih_l0.dtype}")
     ours = isinstance(module, LSTM)
 
     def array(name):
@@ -1311,13 +1316,12 @@ class LSTM(_RNNBase):
         """A ``blockrnn.torch.LSTM`` with the configuration (num_layers, bidirectional,
         bias, batch_first, dropout, proj_size, dtype, training mode) and the state_dict
         of a ``torch.nn.LSTM`` (the parameters are the same)."""
-        proj = module.proj_size if isinstance(module, (nn.LSTM, LSTM)) else 0
-        if proj:   # nn_lstm_arrays (TensorFlow's layout) has no projection: checked here
-            if module.weight_ih_l0.dtype not in _DTYPES:
-                raise TypeError(f"blockrnn.torch.LSTM.from_torch: nn.LSTM weights must be "
-                                f"float32 or float64, got {module.weight_ih_l0.dtype}")
-        else:
-            nn_lstm_arrays(module)     # the checks: an nn.LSTM, float32/64
+        where = "blockrnn.torch.LSTM.from_torch"
+        if isinstance(module, (nn.GRU, GRU)):
+            raise ValueError(f"{where}: " + RESET_AFTER.format(
+                what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU.from_torch instead."))
+        _check_source(where, module, (nn.LSTM, LSTM), "torch.nn.LSTM")
+        proj = module.proj_size
         out = cls(module.input_size, module.hidden_size, module.num_layers, module.bias,
                   module.batch_first, module.dropout, module.bidirectional, proj,
                   dtype=module.weight_ih_l0.dtype)
@@ -1431,12 +1435,7 @@ class GRU(_RNNBase):
     def from_torch(cls, module):
         """A ``blockrnn.torch.GRU`` (nn.GRU's math) with the configuration and the
         state_dict of a ``torch.nn.GRU`` (the parameters are the same)."""
-        where = "blockrnn.torch.GRU.from_torch"
-        if not isinstance(module, nn.GRU):
-            raise TypeError(f"{where}: expected a torch.nn.GRU, got {type(module).__name__}")
-        if module.weight_ih_l0.dtype not in _DTYPES:
-            raise TypeError(f"{where}: nn.GRU weights must be float32 or float64, got "
-                            f"{module.weight_ih_l0.dtype}")
+        _check_source("blockrnn.torch.GRU.from_torch", module, nn.GRU, "torch.nn.GRU")
         out = cls(module.input_size, module.hidden_size, module.num_layers, module.bias,
                   module.batch_first, module.dropout, module.bidirectional,
                   dtype=module.weight_ih_l0.dtype)
