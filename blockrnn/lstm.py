@@ -39,9 +39,14 @@ _PARAMS = ("w", "wci", "wcf", "wco", "b")
 _GATES = ("i", "cs", "f", "o", "ci", "co")
 
 
-def _check_params(args, I, H, peepholes_required):
-    """w [I+H, 4H], b [4H]; wci, wcf, wco rank 1, and [H] when required."""
-    args.shape("w", "[I+H, 4H]", (I + H, 4 * H))
+def _check_params(args, I, H, peepholes_required, nn_layout=False):
+    """w [I+H, 4H] (nn_layout: nn.LSTM's w_ih [4H, I] and w_hh [4H, H] in its place),
+    b [4H]; wci, wcf, wco rank 1, and [H] when required."""
+    if nn_layout:
+        args.shape("w_ih", "[4H, I]", (4 * H, I))
+        args.shape("w_hh", "[4H, H]", (4 * H, H))
+    else:
+        args.shape("w", "[I+H, 4H]", (I + H, 4 * H))
     args.shape("b", "[4H]", (4 * H,))
     for name in ("wci", "wcf", "wco"):
         if peepholes_required:
@@ -61,19 +66,6 @@ def _check_cell(args, peepholes_required):
     return B, I, H
 
 
-def _check_nn_params(args, I, H, peepholes_required):
-    """nn.LSTM's layout: w_ih [4H, I], w_hh [4H, H] in place of w; b and the peepholes
-    as _check_params."""
-    args.shape("w_ih", "[4H, I]", (4 * H, I))
-    args.shape("w_hh", "[4H, H]", (4 * H, H))
-    args.shape("b", "[4H]", (4 * H,))
-    for name in ("wci", "wcf", "wco"):
-        if peepholes_required:
-            args.shape(name, "[H]", (H,))
-        else:
-            args.rank(name, "[H]")
-
-
 def _check_sequence(args, seq_len_max, peepholes_required, nn_layout=False):
     """x [T, B, I], cs_prev and h_prev [B, H], the parameters (TensorFlow's w, or
     nn.LSTM's w_ih and w_hh with nn_layout) and seq_len_max."""
@@ -81,7 +73,7 @@ def _check_sequence(args, seq_len_max, peepholes_required, nn_layout=False):
     H = args.rank("cs_prev", "[B, H]")[1]
     args.shape("cs_prev", "[B, H]", (B, H))
     args.shape("h_prev", "[B, H]", (B, H))
-    (_check_nn_params if nn_layout else _check_params)(args, I, H, peepholes_required)
+    _check_params(args, I, H, peepholes_required, nn_layout)
     L = check_seq_len_max(args.op, seq_len_max, T)
     if B and H:  # else nothing is computed (the ops return early)
         check_blas_sizes(args.op, **{"T*B": T * B, "I+H": I + H, "4H": 4 * H})

@@ -687,6 +687,16 @@ def _check_source(where, module, types, name):
                         f"{module.weight_ih_l0.dtype}")
 
 
+def _state_pair(where, hx):
+    """An LSTM's hx: None -> (None, None); otherwise a pair (h0, c0)."""
+    if hx is None:
+        return None, None
+    if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+        raise TypeError(f"{where}: hx must be None or a tuple (h0, c0), got "
+                        f"{type(hx).__name__}")
+    return hx
+
+
 def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
     """The weights of a ``torch.nn.LSTM`` without projection (or of a
     ``blockrnn.torch.LSTM``: the same parameters) in TensorFlow's layout.
@@ -1253,11 +1263,7 @@ class LSTM(_RNNBase):
         where = "blockrnn.torch.LSTM"
         xt, batched, lengths, packed = self._input(where, x, sequence_length)
         B = xt.shape[1]
-        if hx is None:
-            hx = (None, None)
-        elif not isinstance(hx, (tuple, list)) or len(hx) != 2:
-            raise TypeError(f"{where}: hx must be None or a tuple (h0, c0), got "
-                            f"{type(hx).__name__}")
+        hx = _state_pair(where, hx)
         infer = self._wants_inference(xt, hx)    # no gradient: the packed inference forward
         states = (self._state(where, "h0", hx[0], B, batched, zeros=not infer),
                   self._state(where, "c0", hx[1], B, batched, zeros=not infer))
@@ -1280,11 +1286,7 @@ class LSTM(_RNNBase):
         where = "blockrnn.torch.LSTM"
         xt, batched, lengths, packed = self._input(where, x, sequence_length)
         B = xt.shape[1]
-        if hx is None:
-            hx = (None, None)
-        elif not isinstance(hx, (tuple, list)) or len(hx) != 2:
-            raise TypeError(f"{where}: hx must be None or a tuple (h0, c0), got "
-                            f"{type(hx).__name__}")
+        hx = _state_pair(where, hx)
         states = (self._state(where, "h0", hx[0], B, batched, size=self.proj_size),
                   self._state(where, "c0", hx[1], B, batched))
 
