@@ -484,7 +484,10 @@ cdef void block_gru_forward_compute(
     PACKED_MIN_ROWS rows on runs every product of the loop in the packed
     kernel on up to max_threads threads from the thread budget
     (gru_forward_packed), the input projection hoisted inside its region as
-    in block_lstm_forward_compute."""
+    in block_lstm_forward_compute. Measured as there (hoisted vs x[t] @ W_x in
+    each step, median ms, 2 threads / 1 thread): 100,32,256,256 24.2 vs 24.6 /
+    16.5 vs 17.4; 200,16,128,256 25.8 vs 26.6 / 12.5 vs 13.6; 100,64,512,512
+    160.9 vs 166.0 / 144.2 vs 149.0."""
     cdef Py_ssize_t t, BH = B * H
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH
