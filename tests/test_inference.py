@@ -331,3 +331,24 @@ def test_every_kernel_variant_serves_the_forward(variant):
     out = subprocess.run([sys.executable, "-c", _VARIANT_CHECK, variant], capture_output=True,
                          text=True, timeout=300, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_hoisted_input_projection_keeps_the_bits(threads):
+    """The float32 training forwards compute x[:L] @ W_x of all steps before their
+    time loop, in blocks of rows of x; the inference forward from 12 rows on computes
+    x[t] @ W_x inside each step. At I > 256 (each element one sum over k, not blocks
+    of 256), over several blocks of rows, with H not a multiple of 16 and lengths:
+    the same bits."""
+    T_, B, I_, H_ = 20, 13, 300, 120
+    rng = np.random.default_rng(21)
+    x = _rand(rng, (T_, B, I_))
+    lens = rng.integers(0, T_ + 1, B)
+    lens[0] = T_
+    with threadpool_limits(threads, user_api="openmp"):
+        for layer in (blockrnn.LSTM(I_, H_, seed=2), blockrnn.GRU(I_, H_, seed=2),
+                      blockrnn.GRU(I_, H_, seed=2, reset_after=False)):
+            for lengths in (None, lens):
+                y, s, _ = layer.forward(x, sequence_length=lengths)
+                y2, s2 = layer.inference()(x, sequence_length=lengths)
+                _equal((y2, *_states(s2)), (y, *_states(s)))
