@@ -559,8 +559,9 @@ cdef void block_lstm_forward_compute(
     cells' x[:L] @ W_x into the gate outputs, then at each step h[t-1] @ W_h
     into g. Hoisting x @ W_x out of the steps (full 12-row tiles over L*B rows,
     W_h alone in cache during the loop) against computing x[t] @ W_x in each
-    step: fresh processes alternated, 8 pairs, 9 calls each, median of the
-    medians, loaded 2-core Sapphire Rapids (AVX-512), forward only, 2 threads /
+    step: fresh processes alternated, 8 pairs, 9 calls each (5 at
+    100,64,512,512), median of the medians, loaded 2-core Sapphire Rapids
+    (AVX-512), forward only, 2 threads /
     1 thread: 100,32,256,256 24.3 vs 26.9 / 22.7 vs 24.7 ms; 200,16,128,256
     35.3 vs 36.4 / 18.5 vs 20.1; 100,64,512,512 211.5 vs 214.0 / 198.5 vs
     210.9 (the GRUs gain 1-8%, see their forwards); in one process, 1 thread,
