@@ -25,8 +25,8 @@
 # Where products run: from 2 rows on, the float32 sequence ops (LSTM v1/v2 and
 # GRU, forward and backward) run their per-step products in blockrnn's packed
 # kernel (include/brnn_packed.h), in one OpenMP parallel region per call
-# (lstm_forward_packed, the *_packed loops); the forwards fold their input
-# projection into those steps too. At batch 1 the float32 forwards compute the
+# (lstm_forward_packed, the *_packed loops); the forwards compute their input
+# projection of all steps in the same region before the loop. At batch 1 the float32 forwards compute the
 # input projection of all steps in the packed kernel (packed_inputs) and the
 # steps by GEMV. The float32 backwards (every batch) compute x_grad and the
 # weight gradients after their loop in the same kernel through the GEMM driver

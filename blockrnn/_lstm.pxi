@@ -507,24 +507,19 @@ cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
 
 
 cdef void lstm_forward_packed_step(
-        Py_ssize_t t, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
-        const float* packed, const float* x, const float* cs_in, const float* h_in,
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        const float* packed, const float* cs_in, const float* h_in,
         const float* b, const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
         float* g, float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
         Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
     """Step t of the float32 forward for the cells [u0, u1): their four gate
-    columns of x[t] @ W_x into the gate outputs and of g = h_in @ W_h, both by
-    the packed kernel, then their gates."""
-    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H), BH = B * H
-    cdef float* dst
+    columns of g = h_in @ W_h by the packed kernel, then their gates (the
+    gate outputs at t hold x[t] @ W_x already, see lstm_forward_packed)."""
+    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), BH = B * H
     if u1 <= u0:
         return
     for q in range(4):
-        dst = (i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f
-               else o) + t * BH
-        packed_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
-                       dst, H)
         packed_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, 4 * H)
     lstm_forward_block[float](B, H, off, g, b, cs_in, wci, wcf, wco, forget_bias, cell_clip,
                               use_peephole, lengths, t, True, i_ + t * BH, cs + t * BH,
@@ -543,19 +538,29 @@ cdef void lstm_forward_packed(
         int n_threads) noexcept nogil:
     """The time loop of the float32 forward: ONE parallel region of n_threads
     for all L steps. Each thread owns a fixed slice of cells (unit_start: every
-    gate column of those cells) and computes their input projection,
-    recurrent product and gates at every step; one barrier per step, since
-    step t+1 reads all of h[t]. No BLAS call inside. Each product element is
-    one packed-kernel sum: the bits do not depend on n_threads."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
-    cdef int tid, nt
+    gate column of those cells). Before the loop it computes their input
+    projection of all L steps into the gate outputs, x[:L] @ W_x as one
+    product of L*B rows per gate (packed_inputs_part), then at each step their
+    recurrent product and gates; one barrier per step, since step t+1 reads
+    all of h[t]. A thread reads back only the columns it wrote, so the hoist
+    needs no barrier. No BLAS call inside. Each product element is one
+    packed-kernel sum, the same as when x[t] @ W_x ran inside each step: the
+    bits depend neither on n_threads nor on the hoist."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, psx = brnn_packed_size(I, H)
+    cdef const float* packed_x = packed + 4 * brnn_packed_size(H, H)
+    cdef int q, tid, nt
+    cdef float* dst[4]    # the gate output of W's column block q
     cdef brnn_barrier bar
     bar.count = 0
     bar.gen = 0
+    for q in range(4):
+        dst[q] = (i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f
+                  else o)
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        packed_inputs_part(L * B, I, H, 4, x, packed_x, psx, dst, 0, H)
         for t in range(L):
             lstm_forward_packed_step(
-                t, B, I, H, off, packed, x, cs_prev if t == 0 else cs + (t - 1) * BH,
+                t, B, H, off, packed, cs_prev if t == 0 else cs + (t - 1) * BH,
                 h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
                 cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H)
         return
@@ -564,9 +569,10 @@ cdef void lstm_forward_packed(
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
+        packed_inputs_part(L * B, I, H, 4, x, packed_x, psx, dst, u0, u1)
         for t in range(L):
             lstm_forward_packed_step(
-                t, B, I, H, off, packed, x, cs_prev if t == 0 else cs + (t - 1) * BH,
+                t, B, H, off, packed, cs_prev if t == 0 else cs + (t - 1) * BH,
                 h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
                 cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1)
             brnn_barrier_wait(&bar, nt)
@@ -614,14 +620,22 @@ cdef void block_lstm_forward_compute(
     B < PACKED_MIN_ROWS, whose hoisted input projection runs in the packed
     kernel instead (packed_inputs). float32 from PACKED_MIN_ROWS rows on runs every
     product in blockrnn's packed kernel instead (lstm_forward_packed): W_x's
-    and W_h's four gate blocks are packed once per call, and each step
-    computes x[t] @ W_x into the gate outputs and h[t-1] @ W_h into g, on up to
-    max_threads threads taken from the process's thread budget
-    (brnn_budget_take) and given back after the loop. Folding the input
-    projection into the steps keeps OpenBLAS out of the forward: its workers
-    spin (sched_yield) for about 0.1 s after each GEMM, on the cores the
-    region's threads need (measured: 101 ms of CPU burnt in the 200 ms after
-    a call whose only BLAS call was the hoisted input GEMM)."""
+    and W_h's four gate blocks are packed once per call; in one region on up
+    to max_threads threads taken from the process's thread budget
+    (brnn_budget_take, given back after the loop) each thread computes its
+    cells' x[:L] @ W_x into the gate outputs, then at each step h[t-1] @ W_h
+    into g. Hoisting x @ W_x out of the steps (full 12-row tiles over L*B rows,
+    W_h alone in cache during the loop) against computing x[t] @ W_x in each
+    step: fresh processes alternated, 8 pairs, 9 calls each (5 at
+    100,64,512,512), median of the medians, loaded 2-core Sapphire Rapids
+    (AVX-512), forward only, 2 threads /
+    1 thread: 100,32,256,256 24.3 vs 26.9 / 22.7 vs 24.7 ms; 200,16,128,256
+    35.3 vs 36.4 / 18.5 vs 20.1; 100,64,512,512 211.5 vs 214.0 / 198.5 vs
+    210.9 (the GRUs gain 1-8%, see their forwards); in one process, 1 thread,
+    CPU time: 0.65x at 50,2,128,128, 0.83x at 100,8,256,256. No OpenBLAS call: its workers spin (sched_yield) for about 0.1 s
+    after each GEMM, on the cores the region's threads need (measured: 101 ms
+    of CPU burnt in the 200 ms after a call whose only BLAS call was the
+    hoisted input GEMM)."""
     cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
     cdef floating* g = ws
     cdef const floating* w_h_t = NULL  # if recurrent_weights_transposed: W_h^T [4H, H]

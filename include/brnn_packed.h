@@ -50,12 +50,18 @@ static inline ptrdiff_t brnn_packed_size(ptrdiff_t K, ptrdiff_t N) {
 }
 
 /* P = W packed (layout above); W(k, n) = w[k * sk + n * sn], so a row-major
- * block has (sk, sn) = (row stride, 1) and its transpose (1, row stride). */
+ * block has (sk, sn) = (row stride, 1) and its transpose (1, row stride).
+ * A full panel of contiguous rows (sn == 1) copies 64 bytes per k. */
 static void brnn_pack_f32(ptrdiff_t K, ptrdiff_t N, const float *w, ptrdiff_t sk,
                           ptrdiff_t sn, float *P) {
     for (ptrdiff_t n0 = 0; n0 < N; n0 += BRNN_NR) {
         ptrdiff_t cols = N - n0 < BRNN_NR ? N - n0 : BRNN_NR;
         float *panel = P + n0 * K;
+        if (cols == BRNN_NR && sn == 1) {
+            for (ptrdiff_t k = 0; k < K; k++)
+                memcpy(panel + k * BRNN_NR, w + k * sk + n0, BRNN_NR * sizeof(float));
+            continue;
+        }
         for (ptrdiff_t k = 0; k < K; k++) {
             const float *src = w + k * sk + n0 * sn;
             ptrdiff_t j = 0;

@@ -370,3 +370,24 @@ def test_served_onnx_model_matches_onnx_runtime(kind, L, bidirectional):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * float(np.abs(w).max()))
     y_fwd, final_fwd, _ = convert.from_onnx(model).forward(x, state, lengths)
     _equal(got, [y_fwd, *_states(final_fwd)])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_hoisted_input_projection_keeps_the_bits(threads):
+    """The float32 training forwards compute x[:L] @ W_x of all steps before their
+    time loop, in blocks of rows of x; the inference forward from 12 rows on computes
+    x[t] @ W_x inside each step. At I > 256 (each element one sum over k, not blocks
+    of 256), over several blocks of rows, with H not a multiple of 16 and lengths:
+    the same bits."""
+    T_, B, I_, H_ = 20, 13, 300, 120
+    rng = np.random.default_rng(21)
+    x = _rand(rng, (T_, B, I_))
+    lens = rng.integers(0, T_ + 1, B)
+    lens[0] = T_
+    with threadpool_limits(threads, user_api="openmp"):
+        for layer in (blockrnn.LSTM(I_, H_, seed=2), blockrnn.GRU(I_, H_, seed=2),
+                      blockrnn.GRU(I_, H_, seed=2, reset_after=False)):
+            for lengths in (None, lens):
+                y, s, _ = layer.forward(x, sequence_length=lengths)
+                y2, s2 = layer.inference()(x, sequence_length=lengths)
+                _equal((y2, *_states(s2)), (y, *_states(s)))
