@@ -29,27 +29,6 @@
 # lengths[b] - 1 (h0/c0 when lengths[b] == 0); steps past L = max(lengths)
 # are zeros.
 
-cdef extern from "brnn_inference.h" nogil:
-    ctypedef void (*brnn_row1_fn)(Py_ssize_t K, const float* a, const float* P, Py_ssize_t n0,
-                                  Py_ssize_t n1, int accumulate, float* c)
-    brnn_row1_fn brnn_row1_kernel(int path)
-
-
-# The one-row kernel of this process's packed variant (NULL: portable), fixed at import.
-cdef brnn_row1_fn row1_product = brnn_row1_kernel(packed_path)
-
-
-cdef inline void infer_product(Py_ssize_t rows, Py_ssize_t K, const float* A, Py_ssize_t lda,
-                               const float* P, Py_ssize_t n0, Py_ssize_t n1, bint accumulate,
-                               float* C, Py_ssize_t ldc) noexcept nogil:
-    """packed_product, with one row by brnn_row1_kernel's 8 independent chains
-    (the same sums, the same bits)."""
-    if rows == 1 and row1_product != NULL:
-        row1_product(K, A, P, n0, n1, accumulate, C)
-    else:
-        packed_product(rows, K, A, lda, P, n0, n1, accumulate, C, ldc)
-
-
 cdef enum:
     # Batches of fewer rows hoist the input projection of all steps out of the
     # time loop (before it, in the same region: each thread its own columns,
@@ -74,8 +53,8 @@ cdef void infer_inputs(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
     if u1 <= u0 or rows == 0:
         return
     for q in range(nq):
-        infer_product(rows, I, x, I, packed_x + q * stride, u0, u1, False, xall + q * H,
-                      nq * H)
+        step_product(rows, I, x, I, packed_x + q * stride, u0, u1, False, xall + q * H,
+                     nq * H)
 
 
 cdef enum:
@@ -133,9 +112,9 @@ cdef void lstm_infer_step(
         return
     for q in range(4):
         if not hoisted:
-            infer_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
-                          xg + q * H, G4)
-        infer_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, G4)
+            step_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+                         xg + q * H, G4)
+        step_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, G4)
     for r in range(B):
         k = r * H + u0
         if finished(lengths, r, t):   # as lstm_forward_block: zeros
@@ -239,10 +218,10 @@ cdef void gru_infer_half(
     if half == 0:
         if not hoisted:
             for q in range(3):
-                infer_product(B, I, x + t * B * I, I, packed + q * ps, u0, u1, False,
-                              xg + q * H, H3)
-        infer_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
-        infer_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+                step_product(B, I, x + t * B * I, I, packed + q * ps, u0, u1, False,
+                             xg + q * H, H3)
+        step_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
+        step_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
         for row in range(B):
             k = row * H + u0
             kx = row * H3 + u0
@@ -250,7 +229,7 @@ cdef void gru_infer_half(
                                    b_ru + u0, b_ru + H + u0, h_in + k, True,
                                    xg + kx, xg + H + kx, rh + k)
         return
-    infer_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, xg + 2 * H, H3)
+    step_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, xg + 2 * H, H3)
     for row in range(B):
         k = row * H + u0
         kx = row * H3 + u0
@@ -343,9 +322,9 @@ cdef void gru_ra_infer_step(
         return
     for q in range(3):
         if not hoisted:
-            infer_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
-                          xg + q * H, H3)
-        infer_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, H3)
+            step_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
+                         xg + q * H, H3)
+        step_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, H3)
     for row in range(B):
         k = row * H + u0
         if finished(lengths, row, t):

@@ -106,6 +106,28 @@ cdef brnn_packed_fn packed_product = brnn_gemm_kernel(packed_path)
 cdef brnn_dgemm_fn dgemm_product = brnn_dgemm_kernel(packed_path)  # the float64 driver's
 
 
+cdef extern from "brnn_inference.h" nogil:
+    ctypedef void (*brnn_row1_fn)(Py_ssize_t K, const float* a, const float* P, Py_ssize_t n0,
+                                  Py_ssize_t n1, int accumulate, float* c)
+    brnn_row1_fn brnn_row1_kernel(int path)
+
+
+# The one-row kernel of this process's packed variant (NULL: portable), fixed at import.
+cdef brnn_row1_fn row1_product = brnn_row1_kernel(packed_path)
+
+
+cdef inline void step_product(Py_ssize_t rows, Py_ssize_t K, const float* A, Py_ssize_t lda,
+                              const float* P, Py_ssize_t n0, Py_ssize_t n1, bint accumulate,
+                              float* C, Py_ssize_t ldc) noexcept nogil:
+    """packed_product, with one row by brnn_row1_kernel's 8 independent chains
+    (the same sums, the same bits): the per-step products of the inference
+    forwards and of the batch-1 training forwards."""
+    if rows == 1 and row1_product != NULL:
+        row1_product(K, A, P, n0, n1, accumulate, C)
+    else:
+        packed_product(rows, K, A, lda, P, n0, n1, accumulate, C, ldc)
+
+
 def packed_kernel_name():
     """The packed-kernel variant this process runs (avx512, avx2 or portable)."""
     return {v: k for k, v in PACKED_PATHS.items()}[packed_path]
