@@ -366,8 +366,9 @@ cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
     [H, H] (see gru_forward_packed; batch 1: the three x-row blocks, then the
     three h-row blocks); float64, if recurrent_weights_transposed:
     w_ru[I:]^T [2H, H], w_c[I:]^T [H, H] and a product transposed [2H, B]."""
-    if packed:
-        return B * 3 * H + 3 * (brnn_packed_size(I, H) + brnn_packed_size(H, H)) + 1
+    if packed:   # (+ PACKED_ALIGN_PAD: batch 1 aligns its packed weights, align64)
+        return (B * 3 * H + 3 * (brnn_packed_size(I, H) + brnn_packed_size(H, H)) + 1
+                + PACKED_ALIGN_PAD)
     if recurrent_weights_transposed(L, B, H):
         return B * 3 * H + 3 * H * H + 2 * H * B + 1
     return B * 3 * H + 1
@@ -573,6 +574,7 @@ cdef void block_gru_forward_compute(
                            r, u, c, h, granted)
         brnn_budget_give(granted)
     elif floating is float:   # batch 1 (or 0): the x rows' three blocks, then the h rows'
+        packed = align64(packed)
         brnn_pack_f32(I, H, w_ru, 2 * H, 1, packed)
         brnn_pack_f32(I, H, w_ru + H, 2 * H, 1, packed + psx)
         brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * psx)

@@ -173,8 +173,9 @@ cdef inline Py_ssize_t gru_ra_forward_workspace(Py_ssize_t B, Py_ssize_t I, Py_s
     """Elements of block_gru_ra_forward_compute's workspace: one step's
     recurrent product g [B, 3H]; float32 then w_hh's three gate blocks packed
     [3, brnn_packed_size(H, H)] and w_ih's [3, brnn_packed_size(I, H)]."""
-    if packed:
-        return B * 3 * H + 3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1
+    if packed:   # (+ PACKED_ALIGN_PAD: batch 1 aligns its packed weights, align64)
+        return (B * 3 * H + 3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1
+                + PACKED_ALIGN_PAD)
     return B * 3 * H + 1
 
 
@@ -320,7 +321,8 @@ cdef void block_gru_ra_forward_compute(
         gru_ra_forward_packed(L, B, I, H, packed, x, h_prev, b_ih, b_hh, lengths, g,
                               r, z, n, hn, h, granted)
         brnn_budget_give(granted)
-    elif floating is float:   # batch 1 (or 0): packed as above, the input projection hoisted
+    elif floating is float:   # batch 1 (or 0): packed as above, aligned; inputs hoisted
+        packed = align64(packed)
         for q in range(3):
             brnn_pack_f32(H, H, w_hh + q * H * H, 1, H, packed + q * ps)
             brnn_pack_f32(I, H, w_ih + q * H * I, 1, I, packed + 3 * ps + q * psx)

@@ -7,9 +7,8 @@
 # the same gate row functions as the training forwards (include/brnn_lstm.h,
 # brnn_gru.h, brnn_gru_reset_after.h) right away, on a [B, 4H] / [B, 3H]
 # scratch. So y and the final states equal the training forward's (float32,
-# from PACKED_MIN_ROWS rows; at batch 1 the training forward's recurrent
-# product is a BLAS GEMV, whose bits are BLAS's) bit for bit, at any thread
-# count.
+# every batch size: at batch 1 the training forward runs the same one-row
+# kernel, step_product) bit for bit, at any thread count.
 #
 # Small batches (B < INFER_HOIST_ROWS) hoist the input projection of all
 # steps before the time loop ([L, B, G] floats: full 12-row tiles instead of
@@ -448,6 +447,15 @@ cdef void pack_blocks(Py_ssize_t K, Py_ssize_t H, int nq, const float[:, :] w,
             brnn_pack_f32(K, H, &w[0, q * H], s0, s1, dst + q * ps)
 
 
+cdef object _aligned_floats(Py_ssize_t n):
+    """n uninitialised float32, the first on a 64-byte boundary (a view into a
+    buffer PACKED_ALIGN_PAD floats longer): see align64."""
+    buf = np.empty(n + PACKED_ALIGN_PAD, np.float32)
+    cdef size_t addr = <size_t>cnp.PyArray_DATA(<cnp.ndarray>buf)
+    cdef Py_ssize_t skip = <Py_ssize_t>(<size_t>align64(<float*>addr) - addr) // 4
+    return buf[skip:skip + n]
+
+
 cdef inline float* fdata(arr):
     """The data of a C-contiguous float32 ndarray (cheaper than a memoryview)."""
     return <float*>cnp.PyArray_DATA(<cnp.ndarray>arr)
@@ -585,8 +593,7 @@ cdef class PackedLSTMWeights(_PackedBase):
             for q, (name, v) in enumerate((("wci", wci), ("wcf", wcf), ("wco", wco))):
                 peep[q * H:(q + 1) * H] = _f32_array(where, name, v, (H,))
         self.peep_w = peep
-        self.packed = np.empty(4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1,
-                               np.float32)
+        self.packed = _aligned_floats(4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1)
         cdef const float[:, :] vx = wx
         cdef const float[:, :] vh = wh
         with nogil:
@@ -647,7 +654,7 @@ cdef class PackedGRUWeights(_PackedBase):
         self.bias = _f32_array(where, "b_ru", b_ru, (2 * H,)).copy()
         self.bias_c = _f32_array(where, "b_c", b_c, (H,)).copy()
         cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
-        self.packed = np.empty(3 * ps + 1, np.float32)
+        self.packed = _aligned_floats(3 * ps + 1)
         cdef const float[:, :] vru = wru
         cdef const float[:, :] vc = wc
         cdef int q
@@ -708,8 +715,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         self.input_size, self.hidden_size = I, H
         self.bias = np.concatenate([_f32_array(where, "b_ih", b_ih, (3 * H,)),
                                     _f32_array(where, "b_hh", b_hh, (3 * H,))])
-        self.packed = np.empty(3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1,
-                               np.float32)
+        self.packed = _aligned_floats(3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1)
         cdef const float[:, :] vih = wih
         cdef const float[:, :] vhh = whh
         with nogil:

@@ -499,8 +499,9 @@ cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
     [B, 4H], then for float32 (packed) W_h's four gate blocks packed
     [4, brnn_packed_size(H, H)]; for float64, if recurrent_weights_transposed,
     the copy W_h^T [4H, H] and the step's gates transposed [4H, B]."""
-    if packed:
-        return B * 4 * H + 4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1
+    if packed:   # (+ PACKED_ALIGN_PAD: batch 1 aligns its packed weights, align64)
+        return (B * 4 * H + 4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1
+                + PACKED_ALIGN_PAD)
     if recurrent_weights_transposed(L, B, H):
         return 2 * B * 4 * H + 4 * H * H + 1
     return B * 4 * H + 1
@@ -697,6 +698,7 @@ cdef void block_lstm_forward_compute(
     cdef int q, granted
     cdef Py_ssize_t ps = brnn_packed_size(H, H)
     cdef float* dst[4]
+    cdef float* pk
     if floating is float and B >= PACKED_MIN_ROWS:
         for q in range(4):   # gate block q: columns [qH, (q+1)H) of W_h and W_x
             brnn_pack_f32(H, H, w_h + q * H * s.hn, s.hk, s.hn, ws + B * G4 + q * ps)
@@ -707,16 +709,17 @@ cdef void block_lstm_forward_compute(
                             wco, forget_bias, cell_clip, use_peephole, lengths, g,
                             i_, cs, f, o, ci, co, h, granted)
         brnn_budget_give(granted)
-    elif floating is float:   # batch 1 (or 0): W_h's and W_x's gate blocks packed
+    elif floating is float:   # batch 1 (or 0): W_h's and W_x's gate blocks packed, aligned
+        pk = align64(ws + B * G4)
         for q in range(4):
-            brnn_pack_f32(H, H, w_h + q * H * s.hn, s.hk, s.hn, ws + B * G4 + q * ps)
+            brnn_pack_f32(H, H, w_h + q * H * s.hn, s.hk, s.hn, pk + q * ps)
             brnn_pack_f32(I, H, w_x + q * H * s.xn, s.xk, s.xn,
-                          ws + B * G4 + 4 * ps + q * brnn_packed_size(I, H))
+                          pk + 4 * ps + q * brnn_packed_size(I, H))
             dst[q] = i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f else o
-        packed_inputs(L * B, I, H, 4, x, ws + B * G4 + 4 * ps, dst, max_threads)
+        packed_inputs(L * B, I, H, 4, x, pk + 4 * ps, dst, max_threads)
         if B == 1:
             granted = brnn_budget_take(packed_threads(1, H, G4, H, max_threads), max_threads)
-            lstm_forward_row1(L, H, off, ws + B * G4, cs_prev, h_prev, b, wci, wcf, wco,
+            lstm_forward_row1(L, H, off, pk, cs_prev, h_prev, b, wci, wcf, wco,
                               forget_bias, cell_clip, use_peephole, lengths, g,
                               i_, cs, f, o, ci, co, h, granted)
             brnn_budget_give(granted)
