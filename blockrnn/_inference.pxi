@@ -57,11 +57,18 @@ cdef void infer_inputs(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
 
 
 cdef enum:
-    # Multiply-adds of one step per thread below which a further thread costs
-    # more (its share of the per-step barrier) than it saves: the sequence
-    # ops' PACKED_WORK_PER_THREAD (measured there). On the loaded 2-core
-    # machine of issue 26, 2 threads lost to 1 at every batch-1 and batch-8
-    # size tried (T=64, H=128/256: 0.30 vs 2.97 ms, 1.22 vs 3.67 ms at batch 1).
+    # Multiply-adds of one step per thread below which a further thread is not
+    # asked for: the sequence ops' PACKED_WORK_PER_THREAD, so batch 1 stays on
+    # one thread below H ~ 512. Measured, T=64, I=H, fresh processes, 2-core
+    # Sapphire Rapids (median time, 2 threads / 1): with no other process
+    # busy, batch 1 H=128 1.15 (LSTM) and 1.37 (GRU): 2 threads lose; H=256
+    # 0.65, 0.68; batch 8 H=128 0.83, 0.93; H=256 0.59, 0.62. But with other
+    # processes busy on the machine, a call's second thread is time-sliced
+    # with them and waits at every step's barrier: `bench --serve` with this
+    # at 2^16 (2 threads from H=256 at batch 1, H=128 at batch 8), one caller,
+    # load average 2.3-2.8 from other users: LSTM H=256 batch 1 434 req/s vs
+    # 1392 on one thread, GRU 219 vs 1955, LSTM H=128 batch 8 32 vs 1166 (p99
+    # 40-127 ms). A dedicated machine can pass work_per_thread=1 << 16 (or 0).
     INFER_WORK_PER_THREAD = PACKED_WORK_PER_THREAD
 
 
@@ -76,6 +83,14 @@ cdef inline int inference_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_s
     if work_per_thread > 0:
         n = min(n, work // work_per_thread)
     return <int>max(1, min(n, <Py_ssize_t>max_threads))
+
+
+def inference_threads_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+                          Py_ssize_t G, int max_threads,
+                          Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
+    """inference_threads: the threads an inference call asks of the budget (for
+    the tests)."""
+    return inference_threads(L, B, I, H, G, max_threads, work_per_thread)
 
 
 cdef inline bint last_step(const int64_t* lengths, Py_ssize_t row, Py_ssize_t t,

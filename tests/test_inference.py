@@ -189,6 +189,30 @@ def test_calls_never_repack():
     assert [r.packed_address for r in infer._runs] == addresses
 
 
+def test_inference_thread_rule_and_a_concurrent_caller():
+    """The default rule (INFER_WORK_PER_THREAD = 2^20 multiply-adds of a step per
+    thread) keeps batch 1 on one thread at H = 128 and 256 (2 threads lost badly on
+    a shared machine); work_per_thread=2^16 asks for 2 from H = 256. A request
+    running while another caller holds a thread is granted 1 of 2."""
+    want = _kernels.inference_threads_for
+    for H_ in (128, 256):
+        assert want(64, 1, H_, H_, 4 * H_, 2) == 1      # LSTM
+        assert want(64, 1, H_, H_, 3 * H_, 2) == 1      # GRU
+    assert want(64, 1, 128, 128, 4 * 128, 2, 1 << 16) == 1
+    assert want(64, 1, 256, 256, 4 * 256, 2, 1 << 16) == 2
+    assert want(64, 1, 256, 256, 3 * 256, 2, 1 << 16) == 2
+    assert want(64, 1, 256, 256, 4 * 256, 1, 1 << 16) == 1      # max_threads caps it
+    held = _kernels.thread_budget_take(1, 2)             # a concurrent caller's own thread
+    try:
+        assert held == 1
+        got = _kernels.thread_budget_take(want(64, 1, 256, 256, 4 * 256, 2, 1 << 16), 2)
+        assert got == 1
+        _kernels.thread_budget_give(got)
+    finally:
+        _kernels.thread_budget_give(held)
+    assert _kernels.thread_budget_in_use() == 0
+
+
 def test_packed_weights_start_on_a_cache_line():
     """The one-row kernel loads a 64-byte panel row per FMA: packed weights off a
     cache line would split every load (1.5x slower measured at H=128, 256)."""
