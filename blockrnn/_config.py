@@ -6,7 +6,7 @@ import scipy
 from blockrnn import _kernels
 from blockrnn._version import __version__
 
-# Threading scheme of the BLAS route (float64, the cells, batch 1's steps; the
+# Threading scheme of the BLAS route (float64, the cells, batch 1's backward steps; the
 # float32 sequence ops run their products in blockrnn's packed kernel on the
 # thread budget instead, see _kernels.pyx). The matrix products (the hoisted
 # input GEMM, the per-step recurrent GEMM) run on SciPy's OpenBLAS and its

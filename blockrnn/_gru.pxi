@@ -363,10 +363,12 @@ cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
     """Elements of block_gru_forward_compute's workspace: one step's recurrent
     product ru [B, 2H], then r * h[t-1] [B, H]; float32 (packed): then w_ru's
     two gate blocks and w_c packed, each as its x rows [I, H] then its h rows
-    [H, H] (see gru_forward_packed); float64, if recurrent_weights_transposed:
+    [H, H] (see gru_forward_packed; batch 1: the three x-row blocks, then the
+    three h-row blocks); float64, if recurrent_weights_transposed:
     w_ru[I:]^T [2H, H], w_c[I:]^T [H, H] and a product transposed [2H, B]."""
-    if packed:
-        return B * 3 * H + 3 * (brnn_packed_size(I, H) + brnn_packed_size(H, H)) + 1
+    if packed:   # (+ PACKED_ALIGN_PAD: batch 1 aligns its packed weights, align64)
+        return (B * 3 * H + 3 * (brnn_packed_size(I, H) + brnn_packed_size(H, H)) + 1
+                + PACKED_ALIGN_PAD)
     if recurrent_weights_transposed(L, B, H):
         return B * 3 * H + 3 * H * H + 2 * H * B + 1
     return B * 3 * H + 1
@@ -458,6 +460,70 @@ cdef void gru_forward_packed_half(
                                     h + t * BH + k)
 
 
+cdef void gru_forward_row1_half(
+        int half, Py_ssize_t t, Py_ssize_t H, const float* packed_h, Py_ssize_t ps,
+        const float* h_in, const float* b_ru, const float* b_c, const int64_t* lengths,
+        float* ru, float* rh, float* r, float* u, float* c, float* h,
+        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Half 0 or 1 of step t of gru_forward_row1 for the cells [u0, u1), as
+    gru_forward_packed_half with the input projection hoisted (r[t], u[t],
+    c[t] hold x[t]'s products) and the one-row kernel (step_product). The h
+    rows of w_ru's r and u blocks and of w_c: packed_h + q * ps."""
+    cdef Py_ssize_t k, nu = u1 - u0
+    if nu <= 0:
+        return
+    if half == 0:
+        step_product(1, H, h_in, H, packed_h, u0, u1, False, ru, 2 * H)
+        step_product(1, H, h_in, H, packed_h + ps, u0, u1, False, ru + H, 2 * H)
+        brnn_gru_gates_row_f32(nu, ru + u0, ru + H + u0, b_ru + u0, b_ru + H + u0, h_in + u0,
+                               True, r + t * H + u0, u + t * H + u0, rh + u0)
+        return
+    step_product(1, H, rh, H, packed_h + 2 * ps, u0, u1, True, c + t * H, H)
+    k = t * H + u0
+    if finished(lengths, 0, t):
+        zero_gru_outputs(k, nu, r, u, c, h)
+    else:
+        brnn_gru_output_row_f32(nu, b_c + u0, h_in + u0, u + k, c + k, h + k)
+
+
+cdef void gru_forward_row1(
+        Py_ssize_t L, Py_ssize_t H,
+        const float* packed_h,    # IN  the h rows of w_ru's r, u blocks and of w_c packed
+        const float* h_prev, const float* b_ru, const float* b_c, const int64_t* lengths,
+        float* ru, float* rh,     # workspace [2H], [H]
+        float* r, float* u, float* c, float* h,  # OUT [T, 1, H]; [:L] hold x's products
+        int n_threads) noexcept nogil:
+    """The time loop of the float32 GRU forward at batch 1, its input
+    projection hoisted: the recurrent products by the one-row kernel, the
+    inference forward's (gru_infer_half: the same sums and gate calls, so the
+    same bits), on n_threads threads owning whole panels, two barriers per
+    step as gru_forward_packed. The bits do not depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, ps = brnn_packed_size(H, H)
+    cdef int tid = 0, nt = 1, half
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            for half in range(2):
+                gru_forward_row1_half(half, t, H, packed_h, ps,
+                                      h_prev if t == 0 else h + (t - 1) * H, b_ru, b_c,
+                                      lengths, ru, rh, r, u, c, h, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L):
+            gru_forward_row1_half(0, t, H, packed_h, ps, h_prev if t == 0 else h + (t - 1) * H,
+                                  b_ru, b_c, lengths, ru, rh, r, u, c, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+            gru_forward_row1_half(1, t, H, packed_h, ps, h_prev if t == 0 else h + (t - 1) * H,
+                                  b_ru, b_c, lengths, ru, rh, r, u, c, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+
+
 cdef void block_gru_forward_compute(
         Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const floating* x,        # IN  [T, B, I]
@@ -479,8 +545,10 @@ cdef void block_gru_forward_compute(
     O(B x H), plus transposed copies of w_ru[I:] and w_c[I:] when
     recurrent_weights_transposed: the recurrent products then go through
     gemm_small_by_weights_t, as in block_lstm_forward_compute. That is the
-    float64 route (and float32's for B < PACKED_MIN_ROWS, with the input
-    projection in the packed kernel: packed_inputs); float32 from
+    float64 route. float32 at batch 1 hoists the input projection in the
+    packed kernel (packed_inputs) and runs the steps' recurrent products by
+    the one-row kernel (gru_forward_row1, the inference forward's bits);
+    float32 from
     PACKED_MIN_ROWS rows on runs every product of the loop in the packed
     kernel on up to max_threads threads from the thread budget
     (gru_forward_packed), the input projection hoisted inside its region as
@@ -496,7 +564,7 @@ cdef void block_gru_forward_compute(
     cdef floating* w_ru_t = NULL  # if recurrent_weights_transposed: w_ru[I:]^T [2H, H],
     cdef floating* w_c_t = NULL   # w_c[I:]^T [H, H]
     cdef floating* tmp = NULL     # and a product transposed [2H, B]
-    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H), psh
     cdef floating* packed = rh + B * H
     cdef int q, granted
     cdef float* dst[3]
@@ -511,6 +579,23 @@ cdef void block_gru_forward_compute(
         gru_forward_packed(L, B, I, H, packed, x, h_prev, b_ru, b_c, lengths, ru, rh,
                            r, u, c, h, granted)
         brnn_budget_give(granted)
+    elif floating is float:   # batch 1 (or 0): the x rows' three blocks, then the h rows'
+        packed = align64(packed)
+        brnn_pack_f32(I, H, w_ru, 2 * H, 1, packed)
+        brnn_pack_f32(I, H, w_ru + H, 2 * H, 1, packed + psx)
+        brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * psx)
+        psh = brnn_packed_size(H, H)
+        brnn_pack_f32(H, H, w_ru + I * 2 * H, 2 * H, 1, packed + 3 * psx)
+        brnn_pack_f32(H, H, w_ru + I * 2 * H + H, 2 * H, 1, packed + 3 * psx + psh)
+        brnn_pack_f32(H, H, w_c + I * H, H, 1, packed + 3 * psx + 2 * psh)
+        dst[0], dst[1], dst[2] = r, u, c
+        packed_inputs(L * B, I, H, 3, x, packed, dst, max_threads)
+        if B == 1:
+            granted = brnn_budget_take(packed_threads(1, H, 3 * H, H, max_threads),
+                                       max_threads)
+            gru_forward_row1(L, H, packed + 3 * psx, h_prev, b_ru, b_c, lengths, ru, rh,
+                             r, u, c, h, granted)
+            brnn_budget_give(granted)
     else:
         if recurrent_weights_transposed(L, B, H):
             w_ru_t = rh + B * H
@@ -518,16 +603,9 @@ cdef void block_gru_forward_compute(
             tmp = w_c_t + H * H
             transpose(H, 2 * H, w_ru + I * 2 * H, 2 * H, False, w_ru_t, H)
             transpose(H, H, w_c + I * H, H, False, w_c_t, H)
-        if floating is float:   # batch 1: w_ru[:I]'s halves and w_c[:I] packed (B < 4)
-            brnn_pack_f32(I, H, w_ru, 2 * H, 1, packed)
-            brnn_pack_f32(I, H, w_ru + H, 2 * H, 1, packed + psx)
-            brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * psx)
-            dst[0], dst[1], dst[2] = r, u, c
-            packed_inputs(L * B, I, H, 3, x, packed, dst, max_threads)
-        else:
-            gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
-            gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
-            gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
+        gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
         for t in range(L):
             h_in = h_prev if t == 0 else h + (t - 1) * BH
             gemm_small_by_weights(B, 2 * H, H, h_in, H, w_ru + I * 2 * H, 2 * H, w_ru_t, False,

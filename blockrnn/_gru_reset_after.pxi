@@ -9,9 +9,10 @@
 # thread owning whole 16-cell panels (unit_start), the input projection of all
 # steps hoisted before the time loop (each thread its own cells: no barrier),
 # one barrier per step, weights packed once per call straight
-# from nn.GRU's layout (W(k, n) = w[n, k]). float64, and float32 batch 1: BLAS
-# (gemm with trans flags: w_ih is the [I, 3H] weight transposed) and gate
-# loops over rows.
+# from nn.GRU's layout (W(k, n) = w[n, k]). float32 batch 1: the input
+# projection hoisted, the steps by the one-row kernel (gru_ra_forward_row1).
+# float64: BLAS (gemm with trans flags: w_ih is the [I, 3H] weight
+# transposed) and gate loops over rows.
 
 cdef extern from "brnn_gru_reset_after.h" nogil:
     void brnn_gru_ra_forward_row_f32(
@@ -172,10 +173,10 @@ cdef inline Py_ssize_t gru_ra_forward_workspace(Py_ssize_t B, Py_ssize_t I, Py_s
                                                 bint packed) noexcept nogil:
     """Elements of block_gru_ra_forward_compute's workspace: one step's
     recurrent product g [B, 3H]; float32 then w_hh's three gate blocks packed
-    [3, brnn_packed_size(H, H)] and w_ih's [3, brnn_packed_size(I, H)] (batch
-    1: w_ih's only)."""
-    if packed:
-        return B * 3 * H + 3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1
+    [3, brnn_packed_size(H, H)] and w_ih's [3, brnn_packed_size(I, H)]."""
+    if packed:   # (+ PACKED_ALIGN_PAD: batch 1 aligns its packed weights, align64)
+        return (B * 3 * H + 3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1
+                + PACKED_ALIGN_PAD)
     return B * 3 * H + 1
 
 
@@ -241,6 +242,50 @@ cdef void gru_ra_forward_packed(
             brnn_barrier_wait(&bar, nt)
 
 
+cdef void gru_ra_forward_row1(
+        Py_ssize_t L, Py_ssize_t H,
+        const float* packed,      # IN  w_hh's three gate blocks packed
+        const float* h_prev, const float* b_ih, const float* b_hh, const int64_t* lengths,
+        float* g,                 # workspace [3H]
+        float* r, float* z, float* n, float* hn, float* h,  # OUT [T, 1, H]
+        int n_threads) noexcept nogil:
+    """The time loop of the float32 forward at batch 1, its input projection
+    hoisted (r, z, n [:L] hold x @ w_ih^T's blocks): per step g = h[t-1] @
+    w_hh^T by the one-row kernel (step_product), the inference forward's
+    (gru_ra_infer_step: the same sums and gate calls, so the same bits), then
+    the gates; n_threads threads own whole panels, one barrier per step. The
+    bits do not depend on n_threads."""
+    cdef Py_ssize_t t, q, u0 = 0, u1 = 0, ps = brnn_packed_size(H, H)
+    cdef const float* h_in
+    cdef int tid, nt
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            h_in = h_prev if t == 0 else h + (t - 1) * H
+            for q in range(3):
+                step_product(1, H, h_in, H, packed + q * ps, 0, H, False, g + q * H, 3 * H)
+            gru_ra_forward_block[float](1, H, g, b_ih, b_hh, h_in, lengths, t, r + t * H,
+                                        z + t * H, n + t * H, hn + t * H, h + t * H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L):
+            if u1 > u0:
+                for q in range(3):
+                    step_product(1, H, h_prev if t == 0 else h + (t - 1) * H,
+                                 H, packed + q * ps, u0, u1, False, g + q * H, 3 * H)
+                gru_ra_forward_block[float](1, H, g, b_ih, b_hh,
+                                            h_prev if t == 0 else h + (t - 1) * H, lengths, t,
+                                            r + t * H, z + t * H, n + t * H, hn + t * H,
+                                            h + t * H, u0, u1 - u0)
+            brnn_barrier_wait(&bar, nt)
+
+
 cdef void block_gru_ra_forward_compute(
         Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const floating* x,        # IN  [T, B, I]
@@ -263,9 +308,10 @@ cdef void block_gru_ra_forward_compute(
     16.1 vs 17.3; 200,16,128,256 20.2 vs 20.5 / 13.4 vs 14.1; 100,64,512,512
     149.3 vs 157.1 / 141.0 vs 152.6. Otherwise the input projection of all L
     steps is hoisted too (one product per gate, into r, z, n: the packed
-    kernel for float32 batch 1, packed_inputs; gemm for float64), and each
-    step computes
-    g = h[t-1] @ w_hh^T by gemm, then the gates on n_threads."""
+    kernel for float32 batch 1, packed_inputs; gemm for float64). float32
+    batch 1 then computes each step's g = h[t-1] @ w_hh^T by the one-row kernel
+    (gru_ra_forward_row1, the inference forward's bits); float64 by gemm, then
+    the gates on n_threads."""
     cdef Py_ssize_t t, q, BH = B * H, H3 = 3 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef floating* g = ws
@@ -283,15 +329,21 @@ cdef void block_gru_ra_forward_compute(
         gru_ra_forward_packed(L, B, I, H, packed, x, h_prev, b_ih, b_hh, lengths, g,
                               r, z, n, hn, h, granted)
         brnn_budget_give(granted)
+    elif floating is float:   # batch 1 (or 0): packed as above, aligned; inputs hoisted
+        packed = align64(packed)
+        for q in range(3):
+            brnn_pack_f32(H, H, w_hh + q * H * H, 1, H, packed + q * ps)
+            brnn_pack_f32(I, H, w_ih + q * H * I, 1, I, packed + 3 * ps + q * psx)
+            fdst[q] = dst[q]
+        packed_inputs(L * B, I, H, 3, x, packed + 3 * ps, fdst, max_threads)
+        if B == 1:
+            granted = brnn_budget_take(packed_threads(1, H, H3, H, max_threads), max_threads)
+            gru_ra_forward_row1(L, H, packed, h_prev, b_ih, b_hh, lengths, g, r, z, n, hn, h,
+                                granted)
+            brnn_budget_give(granted)
     else:
-        if floating is float:   # batch 1: w_ih's blocks packed, all steps at once
-            for q in range(3):
-                brnn_pack_f32(I, H, w_ih + q * H * I, 1, I, packed + q * psx)
-                fdst[q] = dst[q]
-            packed_inputs(L * B, I, H, 3, x, packed, fdst, max_threads)
-        else:
-            for q in range(3):   # x[:L] @ w_ih[q-block]^T
-                gemm(False, True, L * B, H, I, 1, x, I, w_ih + q * H * I, I, 0, dst[q], H)
+        for q in range(3):   # x[:L] @ w_ih[q-block]^T
+            gemm(False, True, L * B, H, I, 1, x, I, w_ih + q * H * I, I, 0, dst[q], H)
         for t in range(L):
             h_in = h_prev if t == 0 else h + (t - 1) * BH
             gemm(False, True, B, H3, H, 1, h_in, H, w_hh, H, 0, g, H3)

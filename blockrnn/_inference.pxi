@@ -7,9 +7,8 @@
 # the same gate row functions as the training forwards (include/brnn_lstm.h,
 # brnn_gru.h, brnn_gru_reset_after.h) right away, on a [B, 4H] / [B, 3H]
 # scratch. So y and the final states equal the training forward's (float32,
-# from PACKED_MIN_ROWS rows; at batch 1 the training forward's recurrent
-# product is a BLAS GEMV, whose bits are BLAS's) bit for bit, at any thread
-# count.
+# every batch size: at batch 1 the training forward runs the same one-row
+# kernel, step_product) bit for bit, at any thread count.
 #
 # Small batches (B < INFER_HOIST_ROWS) hoist the input projection of all
 # steps before the time loop ([L, B, G] floats: full 12-row tiles instead of
@@ -28,27 +27,6 @@
 # from step lengths[b] on; its final state is the state after step
 # lengths[b] - 1 (h0/c0 when lengths[b] == 0); steps past L = max(lengths)
 # are zeros.
-
-cdef extern from "brnn_inference.h" nogil:
-    ctypedef void (*brnn_row1_fn)(Py_ssize_t K, const float* a, const float* P, Py_ssize_t n0,
-                                  Py_ssize_t n1, int accumulate, float* c)
-    brnn_row1_fn brnn_row1_kernel(int path)
-
-
-# The one-row kernel of this process's packed variant (NULL: portable), fixed at import.
-cdef brnn_row1_fn row1_product = brnn_row1_kernel(packed_path)
-
-
-cdef inline void infer_product(Py_ssize_t rows, Py_ssize_t K, const float* A, Py_ssize_t lda,
-                               const float* P, Py_ssize_t n0, Py_ssize_t n1, bint accumulate,
-                               float* C, Py_ssize_t ldc) noexcept nogil:
-    """packed_product, with one row by brnn_row1_kernel's 8 independent chains
-    (the same sums, the same bits)."""
-    if rows == 1 and row1_product != NULL:
-        row1_product(K, A, P, n0, n1, accumulate, C)
-    else:
-        packed_product(rows, K, A, lda, P, n0, n1, accumulate, C, ldc)
-
 
 cdef enum:
     # Batches of fewer rows hoist the input projection of all steps out of the
@@ -74,16 +52,23 @@ cdef void infer_inputs(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
     if u1 <= u0 or rows == 0:
         return
     for q in range(nq):
-        infer_product(rows, I, x, I, packed_x + q * stride, u0, u1, False, xall + q * H,
-                      nq * H)
+        step_product(rows, I, x, I, packed_x + q * stride, u0, u1, False, xall + q * H,
+                     nq * H)
 
 
 cdef enum:
-    # Multiply-adds of one step per thread below which a further thread costs
-    # more (its share of the per-step barrier) than it saves: the sequence
-    # ops' PACKED_WORK_PER_THREAD (measured there). On the loaded 2-core
-    # machine of issue 26, 2 threads lost to 1 at every batch-1 and batch-8
-    # size tried (T=64, H=128/256: 0.30 vs 2.97 ms, 1.22 vs 3.67 ms at batch 1).
+    # Multiply-adds of one step per thread below which a further thread is not
+    # asked for: the sequence ops' PACKED_WORK_PER_THREAD, so batch 1 stays on
+    # one thread below H ~ 512. Measured, T=64, I=H, fresh processes, 2-core
+    # Sapphire Rapids (median time, 2 threads / 1): with no other process
+    # busy, batch 1 H=128 1.15 (LSTM) and 1.37 (GRU): 2 threads lose; H=256
+    # 0.65, 0.68; batch 8 H=128 0.83, 0.93; H=256 0.59, 0.62. But with other
+    # processes busy on the machine, a call's second thread is time-sliced
+    # with them and waits at every step's barrier: `bench --serve` with this
+    # at 2^16 (2 threads from H=256 at batch 1, H=128 at batch 8), one caller,
+    # load average 2.3-2.8 from other users: LSTM H=256 batch 1 434 req/s vs
+    # 1392 on one thread, GRU 219 vs 1955, LSTM H=128 batch 8 32 vs 1166 (p99
+    # 40-127 ms). A dedicated machine can pass work_per_thread=1 << 16 (or 0).
     INFER_WORK_PER_THREAD = PACKED_WORK_PER_THREAD
 
 
@@ -98,6 +83,14 @@ cdef inline int inference_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_s
     if work_per_thread > 0:
         n = min(n, work // work_per_thread)
     return <int>max(1, min(n, <Py_ssize_t>max_threads))
+
+
+def inference_threads_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+                          Py_ssize_t G, int max_threads,
+                          Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
+    """inference_threads: the threads an inference call asks of the budget (for
+    the tests)."""
+    return inference_threads(L, B, I, H, G, max_threads, work_per_thread)
 
 
 cdef inline bint last_step(const int64_t* lengths, Py_ssize_t row, Py_ssize_t t,
@@ -133,9 +126,9 @@ cdef void lstm_infer_step(
         return
     for q in range(4):
         if not hoisted:
-            infer_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
-                          xg + q * H, G4)
-        infer_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, G4)
+            step_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+                         xg + q * H, G4)
+        step_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, G4)
     for r in range(B):
         k = r * H + u0
         if finished(lengths, r, t):   # as lstm_forward_block: zeros
@@ -239,10 +232,10 @@ cdef void gru_infer_half(
     if half == 0:
         if not hoisted:
             for q in range(3):
-                infer_product(B, I, x + t * B * I, I, packed + q * ps, u0, u1, False,
-                              xg + q * H, H3)
-        infer_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
-        infer_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+                step_product(B, I, x + t * B * I, I, packed + q * ps, u0, u1, False,
+                             xg + q * H, H3)
+        step_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
+        step_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
         for row in range(B):
             k = row * H + u0
             kx = row * H3 + u0
@@ -250,7 +243,7 @@ cdef void gru_infer_half(
                                    b_ru + u0, b_ru + H + u0, h_in + k, True,
                                    xg + kx, xg + H + kx, rh + k)
         return
-    infer_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, xg + 2 * H, H3)
+    step_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, xg + 2 * H, H3)
     for row in range(B):
         k = row * H + u0
         kx = row * H3 + u0
@@ -343,9 +336,9 @@ cdef void gru_ra_infer_step(
         return
     for q in range(3):
         if not hoisted:
-            infer_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
-                          xg + q * H, H3)
-        infer_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, H3)
+            step_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
+                         xg + q * H, H3)
+        step_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, H3)
     for row in range(B):
         k = row * H + u0
         if finished(lengths, row, t):
@@ -467,6 +460,15 @@ cdef void pack_blocks(Py_ssize_t K, Py_ssize_t H, int nq, const float[:, :] w,
             brnn_pack_f32(K, H, &w[q * H, 0], s1, s0, dst + q * ps)
         else:                # W(k, n) = w[k, q*H + n]
             brnn_pack_f32(K, H, &w[0, q * H], s0, s1, dst + q * ps)
+
+
+cdef object _aligned_floats(Py_ssize_t n):
+    """n uninitialised float32, the first on a 64-byte boundary (a view into a
+    buffer PACKED_ALIGN_PAD floats longer): see align64."""
+    buf = np.empty(n + PACKED_ALIGN_PAD, np.float32)
+    cdef size_t addr = <size_t>cnp.PyArray_DATA(<cnp.ndarray>buf)
+    cdef Py_ssize_t skip = <Py_ssize_t>(<size_t>align64(<float*>addr) - addr) // 4
+    return buf[skip:skip + n]
 
 
 cdef inline float* fdata(arr):
@@ -606,8 +608,7 @@ cdef class PackedLSTMWeights(_PackedBase):
             for q, (name, v) in enumerate((("wci", wci), ("wcf", wcf), ("wco", wco))):
                 peep[q * H:(q + 1) * H] = _f32_array(where, name, v, (H,))
         self.peep_w = peep
-        self.packed = np.empty(4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1,
-                               np.float32)
+        self.packed = _aligned_floats(4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1)
         cdef const float[:, :] vx = wx
         cdef const float[:, :] vh = wh
         with nogil:
@@ -668,7 +669,7 @@ cdef class PackedGRUWeights(_PackedBase):
         self.bias = _f32_array(where, "b_ru", b_ru, (2 * H,)).copy()
         self.bias_c = _f32_array(where, "b_c", b_c, (H,)).copy()
         cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
-        self.packed = np.empty(3 * ps + 1, np.float32)
+        self.packed = _aligned_floats(3 * ps + 1)
         cdef const float[:, :] vru = wru
         cdef const float[:, :] vc = wc
         cdef int q
@@ -729,8 +730,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         self.input_size, self.hidden_size = I, H
         self.bias = np.concatenate([_f32_array(where, "b_ih", b_ih, (3 * H,)),
                                     _f32_array(where, "b_hh", b_hh, (3 * H,))])
-        self.packed = np.empty(3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1,
-                               np.float32)
+        self.packed = _aligned_floats(3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1)
         cdef const float[:, :] vih = wih
         cdef const float[:, :] vhh = whh
         with nogil:

@@ -26,14 +26,16 @@
 # GRU, forward and backward) run their per-step products in blockrnn's packed
 # kernel (include/brnn_packed.h), in one OpenMP parallel region per call
 # (lstm_forward_packed, the *_packed loops); the forwards compute their input
-# projection of all steps in the same region before the loop. At batch 1 the float32 forwards compute the
-# input projection of all steps in the packed kernel (packed_inputs) and the
-# steps by GEMV. The float32 backwards (every batch) compute x_grad and the
+# projection of all steps in the same region before the loop. At batch 1 the
+# float32 forwards compute the input projection of all steps in the packed kernel
+# (packed_inputs) and each step's recurrent product by the one-row kernel of
+# include/brnn_inference.h (step_product, the inference forward's: the same
+# bits). The float32 backwards (every batch) compute x_grad and the
 # weight gradients after their loop in the same kernel through the GEMM driver
 # of include/brnn_gemm.h (packed_gemm_jobs). All of those take their threads
 # from the thread budget and split rows or column panels, never a sum, so no
-# thread count changes a bit. Every other product (float64, batch 1's steps
-# and the cells) goes through blockrnn/_blas.pxd (SciPy's BLAS), and the
+# thread count changes a bit. Every other product (float64, batch 1's backward
+# steps and the cells) goes through blockrnn/_blas.pxd (SciPy's BLAS), and the
 # per-timestep gate math of those routes runs in OpenMP prange loops over rows.
 # Nothing is allocated inside the time loops; the only global mutable state is
 # the thread budget of include/brnn_packed.h (the packed-kernel variant is

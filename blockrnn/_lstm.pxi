@@ -499,8 +499,9 @@ cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
     [B, 4H], then for float32 (packed) W_h's four gate blocks packed
     [4, brnn_packed_size(H, H)]; for float64, if recurrent_weights_transposed,
     the copy W_h^T [4H, H] and the step's gates transposed [4H, B]."""
-    if packed:
-        return B * 4 * H + 4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1
+    if packed:   # (+ PACKED_ALIGN_PAD: batch 1 aligns its packed weights, align64)
+        return (B * 4 * H + 4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1
+                + PACKED_ALIGN_PAD)
     if recurrent_weights_transposed(L, B, H):
         return 2 * B * 4 * H + 4 * H * H + 1
     return B * 4 * H + 1
@@ -578,6 +579,66 @@ cdef void lstm_forward_packed(
             brnn_barrier_wait(&bar, nt)
 
 
+cdef void lstm_forward_row1_step(
+        Py_ssize_t t, Py_ssize_t H, GateOffsets off, const float* packed,
+        const float* cs_in, const float* h_in, const float* b, const float* wci,
+        const float* wcf, const float* wco, float forget_bias, float cell_clip,
+        bint use_peephole, const int64_t* lengths, float* g, float* i_, float* cs, float* f,
+        float* o, float* ci, float* co, float* h, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+    """Step t of the batch-1 forward for the cells [u0, u1): their four gate
+    columns of g = h_in @ W_h by the one-row kernel (step_product), then their
+    gates onto the hoisted x[t] @ W_x the gate outputs hold."""
+    cdef Py_ssize_t q, ps = brnn_packed_size(H, H)
+    if u1 <= u0:
+        return
+    for q in range(4):
+        step_product(1, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, 4 * H)
+    lstm_forward_block[float](1, H, off, g, b, cs_in, wci, wcf, wco, forget_bias, cell_clip,
+                              use_peephole, lengths, t, True, i_ + t * H, cs + t * H,
+                              f + t * H, o + t * H, ci + t * H, co + t * H, h + t * H,
+                              u0, u1 - u0)
+
+
+cdef void lstm_forward_row1(
+        Py_ssize_t L, Py_ssize_t H, GateOffsets off,
+        const float* packed,      # IN  W_h's four gate blocks packed
+        const float* cs_prev, const float* h_prev, const float* b,
+        const float* wci, const float* wcf, const float* wco,
+        float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
+        float* g,                 # workspace [4H]
+        float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
+        int n_threads) noexcept nogil:
+    """The time loop of the float32 forward at batch 1, its input projection
+    hoisted (i_, ci, f, o [:L] hold x @ W_x's gate columns): per step the
+    recurrent product by the one-row kernel, the inference forward's
+    (lstm_infer_step: the same sums and gate calls, so the same bits), on
+    n_threads threads owning whole panels (unit_start), one barrier per
+    step. The bits do not depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0
+    cdef int tid, nt
+    cdef brnn_barrier bar
+    bar.count = 0
+    bar.gen = 0
+    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        for t in range(L):
+            lstm_forward_row1_step(
+                t, H, off, packed, cs_prev if t == 0 else cs + (t - 1) * H,
+                h_prev if t == 0 else h + (t - 1) * H, b, wci, wcf, wco, forget_bias,
+                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H)
+        return
+    with parallel(num_threads=n_threads):
+        tid = brnn_omp_get_thread_num()
+        nt = brnn_omp_get_num_threads()
+        u0 = unit_start(H, tid, nt)
+        u1 = unit_start(H, tid + 1, nt)
+        for t in range(L):
+            lstm_forward_row1_step(
+                t, H, off, packed, cs_prev if t == 0 else cs + (t - 1) * H,
+                h_prev if t == 0 else h + (t - 1) * H, b, wci, wcf, wco, forget_bias,
+                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1)
+            brnn_barrier_wait(&bar, nt)
+
+
 cdef void block_lstm_forward_compute(
         Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, int layout,
         const floating* x,        # IN  [T, B, I]
@@ -616,9 +677,16 @@ cdef void block_lstm_forward_compute(
     ms at 100,32,256,256; 37.0 (34.8) vs 38.2 (36.0) ms at 200,16,128,256.
     Each g[r, j] is still one dot product over H.
 
-    That is the float64 route (gate loops on n_threads), and float32's for
-    B < PACKED_MIN_ROWS, whose hoisted input projection runs in the packed
-    kernel instead (packed_inputs). float32 from PACKED_MIN_ROWS rows on runs every
+    That is the float64 route (gate loops on n_threads). float32 at batch 1
+    hoists the input projection too, in the packed kernel (packed_inputs),
+    and runs each step's recurrent product by the one-row kernel of
+    include/brnn_inference.h, W_h packed once per call on a 64-byte
+    boundary (lstm_forward_row1: the inference forward's sums, so its bits).
+    Against the GEMV per step it replaced (fresh processes, alternated,
+    median, one thread): 50,1,128,128 forward 0.236 -> 0.178 ms, TF GRU
+    0.144 -> 0.116, reset-after GRU 0.212 -> 0.151; at 100,1,256,600
+    (W_h beyond L2: both bound by the cache's bandwidth) the per-call
+    packing costs 4-8%. float32 from PACKED_MIN_ROWS rows on runs every
     product in blockrnn's packed kernel instead (lstm_forward_packed): W_x's
     and W_h's four gate blocks are packed once per call; in one region on up
     to max_threads threads taken from the process's thread budget
@@ -648,6 +716,7 @@ cdef void block_lstm_forward_compute(
     cdef int q, granted
     cdef Py_ssize_t ps = brnn_packed_size(H, H)
     cdef float* dst[4]
+    cdef float* pk
     if floating is float and B >= PACKED_MIN_ROWS:
         for q in range(4):   # gate block q: columns [qH, (q+1)H) of W_h and W_x
             brnn_pack_f32(H, H, w_h + q * H * s.hn, s.hk, s.hn, ws + B * G4 + q * ps)
@@ -658,18 +727,25 @@ cdef void block_lstm_forward_compute(
                             wco, forget_bias, cell_clip, use_peephole, lengths, g,
                             i_, cs, f, o, ci, co, h, granted)
         brnn_budget_give(granted)
+    elif floating is float:   # batch 1 (or 0): W_h's and W_x's gate blocks packed, aligned
+        pk = align64(ws + B * G4)
+        for q in range(4):
+            brnn_pack_f32(H, H, w_h + q * H * s.hn, s.hk, s.hn, pk + q * ps)
+            brnn_pack_f32(I, H, w_x + q * H * s.xn, s.xk, s.xn,
+                          pk + 4 * ps + q * brnn_packed_size(I, H))
+            dst[q] = i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f else o
+        packed_inputs(L * B, I, H, 4, x, pk + 4 * ps, dst, max_threads)
+        if B == 1:
+            granted = brnn_budget_take(packed_threads(1, H, G4, H, max_threads), max_threads)
+            lstm_forward_row1(L, H, off, pk, cs_prev, h_prev, b, wci, wcf, wco,
+                              forget_bias, cell_clip, use_peephole, lengths, g,
+                              i_, cs, f, o, ci, co, h, granted)
+            brnn_budget_give(granted)
     else:
-        if floating is float:   # batch 1: W_x packed after g (B < 4: no W_h^T copy)
-            for q in range(4):
-                brnn_pack_f32(I, H, w_x + q * H * s.xn, s.xk, s.xn,
-                              ws + B * G4 + q * brnn_packed_size(I, H))
-                dst[q] = i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f else o
-            packed_inputs(L * B, I, H, 4, x, ws + B * G4, dst, max_threads)
-        else:
-            gemm_weights(L * B, H, I, x, I, w_x + off.i * s.xn, s.xk, s.xn, i_, H)
-            gemm_weights(L * B, H, I, x, I, w_x + off.c * s.xn, s.xk, s.xn, ci, H)
-            gemm_weights(L * B, H, I, x, I, w_x + off.f * s.xn, s.xk, s.xn, f, H)
-            gemm_weights(L * B, H, I, x, I, w_x + off.o * s.xn, s.xk, s.xn, o, H)
+        gemm_weights(L * B, H, I, x, I, w_x + off.i * s.xn, s.xk, s.xn, i_, H)
+        gemm_weights(L * B, H, I, x, I, w_x + off.c * s.xn, s.xk, s.xn, ci, H)
+        gemm_weights(L * B, H, I, x, I, w_x + off.f * s.xn, s.xk, s.xn, f, H)
+        gemm_weights(L * B, H, I, x, I, w_x + off.o * s.xn, s.xk, s.xn, o, H)
         if recurrent_weights_transposed(L, B, H):
             g_t = ws + B * G4 + G4 * H
             if stored_transposed(G4, s.hk, s.hn):   # W_h^T is what is stored: no copy

@@ -106,6 +106,42 @@ cdef brnn_packed_fn packed_product = brnn_gemm_kernel(packed_path)
 cdef brnn_dgemm_fn dgemm_product = brnn_dgemm_kernel(packed_path)  # the float64 driver's
 
 
+cdef extern from "brnn_inference.h" nogil:
+    ctypedef void (*brnn_row1_fn)(Py_ssize_t K, const float* a, const float* P, Py_ssize_t n0,
+                                  Py_ssize_t n1, int accumulate, float* c)
+    brnn_row1_fn brnn_row1_kernel(int path)
+
+
+# The one-row kernel of this process's packed variant (NULL: portable), fixed at import.
+cdef brnn_row1_fn row1_product = brnn_row1_kernel(packed_path)
+
+
+cdef enum:
+    # Floats a workspace reserves so that its packed weights can start on a
+    # 64-byte boundary (align64).
+    PACKED_ALIGN_PAD = 16
+
+
+cdef inline float* align64(float* p) noexcept nogil:
+    """p rounded up to a 64-byte boundary (at most PACKED_ALIGN_PAD floats on).
+    The one-row kernel loads a 64-byte panel row per FMA: packed weights 16
+    bytes off a line split every load in two (measured, T=64 batch-1 steps
+    on one core: 0.23 vs 0.15 ms at H=128, 0.87 vs 0.56 ms at H=256)."""
+    return <float*>((<size_t>p + 63) & ~(<size_t>63))
+
+
+cdef inline void step_product(Py_ssize_t rows, Py_ssize_t K, const float* A, Py_ssize_t lda,
+                              const float* P, Py_ssize_t n0, Py_ssize_t n1, bint accumulate,
+                              float* C, Py_ssize_t ldc) noexcept nogil:
+    """packed_product, with one row by brnn_row1_kernel's 8 independent chains
+    (the same sums, the same bits): the per-step products of the inference
+    forwards and of the batch-1 training forwards."""
+    if rows == 1 and row1_product != NULL:
+        row1_product(K, A, P, n0, n1, accumulate, C)
+    else:
+        packed_product(rows, K, A, lda, P, n0, n1, accumulate, C, ldc)
+
+
 def packed_kernel_name():
     """The packed-kernel variant this process runs (avx512, avx2 or portable)."""
     return {v: k for k, v in PACKED_PATHS.items()}[packed_path]
@@ -175,10 +211,13 @@ cdef enum:
     # on 1 thread, 15.6 ms on 2 with 2^17 multiply-adds per step and thread;
     # 50,4,128,128 1.06 ms on 1, 12.3 ms on 2 with 2^18).
     PACKED_WORK_PER_THREAD = 1 << 20
-    # Sequence calls of fewer rows keep the BLAS route (at one row, a GEMV per
-    # step: 0.60 vs 0.82 ms for the LSTM forward at 50,1,128,128, GRU 0.32 vs
-    # 0.41, LSTM backward 0.54 vs 0.70; at two rows the packed kernel won,
-    # LSTM forward 1.0 vs 11 ms, GRU 0.7 vs 10.8, on a loaded machine).
+    # Sequence calls of fewer rows do not run the tiled route: at one row a
+    # tile is one FMA chain per panel (a GEMV per step beat it: 0.60 vs 0.82 ms
+    # for the LSTM forward at 50,1,128,128, GRU 0.32 vs 0.41, LSTM backward
+    # 0.54 vs 0.70; at two rows the packed kernel won, LSTM forward 1.0 vs
+    # 11 ms, GRU 0.7 vs 10.8, on a loaded machine). The float32 forwards run
+    # batch 1 on the one-row kernel instead (step_product), the backwards on
+    # BLAS.
     PACKED_MIN_ROWS = 2
 
 

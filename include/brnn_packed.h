@@ -282,11 +282,22 @@ static inline brnn_packed_fn brnn_packed_kernel(int path) {
  * workers, which spin ~0.1 s after each GEMM) the waiting thread burns the
  * time slice its partner needs (measured: a 2-thread forward 3.4x slower
  * than 1 thread on a loaded 2-core machine). This one spins briefly, then
- * yields the core at every check. n threads share one zeroed struct. */
+ * yields the core at every check. n threads share one zeroed struct.
+ *
+ * The spin is ~1 us: when another process holds the other core, the
+ * scheduler runs both of a call's threads on one core, and every step's
+ * spin is then pure loss before the yield hands the core over. Measured at
+ * T=64, batch 1, 2 threads, a foreign process busy on the other core
+ * (2-core Sapphire Rapids, pause ~10 ns): 2000 spins (20 us) 1.78 ms at
+ * H=128 and 2.1 ms at H=256, 12x and 4x one thread's 0.15 and 0.54 ms; 50
+ * spins 0.31 and 0.63 ms; none 0.27 and 0.59 ms. A yield with nothing else
+ * to run costs ~0.16 us, so a partner on a free core is still seen at once. */
 #include <sched.h>
 typedef struct { int count; int gen; } brnn_barrier;
 
-#define BRNN_BARRIER_SPINS 2000
+#ifndef BRNN_BARRIER_SPINS
+#define BRNN_BARRIER_SPINS 100
+#endif
 
 static inline void brnn_barrier_wait(brnn_barrier *b, int n) {
     int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);

@@ -228,9 +228,11 @@ def test_cell_matches_nn_gru_cell(dtype, tol):
 
 
 # T, B, I, H: several threads forward (B*(I+H)*3H >= 2^21) and backward, H not
-# a multiple of 16, B = 1 (BLAS route, packed input projection), I = 0, T = 1.
+# a multiple of 16, B = 1 (one-row route, packed input projection; its steps on
+# several threads at H = 848), I = 0, T = 1.
 THREAD_SHAPES = [(5, 3, 4, 37), (7, 9, 0, 1), (6, 1, 8, 64), (1, 2, 3, 16),
-                 (3, 13, 20, 200), (2, 2, 64, 600), (2, 24, 60, 200), (64, 1, 320, 160)]
+                 (3, 13, 20, 200), (2, 2, 64, 600), (2, 24, 60, 200), (64, 1, 320, 160),
+                 (3, 1, 8, 848)]
 
 
 def _run32(shape, seed, lengths):
@@ -245,6 +247,7 @@ def test_the_shapes_below_do_run_on_several_threads():
     assert _kernels.packed_threads_for(24, 3 * 200, 200, 200, 4) == 2        # backward
     assert _kernels.packed_threads_for(2, 64 + 600, 3 * 600, 600, 4) == 2
     assert _kernels.packed_input_threads_for(64, 320, 3 * 160, 160, 4) == 2  # batch 1
+    assert _kernels.packed_threads_for(1, 848, 3 * 848, 848, 4) == 2         # its steps
 
 
 @pytest.mark.parametrize("shape", THREAD_SHAPES, ids=lambda s: "x".join(map(str, s)))

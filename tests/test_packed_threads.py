@@ -21,8 +21,9 @@ from blockrnn import _kernels
 SHAPES = [(5, 3, 4, 37), (7, 9, 0, 1), (6, 1, 8, 64), (1, 2, 3, 16), (4, 7, 5, 100),
           (3, 13, 20, 200), (2, 2, 64, 600), (2, 24, 60, 200)]
 # Batch 1 with an input projection large enough for several threads (its
-# float32 error over 64 steps is above the variant test's float64 tolerance).
-THREAD_SHAPES = SHAPES + [(64, 1, 320, 160)]
+# float32 error over 64 steps is above the variant test's float64 tolerance),
+# and batch 1 with steps large enough for the one-row route's threads.
+THREAD_SHAPES = SHAPES + [(64, 1, 320, 160), (3, 1, 8, 848)]
 
 
 def _problem(T, B, I, H, seed, dtype=np.float32):
@@ -75,6 +76,8 @@ def test_large_enough_calls_do_run_on_several_threads():
     assert _kernels.packed_input_threads_for(64, 320, 4 * 160, 160, 4) == 3   # batch 1
     assert _kernels.packed_input_threads_for(64, 320, 3 * 160, 160, 4) == 2   # GRU
     assert _kernels.packed_input_threads_for(50, 128, 4 * 128, 128, 4) == 1   # bench
+    assert _kernels.packed_threads_for(1, 848, 4 * 848, 848, 4) == 2   # batch-1 steps
+    assert _kernels.packed_threads_for(1, 848, 3 * 848, 848, 4) == 2   # GRU
 
 
 def test_concurrent_callers_give_the_serial_bits():

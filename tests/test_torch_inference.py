@@ -2,9 +2,8 @@
 packed once per cell and cached on the module.
 
 Every check is bit for bit against the same module's grad path (the training ops),
-which the no-grad path must reproduce: float32 from 2 batch rows (at batch 1 the
-training op's recurrent product is a BLAS GEMV: there the no-grad answer is row 0
-of the grad path on that row doubled, as in tests/test_inference.py)."""
+which the no-grad path must reproduce, at every batch size (batch 1 included: the
+training ops' batch-1 steps run the same one-row kernel)."""
 import copy
 import io
 import pickle
@@ -113,18 +112,18 @@ def test_batch_first_and_packed_sequence(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_batch_one_is_row_zero_of_the_grad_path(kind):
-    """At batch 1 (and unbatched (T, I) input) the grad path's steps are GEMVs; the
-    no-grad answer is the packed kernel's row, the grad path's row 0 on 2 equal rows."""
+def test_batch_one_bits_equal_grad_path(kind):
+    """At batch 1 (and unbatched (T, I) input) the grad path's steps run the inference
+    forward's one-row kernel too: the no-grad answer is the grad path's, bit for bit,
+    with and without sequence lengths."""
     module = _make(kind, num_layers=2, bidirectional=True)
     x1 = _x(T, 1, I)
     s1 = _state(kind, 4, 1)
-    doubled = _grad_path(module, x1.expand(T, 2, I).contiguous(),
-                         tuple(s.expand(4, 2, H).contiguous() for s in s1)
-                         if isinstance(s1, tuple) else s1.expand(4, 2, H).contiguous())
-    want = [doubled[0][:, :1]] + [s[:, :1] for s in doubled[1:]]
-    for got in _no_grad_paths(module, x1, s1):
-        _equal(got, want)
+    for lengths in (None, [3]):
+        want = _grad_path(module, x1, s1, sequence_length=lengths)
+        for got in _no_grad_paths(module, x1, s1, sequence_length=lengths):
+            _equal(got, want)
+    want = _grad_path(module, x1, s1)
     unbatched = tuple(s[:, 0] for s in s1) if isinstance(s1, tuple) else s1[:, 0]
     for got in _no_grad_paths(module, x1[:, 0], unbatched):
         _equal(got, [want[0][:, 0]] + [s[:, 0] for s in want[1:]])
