@@ -35,8 +35,8 @@ CPU only; float32 and float64 tensors.
   ``no_grad``, ``.double()``/``.float()``, a new tensor) repacks that cell at the
   next call. ``.data`` changes bypass the version counter: every forward that
   records a graph drops the cache, and ``clear_inference_cache()`` does by hand.
-  The answers equal the grad path's bit for bit (from 2 batch rows; at batch 1 the
-  training op's recurrent product is a BLAS GEMV). Memory: the packed copy, per
+  The answers equal the grad path's bit for bit (batch 1 included: the training
+  forwards' batch-1 steps run the same one-row kernel). Memory: the packed copy, per
   layer and direction 4 (LSTM) or 3 (GRU) x (I_k + H) x H' float32 (H' = H rounded
   up to a multiple of 16) plus the biases, about the weights once more;
   ``inference_cache_info()["nbytes"]``. float64 modules, ``proj_size > 0`` and
@@ -1019,8 +1019,7 @@ class _RNNBase(nn.Module):
         Python state on the module that a compiled or exported graph cannot
         see or guard (a graph would bake one version of it, or break), while
         the training op is a pure function of the weight tensors with the same
-        bits (float32 from 2 batch rows; at batch 1 the training op's
-        recurrent product is a BLAS GEMV). A custom inference op taking the
+        bits (float32, batch 1 included). A custom inference op taking the
         weights would have to pack on every call inside the graph."""
         if _tracing(x) or getattr(self, "proj_size", 0):
             return False
