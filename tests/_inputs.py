@@ -20,7 +20,11 @@ Helpers:
     rel_err(a, ref)                         max |a - ref| / max(1, |ref|) (elementwise floor)
 """
 
+import os
+import sys
+
 import numpy as np
+import pytest
 
 LSTM_ARGS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
 LSTM_FORWARD_FIELDS = ("i", "cs", "f", "o", "ci", "co")          # + "h" for sequence ops
@@ -125,3 +129,20 @@ def abs_err(a, ref):
     ref = np.asarray(ref, dtype=np.float64)
     assert a.shape == ref.shape, (a.shape, ref.shape)
     return float(np.max(np.abs(a - ref))) if a.size else 0.0
+
+
+def check_kernel_variant(variant, script):
+    """Run `script` (python -c, argv[1] = variant) with BLOCKRNN_KERNEL=variant in a fresh
+    process (the variant is chosen at import) and require it to print "ok"; a variant
+    this CPU lacks must instead make `import blockrnn` fail."""
+    import subprocess
+    from blockrnn import _kernels
+    env = dict(os.environ, BLOCKRNN_KERNEL=variant)
+    if variant not in _kernels.packed_paths_supported():
+        with pytest.raises(subprocess.CalledProcessError):
+            subprocess.run([sys.executable, "-c", "import blockrnn"], check=True,
+                           capture_output=True, env=env)
+        return
+    out = subprocess.run([sys.executable, "-c", script, variant], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
+from _inputs import check_kernel_variant
 
 import blockrnn
 from blockrnn import _kernels
@@ -353,18 +354,7 @@ def test_every_kernel_variant_serves_the_forward(variant):
     """The inference kernels of each packed-kernel variant this CPU runs (the one-row
     kernels of include/brnn_inference.h included) give the training forward's answer;
     a variant the CPU lacks is refused at import, which tests/test_packed.py checks."""
-    import os
-    import subprocess
-    import sys
-    import blockrnn
-    if variant not in blockrnn._kernels.packed_paths_supported():
-        with pytest.raises(subprocess.CalledProcessError):
-            subprocess.run([sys.executable, "-c", "import blockrnn"], check=True,
-                           capture_output=True, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
-        return
-    out = subprocess.run([sys.executable, "-c", _VARIANT_CHECK, variant], capture_output=True,
-                         text=True, timeout=300, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    check_kernel_variant(variant, _VARIANT_CHECK)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "lstm_peephole", "gru", "gru_reset_before"])

@@ -11,6 +11,7 @@ by the other orientation of the weights (a gemm transpose flag): equal to roundi
 """
 import numpy as np
 import pytest
+from _inputs import check_kernel_variant
 
 import blockrnn
 from blockrnn import _kernels
@@ -135,14 +136,4 @@ def test_nn_layout_same_bits_under_every_kernel_variant(variant):
     """Packing either layout gives the same panels, and the GEMM driver sums a gradient
     element in the same order whichever way round its C is stored (gspec_c), under each
     packed-kernel variant this CPU runs (float32, 2 rows on)."""
-    import os
-    import subprocess
-    import sys
-    if variant not in _kernels.packed_paths_supported():   # refused at import
-        with pytest.raises(subprocess.CalledProcessError):
-            subprocess.run([sys.executable, "-c", "import blockrnn"], check=True,
-                           capture_output=True, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
-        return
-    out = subprocess.run([sys.executable, "-c", _VARIANT_CHECK, variant], capture_output=True,
-                         text=True, timeout=300, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    check_kernel_variant(variant, _VARIANT_CHECK)

@@ -22,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     pytest.fail(f"PyTorch is required for the blockrnn.torch tests ({exc!r}); install the "
                 f"test extras with `pip install -e .[test]`", pytrace=False)
 from threadpoolctl import threadpool_limits
+from _inputs import check_kernel_variant
 
 import blockrnn.torch as bt
 from blockrnn import _kernels, convert
@@ -346,14 +347,7 @@ def test_every_kernel_variant(variant):
     subprocess: the variant is chosen at import) against float64; batch 1, H and P not
     multiples of 16, I = 0. A variant the CPU lacks is refused at import
     (tests/test_packed.py)."""
-    import os
-    import subprocess
-    import sys
-    if variant not in _kernels.packed_paths_supported():
-        return
-    out = subprocess.run([sys.executable, "-c", _VARIANT_CHECK, variant], capture_output=True,
-                         text=True, timeout=300, env=dict(os.environ, BLOCKRNN_KERNEL=variant))
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    check_kernel_variant(variant, _VARIANT_CHECK)
 
 
 def test_float16_is_computed_in_float32():
