@@ -803,88 +803,125 @@ def block_lstm_forward(
             max_threads)
 
 
-cdef inline int lstm_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+cdef enum:
+    # The backward keeps the gate gradients dG of a chunk of steps, not of all
+    # of them: the reverse loop runs over a chunk, then the products over its
+    # rows (x_grad, the weight gradients) and the bias / peephole sums, then
+    # the next chunk back in time. A chunk is as many steps as fit in this
+    # many floats of dG (at least one step). A dG of every step (the earlier
+    # design) was a fresh T x B x 4H buffer per call, over glibc's mmap
+    # threshold from 32 MB on: at 100,64,512,512 its page faults were ~5% of
+    # a training step (perf), and it was most of the call's memory.
+    LSTM_BACKWARD_CHUNK_FLOATS = 1 << 20
+
+
+cdef inline Py_ssize_t lstm_backward_chunk_steps(Py_ssize_t L, Py_ssize_t B,
+                                                 Py_ssize_t H) noexcept nogil:
+    """Steps per chunk of the backward (a function of the shape only, so the
+    bits never depend on the thread count); 0 when L == 0."""
+    return min(L, max(1, LSTM_BACKWARD_CHUNK_FLOATS // max(1, B * 4 * H)))
+
+
+def lstm_backward_chunk_steps_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t H):
+    """lstm_backward_chunk_steps (for the tests)."""
+    return lstm_backward_chunk_steps(L, B, H)
+
+
+cdef inline int lstm_backward_gemm_threads(Py_ssize_t S, Py_ssize_t B, Py_ssize_t I,
                                            Py_ssize_t H, int max_threads) noexcept nogil:
-    """Threads of the backward's products after its loop (x_grad and w_grad:
-    L*B * 4H * (2I + H) multiply-adds), see lstm_backward_gemms."""
-    return packed_gemm_threads(L * B * 4 * H * (2 * I + H), max_threads)
+    """Threads of the products of a chunk of S steps (x_grad and w_grad:
+    S*B * 4H * (2I + H) multiply-adds), see lstm_backward_gemms."""
+    return packed_gemm_threads(S * B * 4 * H * (2 * I + H), max_threads)
 
 
-cdef inline Py_ssize_t lstm_backward_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+cdef inline Py_ssize_t lstm_backward_gemm_ws(Py_ssize_t S, Py_ssize_t B, Py_ssize_t I,
                                              Py_ssize_t H, bint f32) noexcept nogil:
-    """Elements of one thread's GEMM-driver block for lstm_backward_gemms (a
-    bound over its jobs: the driver's ws grows with each size)."""
-    return max(gemm_ws_of(f32, L * B, I, 4 * H), gemm_ws_of(f32, I, 4 * H, L * B),
-               gemm_ws_of(f32, H, 4 * H, L * B), gemm_ws_of(f32, 4 * H, I, L * B),
-               gemm_ws_of(f32, 4 * H, H, L * B))   # weight gradients either way round
+    """Elements of one thread's GEMM-driver block for lstm_backward_gemms on
+    chunks of up to S steps (a bound over its jobs: the driver's ws grows
+    with each size)."""
+    return max(gemm_ws_of(f32, S * B, I, 4 * H), gemm_ws_of(f32, I, 4 * H, S * B),
+               gemm_ws_of(f32, H, 4 * H, S * B), gemm_ws_of(f32, 4 * H, I, S * B),
+               gemm_ws_of(f32, 4 * H, H, S * B))   # weight gradients either way round
 
 
 cdef inline Py_ssize_t block_lstm_backward_workspace(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t I, bint packed,
         int max_threads) noexcept nogil:
-    """Elements of block_lstm_backward_compute's workspace: the gate gradients of
-    every step dG [L*B, 4H], then one step's recurrent product dh^T [H, B];
-    float32 (packed) then W_h^T packed [brnn_packed_size(4H, H)]; then the
-    GEMM driver's blocks for the products after the loop
-    [lstm_backward_gemm_threads(...) * lstm_backward_gemm_ws(...)]. Its double
-    accumulator `acc` has 3 * 4H + 1 elements."""
-    cdef Py_ssize_t driver = (lstm_backward_gemm_threads(L, B, I, H, max_threads)
-                              * lstm_backward_gemm_ws(L, B, I, H, packed))
+    """Elements of block_lstm_backward_compute's workspace: the gate
+    gradients of one chunk of S = lstm_backward_chunk_steps(L, B, H) steps
+    dG [S*B, 4H], then one step's recurrent product dh^T [H, B]; float32
+    (packed) then W_h^T packed [brnn_packed_size(4H, H)]; then the GEMM
+    driver's blocks for the products of a chunk
+    [lstm_backward_gemm_threads(S, ...) * lstm_backward_gemm_ws(S, ...)]. Its
+    double accumulator `acc` has 3 * 4H + 1 elements."""
+    cdef Py_ssize_t S = max(1, lstm_backward_chunk_steps(L, B, H))
+    cdef Py_ssize_t driver = (lstm_backward_gemm_threads(S, B, I, H, max_threads)
+                              * lstm_backward_gemm_ws(S, B, I, H, packed))
     if packed:
-        return L * B * 4 * H + B * H + brnn_packed_size(4 * H, H) + driver + 1
-    return L * B * 4 * H + B * H + driver + 1
+        return S * B * 4 * H + B * H + brnn_packed_size(4 * H, H) + driver + 1
+    return S * B * 4 * H + B * H + driver + 1
 
 
 cdef void lstm_backward_gemms(
-        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const floating* x,        # IN  [L*B, I]
         const floating* h_prev,   # IN  [B, H]
-        const floating* h,        # IN  [L*B, H] (rows [0, (L-1)*B) used)
+        const floating* h,        # IN  [L*B, H]
         const floating* w_x,      # IN  W_x [I, 4H] (strides s.xk, s.xn)
         WeightStrides s,
-        const floating* dg,       # IN  [L*B, 4H] the gate gradients of every step
-        floating* x_grad,         # OUT [L*B, I]
-        floating* w_x_grad,       # OUT dW_x [I, 4H] (strides gs.xk, gs.xn)
-        floating* w_h_grad,       # OUT dW_h [H, 4H] (strides gs.hk, gs.hn)
+        const floating* dg,       # IN  [(t1-t0)*B, 4H] the gate gradients of steps [t0, t1)
+        bint accumulate,          # add the weight gradients onto the earlier chunks'
+        floating* x_grad,         # OUT [L*B, I] (rows of steps [t0, t1) written)
+        floating* w_x_grad,       # IN/OUT dW_x [I, 4H] (strides gs.xk, gs.xn)
+        floating* w_h_grad,       # IN/OUT dW_h [H, 4H] (strides gs.hk, gs.hn)
         WeightStrides gs,
-        floating* ws,             # workspace [threads * lstm_backward_gemm_ws(L, B, I, H, f32)]
+        floating* ws,             # workspace [threads * lstm_backward_gemm_ws(S, B, I, H, f32)]
         int threads) noexcept nogil:
-    """The backward's products over all steps, through the GEMM driver of its
-    precision (run_gemm_specs: blockrnn's packed float32 or float64 kernels,
-    on blockrnn's threads, bits independent of their count):
-      x_grad = dG @ W_x^T,  dW_x = x^T @ dG,
-      dW_h = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],
+    """The backward's products over the steps [t0, t1) of one chunk, through
+    the GEMM driver of its precision (run_gemm_specs: blockrnn's packed
+    float32 or float64 kernels, on blockrnn's threads, bits independent of
+    their count):
+      x_grad[t0:t1] = dG @ W_x^T,  dW_x (+)= x[t0:t1]^T @ dG,
+      dW_h (+)= h[t0-1:t1-1]^T @ dG   (h[-1] = h_prev),
     the weights read and the gradients written in place in their layouts
     (gspec_c: a gradient stored transposed, nn.LSTM's, is the job
-    dW^T = dG^T @ x)."""
-    cdef Py_ssize_t G4 = 4 * H, LB = L * B
+    dW^T = dG^T @ x). With t0 == t1 == 0 (L == 0) the weight gradients are
+    set to zero."""
+    cdef Py_ssize_t G4 = 4 * H, n = (t1 - t0) * B
     cdef gemm_spec jobs[4]
-    jobs[0] = gspec(LB, I, G4, dg, G4, 1, w_x, s.xn, s.xk, False, x_grad, I)
-    jobs[1] = gspec_c(I, G4, LB, x, 1, I, dg, G4, 1, False, w_x_grad, gs.xk, gs.xn)
-    jobs[2] = gspec_c(H, G4, B if L > 0 else 0, h_prev, 1, H, dg, G4, 1, False,
-                      w_h_grad, gs.hk, gs.hn)
-    jobs[3] = gspec_c(H, G4, (L - 1) * B if L > 1 else 0, h, 1, H, dg + B * G4, G4, 1,
-                      True, w_h_grad, gs.hk, gs.hn)
-    run_gemm_specs(4, jobs, ws, threads)
+    cdef int njobs = 3
+    jobs[0] = gspec(n, I, G4, dg, G4, 1, w_x, s.xn, s.xk, False, x_grad + t0 * B * I, I)
+    jobs[1] = gspec_c(I, G4, n, x + t0 * B * I, 1, I, dg, G4, 1, accumulate, w_x_grad,
+                      gs.xk, gs.xn)
+    if t0 > 0:
+        jobs[2] = gspec_c(H, G4, n, h + (t0 - 1) * B * H, 1, H, dg, G4, 1, accumulate,
+                          w_h_grad, gs.hk, gs.hn)
+    else:   # step 0 reads h_prev, steps 1.. read h[0:t1-1]
+        jobs[2] = gspec_c(H, G4, B if t1 > 0 else 0, h_prev, 1, H, dg, G4, 1, accumulate,
+                          w_h_grad, gs.hk, gs.hn)
+        jobs[3] = gspec_c(H, G4, (t1 - 1) * B if t1 > 1 else 0, h, 1, H, dg + B * G4, G4, 1,
+                          True, w_h_grad, gs.hk, gs.hn)
+        njobs = 4
+    run_gemm_specs(njobs, jobs, ws, threads)
 
 
 cdef void lstm_backward_packed(
-        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
         const float* packed_t,    # IN  W_h^T [4H, H] packed
         const float* cs_prev, const float* i_, const float* cs, const float* f,
         const float* o, const float* ci, const float* co, const float* cs_grad,
         const float* h_grad, const float* wci, const float* wcf, const float* wco,
         bint use_peephole, const int64_t* lengths,
-        float* dg,                # OUT [L*B, 4H]
+        float* dg,                # OUT [(t1-t0)*B, 4H]: step t at row (t - t0) * B
         float* cs_prev_grad, float* h_prev_grad,  # IN/OUT [B, H] the carries
         int n_threads) noexcept nogil:
-    """The reverse time loop of the float32 backward: ONE parallel region of
-    n_threads for all L steps, each thread owning a fixed slice of cells
-    [u0, u1). At step t a thread computes dG[t] for its cells (all four gate
-    columns), then, after the step's one barrier (dh needs every column of
-    dG[t]), dh[:, u0:u1] = dG[t] @ W_h^T[:, u0:u1] in the packed kernel. Its
-    next step reads only its own cells' carries, and dG has one buffer per
-    step, so one barrier per step is enough. The bits do not depend on
+    """The reverse time loop of the float32 backward over the steps [t0, t1):
+    ONE parallel region of n_threads, each thread owning a fixed slice of
+    cells [u0, u1). At step t a thread computes dG[t] for its cells (all four
+    gate columns), then, after the step's one barrier (dh needs every column
+    of dG[t]), dh[:, u0:u1] = dG[t] @ W_h^T[:, u0:u1] in the packed kernel.
+    Its next step reads only its own cells' carries, and dG has one buffer
+    per step, so one barrier per step is enough. The bits do not depend on
     n_threads."""
     cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H, G4 = 4 * H
     cdef int tid = 0, nt = 1
@@ -892,29 +929,30 @@ cdef void lstm_backward_packed(
     bar.count = 0
     bar.gen = 0
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        for t in range(L - 1, -1, -1):
+        for t in range(t1 - 1, t0 - 1, -1):
             lstm_backward_block[float](
                 B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
                 f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
                 h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
-                dg + t * B * G4, cs_prev_grad)
-            packed_product(B, G4, dg + t * B * G4, G4, packed_t, 0, H, False, h_prev_grad, H)
+                dg + (t - t0) * B * G4, cs_prev_grad)
+            packed_product(B, G4, dg + (t - t0) * B * G4, G4, packed_t, 0, H, False,
+                           h_prev_grad, H)
         return
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
-        for t in range(L - 1, -1, -1):
+        for t in range(t1 - 1, t0 - 1, -1):
             if u1 > u0:
                 lstm_backward_block[float](
                     B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
                     f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
                     h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths,
-                    t, dg + t * B * G4, cs_prev_grad, u0, u1 - u0)
+                    t, dg + (t - t0) * B * G4, cs_prev_grad, u0, u1 - u0)
             brnn_barrier_wait(&bar, nt)
             if u1 > u0:
-                packed_product(B, G4, dg + t * B * G4, G4, packed_t, u0, u1, False,
+                packed_product(B, G4, dg + (t - t0) * B * G4, G4, packed_t, u0, u1, False,
                                h_prev_grad, H)
 
 
@@ -945,73 +983,91 @@ cdef void block_lstm_backward_compute(
     """BlockLSTMGrad / BlockLSTMGradV2 (SPEC §5); with `lengths`, row b's
     gradients at t >= lengths[b] are zero (its upstream gradients there unused).
 
-    The reverse time loop does only the gate gradients of step t (kept in the
-    workspace dG[t]) and the recurrent product dh = dG[t] @ W_h^T. The
-    carries live in the outputs: cs_prev_grad holds d cs[t-1] and h_prev_grad
-    holds d h[t-1] while the loop runs. After the loop, x_grad, the weight
-    gradients, b_grad and the peephole gradients are single products /
-    reductions over all steps:
-      x_grad[:L] = dG @ W_x^T,  dW_x = x[:L]^T @ dG,
-      dW_h = h_prev^T @ dG[0] + h[:L-1]^T @ dG[1:],  b_grad = sum dG.
-    The weights are read, and their gradients written, in their layouts
-    (WeightStrides s and gs: TensorFlow's w [I+H, 4H], or nn.LSTM's
-    weight_ih [4H, I] and weight_hh [4H, H]), with no transposed copy.
-    float32 (B >= PACKED_MIN_ROWS) runs the reverse loop in the packed
-    kernel, on up to max_threads threads from the thread budget
-    (lstm_backward_packed); at batch 1 its steps are GEMVs. float64 keeps the
-    per-step dgemm, with gate loops on n_threads. Both precisions compute the
-    products after the loop through blockrnn's GEMM driver
+    The steps run back in time in chunks of S = lstm_backward_chunk_steps
+    steps. Per chunk [t0, t1): the reverse time loop does only the gate
+    gradients of each step (kept in the workspace dG) and the recurrent
+    product dh = dG[t] @ W_h^T; then x_grad, the weight gradients, b_grad
+    and the peephole gradients take the chunk's rows as single products /
+    reductions (added onto the later chunks' sums):
+      x_grad[t0:t1] = dG @ W_x^T,  dW_x += x[t0:t1]^T @ dG,
+      dW_h += h[t0-1:t1-1]^T @ dG (h[-1] = h_prev),  b_grad += sum dG.
+    The carries live in the outputs: cs_prev_grad holds d cs[t-1] and
+    h_prev_grad holds d h[t-1] while the loop runs. The weights are read, and
+    their gradients written, in their layouts (WeightStrides s and gs:
+    TensorFlow's w [I+H, 4H], or nn.LSTM's weight_ih [4H, I] and weight_hh
+    [4H, H]), with no transposed copy. float32 (B >= PACKED_MIN_ROWS) runs
+    the reverse loop in the packed kernel, on up to max_threads threads from
+    the thread budget (lstm_backward_packed); at batch 1 its steps are GEMVs.
+    float64 keeps the per-step dgemm, with gate loops on n_threads. Both
+    precisions compute the products of a chunk through blockrnn's GEMM driver
     (lstm_backward_gemms: float32 or float64 packed kernels), so no product
-    over all steps runs on OpenBLAS's threads and no thread count changes
-    their bits."""
-    cdef Py_ssize_t t, G4 = 4 * H, BH = B * H
+    over steps runs on OpenBLAS's threads and no thread count changes their
+    bits (S depends on the shape only)."""
+    cdef Py_ssize_t t, t0, t1, G4 = 4 * H, BH = B * H
+    cdef Py_ssize_t S = lstm_backward_chunk_steps(L, B, H)
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef floating* dg = ws
-    cdef floating* dh_t = ws + L * B * G4     # [H, B] (BLAS route)
+    cdef floating* dh_t = ws + max(1, S) * B * G4     # [H, B] (BLAS route)
     cdef floating* packed_t = dh_t + BH       # float32: W_h^T packed; then the driver's blocks
+    cdef floating* gemm_ws = (packed_t + brnn_packed_size(G4, H) if floating is float
+                              else packed_t)
+    cdef double* acc_b = acc                  # [4H]: b_grad's sums
+    cdef double* acc_p = acc + G4             # [3, H]: the peepholes' sums
+    cdef bint packed = False
+    cdef int granted = 1
     memset(cs_prev_grad, 0, BH * sizeof(floating))
     memset(h_prev_grad, 0, BH * sizeof(floating))
-    memset(acc, 0, 3 * G4 * sizeof(double))
-    cdef int granted
-    if floating is float and B >= PACKED_MIN_ROWS:
-        brnn_pack_f32(G4, H, w_h, s.hn, s.hk, packed_t)   # W_h^T packed
-        granted = brnn_budget_take(packed_threads(B, G4, H, H, max_threads), max_threads)
-        lstm_backward_packed(L, B, H, off, packed_t, cs_prev, i_, cs, f, o, ci, co, cs_grad,
-                             h_grad, wci, wcf, wco, use_peephole, lengths, dg,
-                             cs_prev_grad, h_prev_grad, granted)
-        brnn_budget_give(granted)
-    else:
-        for t in range(L - 1, -1, -1):
-            cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
-            lstm_backward_rows(B, H, off, cs_in, i_ + t * BH, f + t * BH, o + t * BH,
-                               ci + t * BH, co + t * BH, cs_grad + t * BH, h_grad + t * BH,
-                               h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
-                               dg + t * B * G4, cs_prev_grad, n_threads)
-            if stored_transposed(G4, s.hk, s.hn):   # dh = dG @ W_h^T, W_h^T as stored
-                gemm(False, False, B, H, G4, 1, dg + t * B * G4, G4, w_h, s.hn, 0,
-                     h_prev_grad, H)
+    memset(acc, 0, (G4 + 3 * H) * sizeof(double))
+    if floating is float:
+        if B >= PACKED_MIN_ROWS:
+            packed = True
+            brnn_pack_f32(G4, H, w_h, s.hn, s.hk, packed_t)   # W_h^T packed
+    if L == 0:   # no step: zero weight gradients
+        lstm_backward_gemms(0, 0, B, I, H, x, h_prev, h, w_x, s, dg, False, x_grad,
+                            w_x_grad, w_h_grad, gs, gemm_ws, 1)
+    t1 = L
+    while t1 > 0:
+        t0 = max(0, t1 - S)
+        if floating is float and packed:
+            granted = brnn_budget_take(packed_threads(B, G4, H, H, max_threads), max_threads)
+            lstm_backward_packed(t0, t1, B, H, off, packed_t, cs_prev, i_, cs, f,
+                                 o, ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
+                                 lengths, dg, cs_prev_grad, h_prev_grad, granted)
+            brnn_budget_give(granted)
+        else:
+            for t in range(t1 - 1, t0 - 1, -1):
+                cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
+                lstm_backward_rows(B, H, off, cs_in, i_ + t * BH, f + t * BH, o + t * BH,
+                                   ci + t * BH, co + t * BH, cs_grad + t * BH,
+                                   h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole,
+                                   True, lengths, t, dg + (t - t0) * B * G4, cs_prev_grad,
+                                   n_threads)
+                if stored_transposed(G4, s.hk, s.hn):   # dh = dG @ W_h^T, W_h^T as stored
+                    gemm(False, False, B, H, G4, 1, dg + (t - t0) * B * G4, G4, w_h, s.hn, 0,
+                         h_prev_grad, H)
+                else:
+                    gemm_small_by_weights_t(B, H, G4, dg + (t - t0) * B * G4, G4, w_h, s.hk,
+                                            False, h_prev_grad, H, dh_t)
+        lstm_backward_gemms(t0, t1, B, I, H, x, h_prev, h, w_x, s, dg, t1 < L, x_grad,
+                            w_x_grad, w_h_grad, gs, gemm_ws,
+                            lstm_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
+        column_sums((t1 - t0) * B, G4, dg, acc_b)
+        if use_peephole:   # step 0 sees cs_prev, step t > 0 sees cs[t-1]
+            if t0 == 0:
+                peephole_sums(B, H, off, dg, cs_prev, cs, acc_p, acc_p + H, acc_p + 2 * H)
+                peephole_sums((t1 - 1) * B, H, off, dg + B * G4, cs, cs + BH,
+                              acc_p, acc_p + H, acc_p + 2 * H)
             else:
-                gemm_small_by_weights_t(B, H, G4, dg + t * B * G4, G4, w_h, s.hk,
-                                        False, h_prev_grad, H, dh_t)
-
-    lstm_backward_gemms(L, B, I, H, x, h_prev, h, w_x, s, dg, x_grad, w_x_grad, w_h_grad,
-                        gs,
-                        packed_t + brnn_packed_size(G4, H) if floating is float else packed_t,
-                        lstm_backward_gemm_threads(L, B, I, H, max_threads))
+                peephole_sums((t1 - t0) * B, H, off, dg, cs + (t0 - 1) * BH, cs + t0 * BH,
+                              acc_p, acc_p + H, acc_p + 2 * H)
+        t1 = t0
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
-    column_sums(L * B, G4, dg, acc)
-    store(G4, acc, b_grad)
+    store(G4, acc_b, b_grad)
     if use_peephole:
-        memset(acc, 0, G4 * sizeof(double))
-        if L > 0:  # step 0 sees cs_prev, step t > 0 sees cs[t-1]
-            peephole_sums(B, H, off, dg, cs_prev, cs, acc, acc + G4, acc + 2 * G4)
-        if L > 1:
-            peephole_sums((L - 1) * B, H, off, dg + B * G4, cs, cs + BH,
-                          acc, acc + G4, acc + 2 * G4)
-        store(H, acc, wci_grad)
-        store(H, acc + G4, wcf_grad)
-        store(H, acc + 2 * G4, wco_grad)
+        store(H, acc_p, wci_grad)
+        store(H, acc_p + H, wcf_grad)
+        store(H, acc_p + 2 * H, wco_grad)
 
 
 def block_lstm_backward(
