@@ -78,3 +78,29 @@ cdef inline bint recurrent_weights_transposed(Py_ssize_t L, Py_ssize_t B,
     only while the copies ([4H, H] for the LSTM, [3H, H] for the GRU) are no
     larger than the T x B x 4H buffer a call may use (H <= L * B)."""
     return B >= 4 and H <= L * B
+
+
+cdef enum:
+    # The sequence backwards (LSTM, reset-after GRU) keep the gate gradients
+    # dG of a chunk of steps, not of all of them: the reverse loop runs over
+    # a chunk, then the products over its rows (x_grad, the weight
+    # gradients) and the bias sums, then the next chunk back in time. A chunk
+    # is as many steps as fit in this many floats of dG (at least one step).
+    # A dG of every step (the earlier design) was a fresh T x B x 4H buffer
+    # per call, over glibc's mmap threshold from 32 MB on: at 100,64,512,512
+    # its page faults were ~5% of an LSTM training step (perf), and it was
+    # most of the call's memory. (2^19 and 2^21 measured no better.)
+    BACKWARD_CHUNK_FLOATS = 1 << 20
+
+
+cdef inline Py_ssize_t backward_chunk_steps(Py_ssize_t L,
+                                            Py_ssize_t floats_per_step) noexcept nogil:
+    """Steps per chunk of a sequence backward whose dG has floats_per_step
+    elements per step: a function of the shape only, so the bits never depend
+    on the thread count. 0 when L == 0."""
+    return min(L, max(1, BACKWARD_CHUNK_FLOATS // max(1, floats_per_step)))
+
+
+def backward_chunk_steps_for(Py_ssize_t L, Py_ssize_t floats_per_step):
+    """backward_chunk_steps (for the tests)."""
+    return backward_chunk_steps(L, floats_per_step)

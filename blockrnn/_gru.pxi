@@ -683,81 +683,94 @@ def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_
     return outs
 
 
-cdef inline int gru_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+cdef inline int gru_backward_gemm_threads(Py_ssize_t S, Py_ssize_t B, Py_ssize_t I,
                                           Py_ssize_t H, int max_threads) noexcept nogil:
-    """Threads of the backward's products after its loop (x_grad and the
-    weight gradients: L*B * 3H * (2I + H) multiply-adds), see
-    gru_backward_gemms."""
-    return packed_gemm_threads(L * B * 3 * H * (2 * I + H), max_threads)
+    """Threads of the products of a chunk of S steps (x_grad and the weight
+    gradients: S*B * 3H * (2I + H) multiply-adds), see gru_backward_gemms."""
+    return packed_gemm_threads(S * B * 3 * H * (2 * I + H), max_threads)
 
 
-cdef inline Py_ssize_t gru_backward_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+cdef inline Py_ssize_t gru_backward_gemm_ws(Py_ssize_t S, Py_ssize_t B, Py_ssize_t I,
                                             Py_ssize_t H, bint f32) noexcept nogil:
-    """Elements of one thread's GEMM-driver block for gru_backward_gemms (a
-    bound over its jobs: the driver's ws grows with each size)."""
-    return max(gemm_ws_of(f32, L * B, I, 2 * H), gemm_ws_of(f32, I, 2 * H, L * B),
-               gemm_ws_of(f32, H, 2 * H, L * B))
+    """Elements of one thread's GEMM-driver block for gru_backward_gemms on
+    chunks of up to S steps (a bound over its jobs: the driver's ws grows
+    with each size)."""
+    return max(gemm_ws_of(f32, S * B, I, 2 * H), gemm_ws_of(f32, I, 2 * H, S * B),
+               gemm_ws_of(f32, H, 2 * H, S * B))
 
 
 cdef inline Py_ssize_t block_gru_backward_workspace(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t I, bint packed,
         int max_threads) noexcept nogil:
-    """Elements of block_gru_backward_compute's workspace: [L*B, 4H] (see there),
-    then d(r * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and
-    w_ru[I:]^T packed; then the GEMM driver's blocks for the products after
-    the loop [gru_backward_gemm_threads(...) * gru_backward_gemm_ws(...)]. Its
-    double accumulator `acc` has 2H + 1 elements."""
-    cdef Py_ssize_t driver = (gru_backward_gemm_threads(L, B, I, H, max_threads)
-                              * gru_backward_gemm_ws(L, B, I, H, packed))
+    """Elements of block_gru_backward_compute's workspace: [S*B, 4H] for a
+    chunk of S = backward_chunk_steps(L, B * 4H) steps (see there), then d(r
+    * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and w_ru[I:]^T
+    packed; then the GEMM driver's blocks for the products of a chunk
+    [gru_backward_gemm_threads(S, ...) * gru_backward_gemm_ws(S, ...)]. Its
+    double accumulator `acc` has 3H + 1 elements."""
+    cdef Py_ssize_t S = max(1, backward_chunk_steps(L, B * 4 * H))
+    cdef Py_ssize_t driver = (gru_backward_gemm_threads(S, B, I, H, max_threads)
+                              * gru_backward_gemm_ws(S, B, I, H, packed))
     if packed:
-        return (L * B * 4 * H + B * H + brnn_packed_size(H, H) + brnn_packed_size(2 * H, H)
+        return (S * B * 4 * H + B * H + brnn_packed_size(H, H) + brnn_packed_size(2 * H, H)
                 + driver + 1)
-    return L * B * 4 * H + B * H + driver + 1
+    return S * B * 4 * H + B * H + driver + 1
 
 
 cdef void gru_backward_gemms(
-        Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const floating* x,        # IN  [L*B, I]
         const floating* h_prev,   # IN  [B, H]
-        const floating* h,        # IN  [L*B, H] (rows [0, (L-1)*B) used)
-        const floating* rh,       # IN  [L*B, H] r[t] * h[t-1]
+        const floating* h,        # IN  [L*B, H]
+        const floating* rh,       # IN  [(t1-t0)*B, H] r[t] * h[t-1] of the chunk
         const floating* w_ru, const floating* w_c,  # IN [I+H, 2H], [I+H, H]
-        const floating* d_ru, const floating* d_c,  # IN [L*B, 2H], [L*B, H]
-        floating* x_grad,         # OUT [L*B, I]
-        floating* w_ru_grad, floating* w_c_grad,    # OUT [I+H, 2H], [I+H, H]
-        floating* ws,             # workspace [threads * gru_backward_gemm_ws(L, B, I, H, f32)]
+        const floating* d_ru, const floating* d_c,  # IN [(t1-t0)*B, 2H], [(t1-t0)*B, H]
+        bint accumulate,          # add the weight gradients onto the later chunks'
+        floating* x_grad,         # OUT [L*B, I] (rows of steps [t0, t1) written)
+        floating* w_ru_grad, floating* w_c_grad,    # IN/OUT [I+H, 2H], [I+H, H]
+        floating* ws,             # workspace [threads * gru_backward_gemm_ws(S, B, I, H, f32)]
         int threads) noexcept nogil:
-    """The GRU backward's products over all steps, through the GEMM driver of
-    its precision (run_gemm_specs: blockrnn's packed float32 or float64
-    kernels, on blockrnn's threads, bits independent of their count):
-      x_grad = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
-      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC."""
-    cdef Py_ssize_t H2 = 2 * H, LB = L * B
+    """The GRU backward's products over the steps [t0, t1) of one chunk,
+    through the GEMM driver of its precision (run_gemm_specs: blockrnn's
+    packed float32 or float64 kernels, on blockrnn's threads, bits
+    independent of their count):
+      x_grad[t0:t1] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
+      w_ru_grad (+)= [x; h[t0-1:t1-1]]^T @ dRU  (h[-1] = h_prev),
+      w_c_grad (+)= [x; r*h[t-1]]^T @ dC.
+    With t0 == t1 == 0 (L == 0) the weight gradients are set to zero."""
+    cdef Py_ssize_t H2 = 2 * H, n = (t1 - t0) * B
+    cdef const floating* xs = x + t0 * B * I
     cdef gemm_spec jobs[7]
-    jobs[0] = gspec(LB, I, H2, d_ru, H2, 1, w_ru, 1, H2, False, x_grad, I)
-    jobs[1] = gspec(LB, I, H, d_c, H, 1, w_c, 1, H, True, x_grad, I)
-    jobs[2] = gspec(I, H2, LB, x, 1, I, d_ru, H2, 1, False, w_ru_grad, H2)
-    jobs[3] = gspec(H, H2, B if L > 0 else 0, h_prev, 1, H, d_ru, H2, 1, False,
-                    w_ru_grad + I * H2, H2)
-    jobs[4] = gspec(H, H2, (L - 1) * B if L > 1 else 0, h, 1, H, d_ru + B * H2, H2, 1,
-                    True, w_ru_grad + I * H2, H2)
-    jobs[5] = gspec(I, H, LB, x, 1, I, d_c, H, 1, False, w_c_grad, H)
-    jobs[6] = gspec(H, H, LB, rh, 1, H, d_c, H, 1, False, w_c_grad + I * H, H)
-    run_gemm_specs(7, jobs, ws, threads)
+    cdef int njobs = 6
+    jobs[0] = gspec(n, I, H2, d_ru, H2, 1, w_ru, 1, H2, False, x_grad + t0 * B * I, I)
+    jobs[1] = gspec(n, I, H, d_c, H, 1, w_c, 1, H, True, x_grad + t0 * B * I, I)
+    jobs[2] = gspec(I, H2, n, xs, 1, I, d_ru, H2, 1, accumulate, w_ru_grad, H2)
+    jobs[3] = gspec(I, H, n, xs, 1, I, d_c, H, 1, accumulate, w_c_grad, H)
+    jobs[4] = gspec(H, H, n, rh, 1, H, d_c, H, 1, accumulate, w_c_grad + I * H, H)
+    if t0 > 0:
+        jobs[5] = gspec(H, H2, n, h + (t0 - 1) * B * H, 1, H, d_ru, H2, 1, accumulate,
+                        w_ru_grad + I * H2, H2)
+    else:   # step 0 reads h_prev, steps 1.. read h[0:t1-1]
+        jobs[5] = gspec(H, H2, B if t1 > 0 else 0, h_prev, 1, H, d_ru, H2, 1, accumulate,
+                        w_ru_grad + I * H2, H2)
+        jobs[6] = gspec(H, H2, (t1 - 1) * B if t1 > 1 else 0, h, 1, H, d_ru + B * H2, H2, 1,
+                        True, w_ru_grad + I * H2, H2)
+        njobs = 7
+    run_gemm_specs(njobs, jobs, ws, threads)
 
 
 cdef void gru_backward_packed(
-        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H,
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H,
         const float* w_c_t, const float* w_ru_t,  # IN w_c[I:]^T [H, H], w_ru[I:]^T [2H, H]
                                                   #    packed
         const float* h_prev, const float* r, const float* u, const float* c,
         const float* h, const float* h_grad, const int64_t* lengths,
-        float* d_ru, float* d_c,  # OUT [L*B, 2H], [L*B, H]
+        float* d_ru, float* d_c,  # OUT [(t1-t0)*B, 2H], [(t1-t0)*B, H]: step t at row (t-t0)*B
         float* d_hr,              # workspace [B, H]
         float* h_prev_grad,       # IN/OUT [B, H] the carry
         int n_threads) noexcept nogil:
-    """The reverse loop of the float32 GRU backward: ONE parallel region of
-    n_threads for all L steps, each thread owning the cells [u0, u1). Per step:
+    """The reverse loop of the float32 GRU backward over the steps [t0, t1):
+    ONE parallel region of n_threads, each thread owning the cells [u0, u1). Per step:
     the output part of SPEC §7 for its cells; barrier (d_hr needs all of
     dC[t]); d_hr = dC[t] @ w_c[I:]^T and the reset part for its cells; barrier
     (the carry needs all of dRU[t]); carry += dRU[t] @ w_ru[I:]^T for its
@@ -768,12 +781,12 @@ cdef void gru_backward_packed(
     bar.count = 0
     bar.gen = 0
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        for t in range(L - 1, -1, -1):
-            gru_backward_packed_part(0, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+        for t in range(t1 - 1, t0 - 1, -1):
+            gru_backward_packed_part(0, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
                                      lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
-            gru_backward_packed_part(1, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+            gru_backward_packed_part(1, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
                                      lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
-            gru_backward_packed_part(2, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+            gru_backward_packed_part(2, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
                                      lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
         return
     with parallel(num_threads=n_threads):
@@ -781,38 +794,40 @@ cdef void gru_backward_packed(
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
-        for t in range(L - 1, -1, -1):
-            gru_backward_packed_part(0, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+        for t in range(t1 - 1, t0 - 1, -1):
+            gru_backward_packed_part(0, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
                                      lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
             brnn_barrier_wait(&bar, nt)
-            gru_backward_packed_part(1, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+            gru_backward_packed_part(1, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
                                      lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
             brnn_barrier_wait(&bar, nt)
-            gru_backward_packed_part(2, t, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+            gru_backward_packed_part(2, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
                                      lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
 
 
 cdef void gru_backward_packed_part(
-        int part, Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, const float* w_c_t,
+        int part, Py_ssize_t t, Py_ssize_t t0, Py_ssize_t B, Py_ssize_t H, const float* w_c_t,
         const float* w_ru_t, const float* h_prev, const float* r, const float* u,
         const float* c, const float* h, const float* h_grad, const int64_t* lengths,
         float* d_ru, float* d_c, float* d_hr, float* h_prev_grad,
         Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Part 0, 1 or 2 of step t of gru_backward_packed for the cells [u0, u1)."""
+    """Part 0, 1 or 2 of step t of gru_backward_packed for the cells [u0, u1)
+    (d_ru and d_c: the chunk from step t0 on)."""
     cdef Py_ssize_t BH = B * H
     cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
     if u1 <= u0:
         return
     if part == 0:
         gru_backward_output_block[float](B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
-                                         True, h_prev_grad, d_c + t * BH, d_ru + t * 2 * BH,
-                                         lengths, t, u0, u1 - u0)
+                                         True, h_prev_grad, d_c + (t - t0) * BH,
+                                         d_ru + (t - t0) * 2 * BH, lengths, t, u0, u1 - u0)
     elif part == 1:
-        packed_product(B, H, d_c + t * BH, H, w_c_t, u0, u1, False, d_hr, H)
-        gru_backward_reset_block[float](B, H, h_in, r + t * BH, d_hr, d_ru + t * 2 * BH,
+        packed_product(B, H, d_c + (t - t0) * BH, H, w_c_t, u0, u1, False, d_hr, H)
+        gru_backward_reset_block[float](B, H, h_in, r + t * BH, d_hr,
+                                        d_ru + (t - t0) * 2 * BH,
                                         h_prev_grad, lengths, t, u0, u1 - u0)
     else:
-        packed_product(B, 2 * H, d_ru + t * 2 * BH, 2 * H, w_ru_t, u0, u1, True,
+        packed_product(B, 2 * H, d_ru + (t - t0) * 2 * BH, 2 * H, w_ru_t, u0, u1, True,
                        h_prev_grad, H)
 
 
@@ -828,7 +843,7 @@ cdef void block_gru_backward_compute(
         const int64_t* lengths,   # IN  [B] or NULL
         floating* ws,             # workspace [block_gru_backward_workspace(L, B, H, I, float,
                                   #            max_threads)]
-        double* acc,              # workspace [2H]
+        double* acc,              # workspace [3H]
         floating* x_grad,         # OUT [T, B, I]
         floating* h_prev_grad,    # OUT [B, H]
         floating* w_ru_grad,      # OUT [I+H, 2H]
@@ -836,69 +851,81 @@ cdef void block_gru_backward_compute(
         floating* b_ru_grad,      # OUT [2H]
         floating* b_c_grad,       # OUT [H]
         int n_threads, int max_threads) noexcept nogil:
-    """Backward of block_gru_forward_compute: SPEC §7 at every step, in reverse.
+    """Backward of block_gru_forward_compute: SPEC §7 at every step, in reverse,
+    in chunks of S = backward_chunk_steps(L, B * 4H) steps.
 
-    The loop keeps the gate gradients of every step in the workspace: dRU
-    (d_r_bar_u_bar, [L*B, 2H]), dC (d_c_bar, [L*B, H]), and [L*B, H] that hold
-    r[t] * h[t-1] once the loop is done (their first B*H are the scratch of the
-    recurrent products while it runs). h_prev_grad carries d h[t-1] while
-    the loop runs. After it, x_grad and the weight gradients are single
-    products over all steps:
-      x_grad[:L] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
-      w_ru_grad = [x; h[-1:L-1]]^T @ dRU,  w_c_grad = [x; r*h[-1:L-1]]^T @ dC.
+    For a chunk [t0, t1) the loop keeps the gate gradients of its steps in
+    the workspace: dRU (d_r_bar_u_bar, [S*B, 2H]), dC (d_c_bar, [S*B, H]), and
+    [S*B, H] that hold r[t] * h[t-1] once the chunk's loop is done (their
+    first B*H are the scratch of the recurrent products while it runs).
+    h_prev_grad carries d h[t-1] while the loop runs. After each chunk, its
+    x_grad rows and its part of the weight gradients are single products
+    over its steps (added onto the later chunks'):
+      x_grad[t0:t1] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
+      w_ru_grad += [x; h[t-1]]^T @ dRU,  w_c_grad += [x; r*h[t-1]]^T @ dC.
     float32 from PACKED_MIN_ROWS rows on runs the loop's two products in the
     packed kernel, on up to max_threads threads from the thread budget
     (gru_backward_packed); float64 keeps a per-step dgemm. Both precisions
-    compute the products after the loop through blockrnn's GEMM driver
+    compute the products of a chunk through blockrnn's GEMM driver
     (gru_backward_gemms: float32 or float64 packed kernels), bits independent
-    of any thread count."""
-    cdef Py_ssize_t t, k, BH = B * H, H2 = 2 * H
-    cdef floating* d_ru = ws                    # [L*B, 2H]
-    cdef floating* d_c = ws + L * B * H2        # [L*B, H]
-    cdef floating* rh = d_c + L * BH            # [L*B, H]
-    cdef floating* d_hr = rh + L * BH           # [B, H]
+    of any thread count (S depends on the shape only)."""
+    cdef Py_ssize_t t, t0, t1, k, BH = B * H, H2 = 2 * H
+    cdef Py_ssize_t S = max(1, backward_chunk_steps(L, B * 4 * H))
+    cdef floating* d_ru = ws                    # [S*B, 2H]
+    cdef floating* d_c = ws + S * B * H2        # [S*B, H]
+    cdef floating* rh = d_c + S * BH            # [S*B, H]
+    cdef floating* d_hr = rh + S * BH           # [B, H]
     cdef const floating* h_in
     cdef floating* w_c_t = d_hr + BH            # float32: w_c[I:]^T packed (float64:
                                                 #   the driver's blocks from here),
     cdef floating* w_ru_t = w_c_t + brnn_packed_size(H, H)   # w_ru[I:]^T packed
+    cdef floating* gws = w_ru_t + brnn_packed_size(H2, H) if floating is float else w_c_t
+    cdef bint use_packed = False
     cdef int granted
     memset(h_prev_grad, 0, BH * sizeof(floating))
-    if floating is float and B >= PACKED_MIN_ROWS:
-        brnn_pack_f32(H, H, w_c + I * H, 1, H, w_c_t)
-        brnn_pack_f32(H2, H, w_ru + I * H2, 1, H2, w_ru_t)
-        granted = brnn_budget_take(packed_threads(B, 3 * H, H, H, max_threads), max_threads)
-        gru_backward_packed(L, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad, lengths,
-                            d_ru, d_c, d_hr, h_prev_grad, granted)
-        brnn_budget_give(granted)
-    else:
-        for t in range(L - 1, -1, -1):
-            h_in = h_prev if t == 0 else h + (t - 1) * BH
-            gru_backward_output_rows(B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
-                                     True, h_prev_grad, d_c + t * BH, d_ru + t * B * H2,
-                                     lengths, t, n_threads)
-            gemm_small_by_weights_t(B, H, H, d_c + t * BH, H, w_c + I * H, H, False, d_hr,
-                                    H, rh)
-            gru_backward_reset_rows(B, H, h_in, r + t * BH, d_hr, d_ru + t * B * H2,
-                                    h_prev_grad, lengths, t, n_threads)
-            gemm_small_by_weights_t(B, H, H2, d_ru + t * B * H2, H2, w_ru + I * H2, H2,
-                                    True, h_prev_grad, H, rh)
-
-    if L > 0:  # r[t] * h[t-1], step 0 sees h_prev
-        for k in range(BH):
-            rh[k] = r[k] * h_prev[k]
-        for k in range(BH, L * BH):
-            rh[k] = r[k] * h[k - BH]
-    gru_backward_gemms(L, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, x_grad,
-                       w_ru_grad, w_c_grad,
-                       w_ru_t + brnn_packed_size(H2, H) if floating is float else w_c_t,
-                       gru_backward_gemm_threads(L, B, I, H, max_threads))
+    memset(acc, 0, 3 * H * sizeof(double))     # [2H] b_ru's sums, [H] b_c's
+    if floating is float:
+        if B >= PACKED_MIN_ROWS:
+            use_packed = True
+            brnn_pack_f32(H, H, w_c + I * H, 1, H, w_c_t)
+            brnn_pack_f32(H2, H, w_ru + I * H2, 1, H2, w_ru_t)
+    if L == 0:   # no step: zero weight gradients
+        gru_backward_gemms(0, 0, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, False,
+                           x_grad, w_ru_grad, w_c_grad, gws, 1)
+    t1 = L
+    while t1 > 0:
+        t0 = max(0, t1 - S)
+        if floating is float and use_packed:
+            granted = brnn_budget_take(packed_threads(B, 3 * H, H, H, max_threads),
+                                       max_threads)
+            gru_backward_packed(t0, t1, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                lengths, d_ru, d_c, d_hr, h_prev_grad, granted)
+            brnn_budget_give(granted)
+        else:
+            for t in range(t1 - 1, t0 - 1, -1):
+                h_in = h_prev if t == 0 else h + (t - 1) * BH
+                gru_backward_output_rows(B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
+                                         True, h_prev_grad, d_c + (t - t0) * BH,
+                                         d_ru + (t - t0) * B * H2, lengths, t, n_threads)
+                gemm_small_by_weights_t(B, H, H, d_c + (t - t0) * BH, H, w_c + I * H, H, False,
+                                        d_hr, H, rh)
+                gru_backward_reset_rows(B, H, h_in, r + t * BH, d_hr, d_ru + (t - t0) * B * H2,
+                                        h_prev_grad, lengths, t, n_threads)
+                gemm_small_by_weights_t(B, H, H2, d_ru + (t - t0) * B * H2, H2, w_ru + I * H2,
+                                        H2, True, h_prev_grad, H, rh)
+        # r[t] * h[t-1] of the chunk's steps, step 0 sees h_prev
+        for k in range((t1 - t0) * BH):
+            rh[k] = r[t0 * BH + k] * (h_prev[k] if t0 == 0 and k < BH
+                                      else h[(t0 - 1) * BH + k])
+        gru_backward_gemms(t0, t1, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, t1 < L,
+                           x_grad, w_ru_grad, w_c_grad, gws,
+                           gru_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
+        column_sums((t1 - t0) * B, H2, d_ru, acc)
+        column_sums((t1 - t0) * B, H, d_c, acc + H2)
+        t1 = t0
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
-    memset(acc, 0, H2 * sizeof(double))
-    column_sums(L * B, H2, d_ru, acc)
     store(H2, acc, b_ru_grad)
-    memset(acc, 0, H * sizeof(double))
-    column_sums(L * B, H, d_c, acc)
-    store(H, acc, b_c_grad)
+    store(H, acc + H2, b_c_grad)
 
 
 def block_gru_backward(
@@ -923,7 +950,7 @@ def block_gru_backward(
     dtype = np.float32 if floating is float else np.float64
     cdef floating[::1] ws = np.empty(
         block_gru_backward_workspace(L, B, H, I, floating is float, max_threads), dtype=dtype)
-    cdef double[::1] acc = np.empty(2 * H + 1, dtype=np.float64)
+    cdef double[::1] acc = np.empty(3 * H + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]

@@ -386,109 +386,123 @@ def block_gru_reset_after_forward(
 # Backward
 # ---------------------------------------------------------------------------
 
-cdef inline int gru_ra_backward_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+cdef inline int gru_ra_backward_gemm_threads(Py_ssize_t S, Py_ssize_t B, Py_ssize_t I,
                                              Py_ssize_t H, int max_threads) noexcept nogil:
-    """Threads of the backward's products after its loop (x_grad and the weight
-    gradients: L*B * 3H * (2I + H) multiply-adds), see gru_ra_backward_products."""
-    return packed_gemm_threads(L * B * 3 * H * (2 * I + H), max_threads)
+    """Threads of the products of a chunk of S steps (x_grad and the weight
+    gradients: S*B * 3H * (2I + H) multiply-adds), see gru_ra_backward_products."""
+    return packed_gemm_threads(S * B * 3 * H * (2 * I + H), max_threads)
 
 
-cdef inline Py_ssize_t gru_ra_backward_gemm_ws(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+cdef inline Py_ssize_t gru_ra_backward_gemm_ws(Py_ssize_t S, Py_ssize_t B, Py_ssize_t I,
                                                Py_ssize_t H, bint f32) noexcept nogil:
     """Elements of one thread's GEMM-driver block for gru_ra_backward_products
-    (a bound over its jobs: the driver's ws grows with each size)."""
-    return max(gemm_ws_of(f32, L * B, I, 2 * H), gemm_ws_of(f32, 2 * H, I, L * B),
-               gemm_ws_of(f32, 3 * H, H, L * B))
+    on chunks of up to S steps (a bound over its jobs: the driver's ws grows
+    with each size)."""
+    return max(gemm_ws_of(f32, S * B, I, 2 * H), gemm_ws_of(f32, 2 * H, I, S * B),
+               gemm_ws_of(f32, 3 * H, H, S * B))
 
 
 cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
                                                  Py_ssize_t H, bint packed,
                                                  int max_threads) noexcept nogil:
     """Elements of block_gru_ra_backward_compute's workspace: the gate
-    gradients of every step dG [L*B, 4H] (gru_ra_backward_block's rows), then
-    for float32 w_hh packed as the [3H, H] matrix it is; then the GEMM
-    driver's blocks for the products after the loop
-    [gru_ra_backward_gemm_threads(...) * gru_ra_backward_gemm_ws(...)]. Its
-    double accumulator has 4H + 1 elements."""
-    cdef Py_ssize_t driver = (gru_ra_backward_gemm_threads(L, B, I, H, max_threads)
-                              * gru_ra_backward_gemm_ws(L, B, I, H, packed))
+    gradients of one chunk of S = backward_chunk_steps(L, B * 4H) steps dG
+    [S*B, 4H] (gru_ra_backward_block's rows), then for float32 w_hh packed as
+    the [3H, H] matrix it is; then the GEMM driver's blocks for the products
+    of a chunk [gru_ra_backward_gemm_threads(S, ...) *
+    gru_ra_backward_gemm_ws(S, ...)]. Its double accumulator has 4H + 1
+    elements."""
+    cdef Py_ssize_t S = max(1, backward_chunk_steps(L, B * 4 * H))
+    cdef Py_ssize_t driver = (gru_ra_backward_gemm_threads(S, B, I, H, max_threads)
+                              * gru_ra_backward_gemm_ws(S, B, I, H, packed))
     if packed:
-        return L * B * 4 * H + brnn_packed_size(3 * H, H) + driver + 1
-    return L * B * 4 * H + driver + 1
+        return S * B * 4 * H + brnn_packed_size(3 * H, H) + driver + 1
+    return S * B * 4 * H + driver + 1
 
 
 cdef void gru_ra_backward_packed(
-        Py_ssize_t L, Py_ssize_t B, Py_ssize_t H,
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H,
         const float* packed,      # IN  w_hh [3H, H] packed
         const float* h_prev, const float* r, const float* z, const float* n,
         const float* hn, const float* h, const float* h_grad, const int64_t* lengths,
-        float* dg,                # OUT [L*B, 4H]
+        float* dg,                # OUT [(t1-t0)*B, 4H]: step t at row (t - t0) * B
         float* carry,             # IN/OUT [B, H] d h[t-1]
         int n_threads) noexcept nogil:
-    """The reverse time loop of the float32 backward: ONE parallel region of
-    n_threads for all L steps, each thread owning the cells [u0, u1). At step
-    t a thread computes dG[t] for its cells (all four blocks) and sets its
-    cells' carry to dh * z; after the step's one barrier (the product needs
-    every column of dG[t]), carry[:, u0:u1] += dG_h[t] @ w_hh[:, u0:u1] in the
-    packed kernel. Its next step reads only its own cells' carry, and dG has
-    one buffer per step, so one barrier per step is enough. The bits do not
-    depend on n_threads."""
+    """The reverse time loop of the float32 backward over the steps [t0, t1):
+    ONE parallel region of n_threads, each thread owning the cells [u0, u1).
+    At step t a thread computes dG[t] for its cells (all four blocks) and
+    sets its cells' carry to dh * z; after the step's one barrier (the
+    product needs every column of dG[t]), carry[:, u0:u1] += dG_h[t] @
+    w_hh[:, u0:u1] in the packed kernel. Its next step reads only its own
+    cells' carry, and dG has one buffer per step, so one barrier per step is
+    enough. The bits do not depend on n_threads."""
     cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H, G4 = 4 * H
     cdef int tid = 0, nt = 1
     cdef brnn_barrier bar
     bar.count = 0
     bar.gen = 0
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        for t in range(L - 1, -1, -1):
+        for t in range(t1 - 1, t0 - 1, -1):
             gru_ra_backward_block[float](
                 B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH, z + t * BH,
                 n + t * BH, hn + t * BH, h_grad + t * BH, lengths, t, carry,
-                dg + t * B * G4)
-            packed_product(B, 3 * H, dg + t * B * G4, G4, packed, 0, H, True, carry, H)
+                dg + (t - t0) * B * G4)
+            packed_product(B, 3 * H, dg + (t - t0) * B * G4, G4, packed, 0, H, True, carry, H)
         return
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
-        for t in range(L - 1, -1, -1):
+        for t in range(t1 - 1, t0 - 1, -1):
             if u1 > u0:
                 gru_ra_backward_block[float](
                     B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH, z + t * BH,
                     n + t * BH, hn + t * BH, h_grad + t * BH, lengths, t, carry,
-                    dg + t * B * G4, u0, u1 - u0)
+                    dg + (t - t0) * B * G4, u0, u1 - u0)
             brnn_barrier_wait(&bar, nt)
             if u1 > u0:
-                packed_product(B, 3 * H, dg + t * B * G4, G4, packed, u0, u1, True, carry, H)
+                packed_product(B, 3 * H, dg + (t - t0) * B * G4, G4, packed, u0, u1, True,
+                               carry, H)
 
 
 cdef void gru_ra_backward_products(
-        Py_ssize_t L, Py_ssize_t T, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const floating* x, const floating* h_prev, const floating* h,
-        const floating* w_ih, const floating* dg,
+        const floating* w_ih, const floating* dg, bint accumulate,
         floating* x_grad, floating* w_ih_grad, floating* w_hh_grad,
         floating* gws, int threads) noexcept nogil:
-    """The products after the reverse loop (x_grad and the weight gradients),
-    all in this one place, over all steps at once (dG's rows
-    [dr, dz, dhn, dnx], see gru_ra_backward_block):
-      x_grad[:L] = dG_x @ w_ih          = dG[:, r|z] @ w_ih[:2H] + dG[:, nx] @ w_ih[2H:]
-      w_ih_grad  = dG_x^T @ x[:L]       (rows r, z from dG[:, r|z], rows n from dG[:, nx])
-      w_hh_grad  = dG_h^T @ [h_prev; h[:L-1]]   (dG_h = dG[:, :3H])
+    """The products over the steps [t0, t1) of one chunk (x_grad and the
+    weight gradients), all in this one place (dG's rows [dr, dz, dhn, dnx],
+    see gru_ra_backward_block; the weight gradients added onto the later
+    chunks' if `accumulate`):
+      x_grad[t0:t1] = dG_x @ w_ih  = dG[:, r|z] @ w_ih[:2H] + dG[:, nx] @ w_ih[2H:]
+      w_ih_grad (+)= dG_x^T @ x[t0:t1]  (rows r, z from dG[:, r|z], rows n from dG[:, nx])
+      w_hh_grad (+)= dG_h^T @ h[t0-1:t1-1]   (dG_h = dG[:, :3H], h[-1] = h_prev)
     through the GEMM driver of the precision (run_gemm_specs: blockrnn's
     packed float32 or float64 kernels, on `threads` threads from the budget,
     workspace gws [threads * gru_ra_backward_gemm_ws(...)]; dG^T read through
-    strides, no copies), bits independent of any thread count."""
-    cdef Py_ssize_t H2 = 2 * H, H3 = 3 * H, G4 = 4 * H, LB = L * B
+    strides, no copies), bits independent of any thread count. With t0 ==
+    t1 == 0 (L == 0) the weight gradients are set to zero."""
+    cdef Py_ssize_t H2 = 2 * H, H3 = 3 * H, G4 = 4 * H, rows = (t1 - t0) * B
+    cdef floating* xg = x_grad + t0 * B * I
+    cdef const floating* xs = x + t0 * B * I
     cdef gemm_spec jobs[6]
-    jobs[0] = gspec(LB, I, H2, dg, G4, 1, w_ih, I, 1, False, x_grad, I)
-    jobs[1] = gspec(LB, I, H, dg + H3, G4, 1, w_ih + H2 * I, I, 1, True, x_grad, I)
-    jobs[2] = gspec(H2, I, LB, dg, 1, G4, x, I, 1, False, w_ih_grad, I)
-    jobs[3] = gspec(H, I, LB, dg + H3, 1, G4, x, I, 1, False, w_ih_grad + H2 * I, I)
-    jobs[4] = gspec(H3, H, B if L > 0 else 0, dg, 1, G4, h_prev, H, 1, False, w_hh_grad, H)
-    jobs[5] = gspec(H3, H, (L - 1) * B if L > 1 else 0, dg + B * G4, 1, G4, h, H, 1, True,
-                    w_hh_grad, H)
-    run_gemm_specs(6, jobs, gws, threads)
-    memset(x_grad + LB * I, 0, (T - L) * B * I * sizeof(floating))
+    cdef int njobs = 5
+    jobs[0] = gspec(rows, I, H2, dg, G4, 1, w_ih, I, 1, False, xg, I)
+    jobs[1] = gspec(rows, I, H, dg + H3, G4, 1, w_ih + H2 * I, I, 1, True, xg, I)
+    jobs[2] = gspec(H2, I, rows, dg, 1, G4, xs, I, 1, accumulate, w_ih_grad, I)
+    jobs[3] = gspec(H, I, rows, dg + H3, 1, G4, xs, I, 1, accumulate, w_ih_grad + H2 * I, I)
+    if t0 > 0:
+        jobs[4] = gspec(H3, H, rows, dg, 1, G4, h + (t0 - 1) * B * H, H, 1, accumulate,
+                        w_hh_grad, H)
+    else:   # step 0 reads h_prev, steps 1.. read h[0:t1-1]
+        jobs[4] = gspec(H3, H, B if t1 > 0 else 0, dg, 1, G4, h_prev, H, 1, accumulate,
+                        w_hh_grad, H)
+        jobs[5] = gspec(H3, H, (t1 - 1) * B if t1 > 1 else 0, dg + B * G4, 1, G4, h, H, 1,
+                        True, w_hh_grad, H)
+        njobs = 6
+    run_gemm_specs(njobs, jobs, gws, threads)
 
 
 cdef void block_gru_ra_backward_compute(
@@ -510,37 +524,54 @@ cdef void block_gru_ra_backward_compute(
         floating* w_hh_grad,      # OUT [3H, H]
         floating* b_ih_grad, floating* b_hh_grad,  # OUT [3H]
         int n_threads, int max_threads) noexcept nogil:
-    """Backward of block_gru_ra_forward_compute. The reverse loop computes the
-    gate gradients dG[t] of every step (kept) and carries d h[t-1] in
-    h_prev_grad: dh[t-1] = dG_h[t] @ w_hh + dh[t] * z[t]. float32 from
-    PACKED_MIN_ROWS rows on runs it in the packed kernel on up to max_threads
-    threads from the thread budget (gru_ra_backward_packed); float64 and
-    batch 1 by a gemm per step, gate loops on n_threads. After it:
-    gru_ra_backward_products, and the bias gradients as column sums of dG in
-    double: b_hh_grad = sum dG_h, b_ih_grad = sum dG_x."""
-    cdef Py_ssize_t t, BH = B * H, H3 = 3 * H, G4 = 4 * H
+    """Backward of block_gru_ra_forward_compute, back in time in chunks of S =
+    backward_chunk_steps(L, B * 4H) steps. Per chunk [t0, t1): the reverse
+    loop computes the gate gradients dG[t] of each step (kept for the chunk)
+    and carries d h[t-1] in h_prev_grad: dh[t-1] = dG_h[t] @ w_hh + dh[t] *
+    z[t]. float32 from PACKED_MIN_ROWS rows on runs it in the packed kernel
+    on up to max_threads threads from the thread budget
+    (gru_ra_backward_packed); float64 and batch 1 by a gemm per step, gate
+    loops on n_threads. Then gru_ra_backward_products on the chunk's rows,
+    and the bias gradients as column sums of dG in double: b_hh_grad = sum
+    dG_h, b_ih_grad = sum dG_x."""
+    cdef Py_ssize_t t, t0, t1, BH = B * H, H3 = 3 * H, G4 = 4 * H
+    cdef Py_ssize_t S = backward_chunk_steps(L, B * G4)
     cdef floating* dg = ws
-    cdef floating* packed = ws + L * B * G4
+    cdef floating* packed = ws + max(1, S) * B * G4
+    cdef floating* gws = packed + brnn_packed_size(H3, H) if floating is float else packed
+    cdef bint use_packed = False
     cdef int granted
     memset(h_prev_grad, 0, BH * sizeof(floating))
-    if floating is float and B >= PACKED_MIN_ROWS:
-        brnn_pack_f32(H3, H, w_hh, H, 1, packed)   # W(k, j) = w_hh[k, j]
-        granted = brnn_budget_take(packed_threads(B, H3, H, H, max_threads), max_threads)
-        gru_ra_backward_packed(L, B, H, packed, h_prev, r, z, n, hn, h, h_grad, lengths, dg,
-                               h_prev_grad, granted)
-        brnn_budget_give(granted)
-    else:
-        for t in range(L - 1, -1, -1):
-            gru_ra_backward_rows(B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH,
-                                 z + t * BH, n + t * BH, hn + t * BH, h_grad + t * BH,
-                                 lengths, t, h_prev_grad, dg + t * B * G4, n_threads)
-            gemm(False, False, B, H, H3, 1, dg + t * B * G4, G4, w_hh, H, 1, h_prev_grad, H)
-    gru_ra_backward_products(L, T, B, I, H, x, h_prev, h, w_ih, dg, x_grad, w_ih_grad,
-                             w_hh_grad,
-                             packed + brnn_packed_size(H3, H) if floating is float else packed,
-                             gru_ra_backward_gemm_threads(L, B, I, H, max_threads))
     memset(acc, 0, G4 * sizeof(double))
-    column_sums_strided(L * B, G4, dg, G4, acc)
+    if floating is float:
+        if B >= PACKED_MIN_ROWS:
+            use_packed = True
+            brnn_pack_f32(H3, H, w_hh, H, 1, packed)   # W(k, j) = w_hh[k, j]
+    if L == 0:   # no step: zero weight gradients
+        gru_ra_backward_products(0, 0, B, I, H, x, h_prev, h, w_ih, dg, False, x_grad,
+                                 w_ih_grad, w_hh_grad, gws, 1)
+    t1 = L
+    while t1 > 0:
+        t0 = max(0, t1 - S)
+        if floating is float and use_packed:
+            granted = brnn_budget_take(packed_threads(B, H3, H, H, max_threads), max_threads)
+            gru_ra_backward_packed(t0, t1, B, H, packed, h_prev, r, z, n, hn, h, h_grad,
+                                   lengths, dg, h_prev_grad, granted)
+            brnn_budget_give(granted)
+        else:
+            for t in range(t1 - 1, t0 - 1, -1):
+                gru_ra_backward_rows(B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH,
+                                     z + t * BH, n + t * BH, hn + t * BH, h_grad + t * BH,
+                                     lengths, t, h_prev_grad, dg + (t - t0) * B * G4,
+                                     n_threads)
+                gemm(False, False, B, H, H3, 1, dg + (t - t0) * B * G4, G4, w_hh, H, 1,
+                     h_prev_grad, H)
+        gru_ra_backward_products(t0, t1, B, I, H, x, h_prev, h, w_ih, dg, t1 < L, x_grad,
+                                 w_ih_grad, w_hh_grad, gws,
+                                 gru_ra_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
+        column_sums_strided((t1 - t0) * B, G4, dg, G4, acc)
+        t1 = t0
+    memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
     store(H3, acc, b_hh_grad)                  # r, z, n (dhn)
     store(2 * H, acc, b_ih_grad)               # r, z
     store(H, acc + H3, b_ih_grad + 2 * H)      # n (dnx)

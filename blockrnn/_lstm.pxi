@@ -803,30 +803,6 @@ def block_lstm_forward(
             max_threads)
 
 
-cdef enum:
-    # The backward keeps the gate gradients dG of a chunk of steps, not of all
-    # of them: the reverse loop runs over a chunk, then the products over its
-    # rows (x_grad, the weight gradients) and the bias / peephole sums, then
-    # the next chunk back in time. A chunk is as many steps as fit in this
-    # many floats of dG (at least one step). A dG of every step (the earlier
-    # design) was a fresh T x B x 4H buffer per call, over glibc's mmap
-    # threshold from 32 MB on: at 100,64,512,512 its page faults were ~5% of
-    # a training step (perf), and it was most of the call's memory.
-    LSTM_BACKWARD_CHUNK_FLOATS = 1 << 20
-
-
-cdef inline Py_ssize_t lstm_backward_chunk_steps(Py_ssize_t L, Py_ssize_t B,
-                                                 Py_ssize_t H) noexcept nogil:
-    """Steps per chunk of the backward (a function of the shape only, so the
-    bits never depend on the thread count); 0 when L == 0."""
-    return min(L, max(1, LSTM_BACKWARD_CHUNK_FLOATS // max(1, B * 4 * H)))
-
-
-def lstm_backward_chunk_steps_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t H):
-    """lstm_backward_chunk_steps (for the tests)."""
-    return lstm_backward_chunk_steps(L, B, H)
-
-
 cdef inline int lstm_backward_gemm_threads(Py_ssize_t S, Py_ssize_t B, Py_ssize_t I,
                                            Py_ssize_t H, int max_threads) noexcept nogil:
     """Threads of the products of a chunk of S steps (x_grad and w_grad:
@@ -848,13 +824,13 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t I, bint packed,
         int max_threads) noexcept nogil:
     """Elements of block_lstm_backward_compute's workspace: the gate
-    gradients of one chunk of S = lstm_backward_chunk_steps(L, B, H) steps
+    gradients of one chunk of S = backward_chunk_steps(L, B * 4 * H) steps
     dG [S*B, 4H], then one step's recurrent product dh^T [H, B]; float32
     (packed) then W_h^T packed [brnn_packed_size(4H, H)]; then the GEMM
     driver's blocks for the products of a chunk
     [lstm_backward_gemm_threads(S, ...) * lstm_backward_gemm_ws(S, ...)]. Its
     double accumulator `acc` has 3 * 4H + 1 elements."""
-    cdef Py_ssize_t S = max(1, lstm_backward_chunk_steps(L, B, H))
+    cdef Py_ssize_t S = max(1, backward_chunk_steps(L, B * 4 * H))
     cdef Py_ssize_t driver = (lstm_backward_gemm_threads(S, B, I, H, max_threads)
                               * lstm_backward_gemm_ws(S, B, I, H, packed))
     if packed:
@@ -983,7 +959,7 @@ cdef void block_lstm_backward_compute(
     """BlockLSTMGrad / BlockLSTMGradV2 (SPEC §5); with `lengths`, row b's
     gradients at t >= lengths[b] are zero (its upstream gradients there unused).
 
-    The steps run back in time in chunks of S = lstm_backward_chunk_steps
+    The steps run back in time in chunks of S = backward_chunk_steps
     steps. Per chunk [t0, t1): the reverse time loop does only the gate
     gradients of each step (kept in the workspace dG) and the recurrent
     product dh = dG[t] @ W_h^T; then x_grad, the weight gradients, b_grad
@@ -1004,7 +980,7 @@ cdef void block_lstm_backward_compute(
     over steps runs on OpenBLAS's threads and no thread count changes their
     bits (S depends on the shape only)."""
     cdef Py_ssize_t t, t0, t1, G4 = 4 * H, BH = B * H
-    cdef Py_ssize_t S = lstm_backward_chunk_steps(L, B, H)
+    cdef Py_ssize_t S = backward_chunk_steps(L, B * 4 * H)
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef floating* dg = ws
