@@ -12,6 +12,8 @@ that end inside a chunk and L < T. Checked against the float64 NumPy reference
 (every row run alone for sequence_length), against TensorFlow's
 BlockLSTMGradV2, and for thread-count independence.
 """
+import os
+
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
@@ -20,7 +22,7 @@ import blockrnn
 from blockrnn import _kernels
 from blockrnn import _reference as ref
 
-from _inputs import rel_err, upstream_grads
+from _inputs import check_kernel_variant, rel_err, upstream_grads
 
 # B * 4H = 2**18 floats of gate gradients per step (every family's dG has 4H
 # columns): 4 steps per chunk.
@@ -121,3 +123,35 @@ def test_chunked_lstm_backward_matches_tensorflow(tf):
                                         cs_grad=cs_grad, h_grad=h_grad, use_peephole=True)
     for k in FAMILIES["lstm"][4]:
         assert rel_err(getattr(ours, k), getattr(theirs, k).numpy()) <= 1e-4, k
+
+
+# Every kernel variant this CPU runs (BLOCKRNN_KERNEL, chosen at import, so each in a
+# fresh process): the chunked float32 backwards against the float64 reference, and
+# 1 vs 2 threads bit for bit, reusing this module's table.
+_VARIANT_CHECK = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import os
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+from blockrnn import _kernels
+import test_backward_chunks as t
+assert _kernels.packed_kernel_name() == sys.argv[1], _kernels.packed_kernel_name()
+for family, (_, _, _, ref_grad, fields, _) in t.FAMILIES.items():
+    lengths = t._lengths(9)
+    with threadpool_limits(1, user_api="openmp"):
+        one = t._run(family, np.float32, t.T - 2, lengths, seed=9)[3]
+    with threadpool_limits(2, user_api="openmp"):
+        two = t._run(family, np.float32, t.T - 2, lengths, seed=9)[3]
+    want = t._run(family, np.float64, t.T - 2, lengths, seed=9, grad_op=ref_grad)[3]
+    for k in fields:
+        assert np.array_equal(getattr(one, k), getattr(two, k)), (family, k)
+        assert t.rel_err(getattr(one, k), getattr(want, k)) <= 1e-4, (family, k)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("variant", ["avx512", "avx2", "portable"])
+def test_chunked_backwards_under_every_kernel_variant(variant):
+    check_kernel_variant(variant, _VARIANT_CHECK)
