@@ -81,7 +81,7 @@ cdef inline bint recurrent_weights_transposed(Py_ssize_t L, Py_ssize_t B,
 
 
 cdef enum:
-    # The sequence backwards (LSTM, reset-after GRU) keep the gate gradients
+    # The sequence backwards (LSTM, TF GRU, reset-after GRU) keep the gate gradients
     # dG of a chunk of steps, not of all of them: the reverse loop runs over
     # a chunk, then the products over its rows (x_grad, the weight
     # gradients) and the bias sums, then the next chunk back in time. A chunk

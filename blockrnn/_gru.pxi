@@ -869,7 +869,7 @@ cdef void block_gru_backward_compute(
     compute the products of a chunk through blockrnn's GEMM driver
     (gru_backward_gemms: float32 or float64 packed kernels), bits independent
     of any thread count (S depends on the shape only)."""
-    cdef Py_ssize_t t, t0, t1, k, BH = B * H, H2 = 2 * H
+    cdef Py_ssize_t t, t0, t1, k, k0, BH = B * H, H2 = 2 * H
     cdef Py_ssize_t S = max(1, backward_chunk_steps(L, B * 4 * H))
     cdef floating* d_ru = ws                    # [S*B, 2H]
     cdef floating* d_c = ws + S * B * H2        # [S*B, H]
@@ -913,10 +913,14 @@ cdef void block_gru_backward_compute(
                                         h_prev_grad, lengths, t, n_threads)
                 gemm_small_by_weights_t(B, H, H2, d_ru + (t - t0) * B * H2, H2, w_ru + I * H2,
                                         H2, True, h_prev_grad, H, rh)
-        # r[t] * h[t-1] of the chunk's steps, step 0 sees h_prev
-        for k in range((t1 - t0) * BH):
-            rh[k] = r[t0 * BH + k] * (h_prev[k] if t0 == 0 and k < BH
-                                      else h[(t0 - 1) * BH + k])
+        # r[t] * h[t-1] of the chunk's steps; step 0 sees h_prev
+        k0 = 0
+        if t0 == 0:
+            for k in range(BH):
+                rh[k] = r[k] * h_prev[k]
+            k0 = BH
+        for k in range(k0, (t1 - t0) * BH):
+            rh[k] = r[t0 * BH + k] * h[(t0 - 1) * BH + k]
         gru_backward_gemms(t0, t1, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, t1 < L,
                            x_grad, w_ru_grad, w_c_grad, gws,
                            gru_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
