@@ -21,11 +21,14 @@ from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 # of rows of at most CALLER_GEMM_WORK each. Each element of C is still one dot
 # product over all of k; the blocks depend only on the shapes, never on what
 # other threads do.
-# Except a product above WIDE_GEMM_WORK whose m and n are both at least
-# WIDE_GEMM_ROWS: there the pool pays (a per-step recurrent product of 16 or
+# Except, in float64 only, a product above WIDE_GEMM_WORK whose m and n are
+# both at least WIDE_GEMM_ROWS, or one above SMALL_GEMM_WORK: there the pool
+# pays (a per-step recurrent product of 16 or
 # 32 rows, 2 threads, LSTM forward median: 26.6 -> 20.5 ms at 100,16,256,256,
 # 18.9 -> 14.3 ms at 100,32,128,128; with 4 rows, 200,4,256,512, the pool
-# made it 42 -> 71 ms, so thin products stay on the caller).
+# made it 42 -> 71 ms, so thin products stay on the caller). float32 products
+# never go to the pool (see gemm): a large one is cut into tiles of rows and
+# columns that OpenBLAS runs on its caller.
 cdef enum:
     SMALL_GEMM_WORK = 1 << 22
     WIDE_GEMM_WORK = 1 << 20
@@ -114,7 +117,7 @@ cdef inline void gemm(bint trans_a, bint trans_b,
                       const floating* b, Py_ssize_t ldb,
                       floating beta, floating* c, Py_ssize_t ldc) noexcept nogil:
     """C[m, n] = alpha * op(A) @ op(B) + beta * C, all row-major."""
-    cdef Py_ssize_t i, j, rows
+    cdef Py_ssize_t i, j, rows, cols
     if m == 0 or n == 0:
         return
     if k == 0:  # empty sum: C = beta * C (beta == 0 must not read C: NaN * 0)
@@ -147,7 +150,26 @@ cdef inline void gemm(bint trans_a, bint trans_b,
         return
     if (m * n * k > SMALL_GEMM_WORK or n * k >= CALLER_GEMM_WORK
             or (m * n * k > WIDE_GEMM_WORK and min(m, n) >= WIDE_GEMM_ROWS)):
-        blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+        if floating is double:
+            blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+            return
+        # float32 (the cell ops and their gradients at large sizes): never on
+        # OpenBLAS's pool. Its threaded product's bits may depend on its thread
+        # count (with OpenBLAS's Haswell kernels, lstm_block_cell at B=16, I=128,
+        # H=256 differed between 1 and 2 OpenBLAS threads), and its workers would
+        # spin on the cores blockrnn's threads use. Tiles of at most
+        # CALLER_GEMM_WORK multiply-adds, each run on the calling thread.
+        cols = min(n, max(16, CALLER_GEMM_WORK // (16 * k) // 16 * 16))
+        rows = max(1, CALLER_GEMM_WORK // (cols * k))
+        j = 0
+        while j < n:
+            i = 0
+            while i < m:
+                blas_gemm(trans_a, trans_b, min(rows, m - i), min(cols, n - j), k, alpha,
+                          a + (i if trans_a else i * lda), lda,
+                          b + (j * ldb if trans_b else j), ldb, beta, c + i * ldc + j, ldc)
+                i += rows
+            j += cols
         return
     rows = CALLER_GEMM_WORK // (n * k)  # >= 1
     i = 0

@@ -11,10 +11,13 @@ from blockrnn import _kernels
 # (m, n, k): GEMV with one row / one column, below 2^18 multiply-adds (one
 # call), between 2^18 and 2^20 (blocks), above 2^20 (one call); a dot product;
 # three rows by large weights (a GEMV per row) and by small ones; three
-# columns (GEMM); GEMM in caller row blocks and in one call.
+# columns (GEMM); GEMM in caller row blocks and in one call (float64; float32
+# in tiles of rows and columns on the caller: the cell at B=16, I+H=384,
+# 4H=1024, a long k, tiles with remainders both ways).
 SHAPES = [(1, 7, 5), (6, 1, 9), (1, 700, 600), (900, 1, 500), (1, 1100, 1000),
           (1030, 1, 1050), (1, 1, 33), (3, 700, 600), (3, 40, 30), (700, 3, 600),
-          (40, 3, 30), (5, 40, 30), (64, 96, 80)]
+          (40, 3, 30), (5, 40, 30), (64, 96, 80), (16, 1024, 384), (20, 300, 2000),
+          (37, 530, 600)]
 
 
 def operand(rng, rows, cols, dtype, trans, pad):
