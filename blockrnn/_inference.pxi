@@ -21,7 +21,14 @@
 # Threads: ONE parallel region per call on up to max_threads threads from the
 # thread budget (brnn_budget_take), also at batch 1: each thread owns whole
 # 16-cell panels (unit_start); one barrier per step (two for the TF GRU,
-# whose c product reads every cell's r * h).
+# whose c product reads every cell's r * h). The barrier that ends a step
+# can shed (brnn_barrier_wait_shed in include/brnn_packed.h): when another
+# caller had to be granted a thread beyond the budget, or a thread waited
+# over 1 ms for its partner (another process held that core), the call gives
+# its extra threads back and thread 0 runs every cell of the remaining steps;
+# after the latter, the object runs its calls on one thread for 50 ms
+# (_PackedBase.solo). The split of cells never changes a bit, so neither
+# does shedding.
 #
 # Conventions as the sequence ops + the layers' _last: row b of y is zero
 # from step lengths[b] on; its final state is the state after step
@@ -58,18 +65,22 @@ cdef void infer_inputs(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
 
 cdef enum:
     # Multiply-adds of one step per thread below which a further thread is not
-    # asked for: the sequence ops' PACKED_WORK_PER_THREAD, so batch 1 stays on
-    # one thread below H ~ 512. Measured, T=64, I=H, fresh processes, 2-core
-    # Sapphire Rapids (median time, 2 threads / 1): with no other process
-    # busy, batch 1 H=128 1.15 (LSTM) and 1.37 (GRU): 2 threads lose; H=256
-    # 0.65, 0.68; batch 8 H=128 0.83, 0.93; H=256 0.59, 0.62. But with other
-    # processes busy on the machine, a call's second thread is time-sliced
-    # with them and waits at every step's barrier: `bench --serve` with this
-    # at 2^16 (2 threads from H=256 at batch 1, H=128 at batch 8), one caller,
-    # load average 2.3-2.8 from other users: LSTM H=256 batch 1 434 req/s vs
-    # 1392 on one thread, GRU 219 vs 1955, LSTM H=128 batch 8 32 vs 1166 (p99
-    # 40-127 ms). A dedicated machine can pass work_per_thread=1 << 16 (or 0).
-    INFER_WORK_PER_THREAD = PACKED_WORK_PER_THREAD
+    # asked for: batch 1 takes 2 threads from H = 256 (LSTM and GRU), batch 8
+    # from H = 128. Measured, T=64, I=H, fresh processes, quiet 2-core Zen 5
+    # (1 MB L2 per core; median time, 2 threads / 1): batch 1 H=128 0.86
+    # (LSTM, 2^16 multiply-adds a step: stays on 1) and 0.96 (GRU); H=256
+    # 0.53, 0.58 (half of W_h fits a core's L2); batch 8 H=128 0.60, 0.65;
+    # H=256 GRU 0.54. The 2-core Sapphire Rapids of earlier rounds (2 MB L2)
+    # measured batch 1 H=128 1.15 and 1.37, H=256 0.65 and 0.68.
+    # Where other processes keep the cores busy, a call's second thread is
+    # time-sliced with them and waits at every step (that made calls 3-35x
+    # slower when this was 2^16 without shedding): the call sheds it
+    # (brnn_barrier_wait_shed) and the object then runs on one thread for
+    # 50 ms (brnn_solo_*), so only its periodic retries pay. Measured with
+    # one busy process on the 2 cores, calls in 2 s, 2 threads / 1: LSTM
+    # batch 1 H=256 0.97, GRU batch 8 H=128 0.84 (LSTM H=128 batch 1 would be
+    # 0.70: one more reason it stays on one thread).
+    INFER_WORK_PER_THREAD = 1 << 16
 
 
 cdef inline int inference_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
@@ -154,7 +165,7 @@ cdef inline Py_ssize_t lstm_infer_workspace(Py_ssize_t L, Py_ssize_t B,
     return B * 4 * H + 3 * B * H + (L if infer_hoisted(L, B, 4 * H) else 1) * B * 4 * H + 1
 
 
-cdef void lstm_infer(
+cdef int lstm_infer(
         Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         GateOffsets off,
         const float* packed,      # IN  W_h's then W_x's four gate blocks packed
@@ -167,7 +178,9 @@ cdef void lstm_infer(
         float* y,                 # OUT [T, B, H]
         float* h_n, float* c_n,   # OUT [B, H]
         int want, int max_threads) noexcept nogil:
-    """The float32 LSTM inference forward (see the top of this file)."""
+    """The float32 LSTM inference forward (see the top of this file). Returns
+    0, or 1 / 2 if it shed its extra threads for another caller / for a
+    partner thread that was not running."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* g = ws
@@ -176,10 +189,9 @@ cdef void lstm_infer(
     cdef float* xg = co + BH
     cdef bint hoisted = infer_hoisted(L, B, G4)
     cdef Py_ssize_t xstep = B * G4 if hoisted else 0
-    cdef int tid, nt, granted
+    cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    memset(&bar, 0, sizeof(bar))
     memcpy(h_n, h0, BH * sizeof(float))
     memcpy(c_n, c0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
@@ -206,9 +218,13 @@ cdef void lstm_infer(
                                 c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
                                 xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n,
                                 u0, u1)
-                brnn_barrier_wait(&bar, nt)
-    brnn_budget_give(granted)
+                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores):
+                    if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
+                        break
+                    nt, u0, u1 = 1, 0, H
+    brnn_budget_give(1 if bar.shed else granted)
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
+    return 0 if not bar.shed else (2 if bar.slow else 1)
 
 
 # ---------------------------------------------------------------------------
@@ -262,7 +278,7 @@ cdef inline Py_ssize_t gru_infer_workspace(Py_ssize_t L, Py_ssize_t B,
     return 4 * B * H + (L if infer_hoisted(L, B, 3 * H) else 1) * B * 3 * H + 1
 
 
-cdef void gru_infer(
+cdef int gru_infer(
         Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_ru's r, u blocks and w_c, each x rows then h rows
         const float* b_ru, const float* b_c,
@@ -270,7 +286,7 @@ cdef void gru_infer(
         float* ws,                # workspace [gru_infer_workspace(L, B, H)]
         float* y, float* h_n, int want, int max_threads) noexcept nogil:
     """The float32 TF-GRU inference forward: two barriers per step (the c
-    product reads every cell's r * h[t-1])."""
+    product reads every cell's r * h[t-1]). Returns as lstm_infer."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     cdef float* ru = ws
@@ -278,10 +294,9 @@ cdef void gru_infer(
     cdef float* xg = rh + 2 * BH
     cdef bint hoisted = infer_hoisted(L, B, 3 * H)
     cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
-    cdef int tid, nt, granted
+    cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    memset(&bar, 0, sizeof(bar))
     memcpy(h_n, h0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
     if granted == 1:
@@ -306,13 +321,18 @@ cdef void gru_infer(
                 gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
                                h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
                                ru, rh, y, h_n, u0, u1)
-                brnn_barrier_wait(&bar, nt)
+                if nt > 1:
+                    brnn_barrier_wait(&bar, nt)
                 gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
                                h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
                                ru, rh, y, h_n, u0, u1)
-                brnn_barrier_wait(&bar, nt)
-    brnn_budget_give(granted)
+                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores):
+                    if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
+                        break
+                    nt, u0, u1 = 1, 0, H
+    brnn_budget_give(1 if bar.shed else granted)
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
+    return 0 if not bar.shed else (2 if bar.slow else 1)
 
 
 # ---------------------------------------------------------------------------
@@ -354,14 +374,15 @@ cdef void gru_ra_infer_step(
             memcpy(h_n + k, yt + k, nu * sizeof(float))
 
 
-cdef void gru_ra_infer(
+cdef int gru_ra_infer(
         Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
         const float* b_ih, const float* b_hh,
         const float* x, const float* h0, const int64_t* lengths,
         float* ws,                # workspace [gru_infer_workspace(L, B, H)]
         float* y, float* h_n, int want, int max_threads) noexcept nogil:
-    """The float32 reset-after GRU inference forward, one barrier per step."""
+    """The float32 reset-after GRU inference forward, one barrier per step.
+    Returns as lstm_infer."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* g = ws
@@ -369,10 +390,9 @@ cdef void gru_ra_infer(
     cdef float* xg = hn + BH
     cdef bint hoisted = infer_hoisted(L, B, 3 * H)
     cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
-    cdef int tid, nt, granted
+    cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    memset(&bar, 0, sizeof(bar))
     memcpy(h_n, h0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
     if granted == 1:
@@ -394,9 +414,13 @@ cdef void gru_ra_infer(
                 gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
                                   h0 if t == 0 else y + (t - 1) * BH, hoisted,
                                   xg + t * xstep, g, hn, y, h_n, u0, u1)
-                brnn_barrier_wait(&bar, nt)
-    brnn_budget_give(granted)
+                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores):
+                    if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
+                        break
+                    nt, u0, u1 = 1, 0, H
+    brnn_budget_give(1 if bar.shed else granted)
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
+    return 0 if not bar.shed else (2 if bar.slow else 1)
 
 
 # ---------------------------------------------------------------------------
@@ -509,6 +533,34 @@ cdef class _PackedBase:
     cdef float[::1] packed
     cdef float[::1] bias
     cdef readonly Py_ssize_t work_per_thread   # see inference_threads
+    # Until then (monotonic ns; 0: never) calls run on one thread: set when a
+    # call shed because a partner thread was not running (brnn_barrier_wait_shed).
+    cdef long long solo_until
+    cdef int shed_calls
+
+    @property
+    def solo(self):
+        """Whether calls run on one thread now: a call found a partner thread
+        not running (another process held its core) within the last 0.1 s."""
+        return bool(brnn_solo_now(&self.solo_until))
+
+    cdef inline int _want(self, int want) noexcept nogil:
+        return 1 if want > 1 and brnn_solo_now(&self.solo_until) else want
+
+    @property
+    def sheds(self):
+        """Calls that gave their extra threads back before their last step
+        (brnn_barrier_wait_shed: another caller needed one, or a partner
+        thread was not running)."""
+        return brnn_atomic_load(&self.shed_calls)
+
+    cdef inline void _ran(self, int shed) noexcept nogil:
+        """After a call: shed is the loop's answer (0: kept its threads, 1:
+        shed for another caller, 2: shed for a partner that was not running)."""
+        if shed:
+            brnn_atomic_add(&self.shed_calls, 1)
+        if shed == 2:
+            brnn_solo_start(&self.solo_until)
 
     @property
     def nbytes(self):
@@ -633,7 +685,7 @@ cdef class PackedLSTMWeights(_PackedBase):
             c_n[...] = 0 if c0a is None else c0a
             return _stored(xd, (y, h_n, c_n))
         cdef Py_ssize_t L_ = L
-        cdef int want = inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread)
+        cdef int want = self._want(inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread))
         cdef GateOffsets off = gate_offsets(self.layout, H)
         cdef Py_ssize_t nws = lstm_infer_workspace(L_, B, H)
         cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
@@ -644,10 +696,10 @@ cdef class PackedLSTMWeights(_PackedBase):
         cdef float *py = fdata(y), *phn = fdata(h_n), *pcn = fdata(c_n)
         cdef const int64_t* lp = lengths_data(lens)
         with nogil:
-            lstm_infer(T, L_, B, I, H, off, &self.packed[0], &self.bias[0],
-                       &self.peep_w[0], &self.peep_w[H], &self.peep_w[2 * H],
-                       self.forget_bias, self.cell_clip, self.use_peephole, px, ph0, pc0,
-                       lp, ws, py, phn, pcn, want, nt)
+            self._ran(lstm_infer(
+                T, L_, B, I, H, off, &self.packed[0], &self.bias[0], &self.peep_w[0],
+                &self.peep_w[H], &self.peep_w[2 * H], self.forget_bias, self.cell_clip,
+                self.use_peephole, px, ph0, pc0, lp, ws, py, phn, pcn, want, nt))
         PyMem_RawFree(ws)
         return _stored(xd, (y, h_n, c_n))
 
@@ -700,7 +752,7 @@ cdef class PackedGRUWeights(_PackedBase):
             h_n[...] = 0 if h0a is None else h0a
             return _stored(xd, (y, h_n))
         cdef Py_ssize_t L_ = L
-        cdef int want = inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread)
+        cdef int want = self._want(inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread))
         cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
         cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
         memset(ws + nws, 0, B * H * sizeof(float))
@@ -708,8 +760,8 @@ cdef class PackedGRUWeights(_PackedBase):
         cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
         cdef const int64_t* lp = lengths_data(lens)
         with nogil:
-            gru_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0], &self.bias_c[0],
-                      px, ph0, lp, ws, py, phn, want, nt)
+            self._ran(gru_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0],
+                                &self.bias_c[0], px, ph0, lp, ws, py, phn, want, nt))
         PyMem_RawFree(ws)
         return _stored(xd, (y, h_n))
 
@@ -752,7 +804,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
             h_n[...] = 0 if h0a is None else h0a
             return _stored(xd, (y, h_n))
         cdef Py_ssize_t L_ = L
-        cdef int want = inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread)
+        cdef int want = self._want(inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread))
         cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
         cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
         memset(ws + nws, 0, B * H * sizeof(float))
@@ -760,7 +812,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
         cdef const int64_t* lp = lengths_data(lens)
         with nogil:
-            gru_ra_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0], &self.bias[3 * H],
-                         px, ph0, lp, ws, py, phn, want, nt)
+            self._ran(gru_ra_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0],
+                                   &self.bias[3 * H], px, ph0, lp, ws, py, phn, want, nt))
         PyMem_RawFree(ws)
         return _stored(xd, (y, h_n))

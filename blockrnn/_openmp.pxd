@@ -5,4 +5,5 @@ cdef extern from "brnn_openmp.h" nogil:
     int brnn_omp_get_max_threads()
     int brnn_omp_get_thread_num()
     int brnn_omp_get_num_threads()
+    int brnn_omp_get_num_procs()
     void brnn_omp_barrier()

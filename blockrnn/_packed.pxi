@@ -25,7 +25,14 @@ cdef extern from "brnn_packed.h" nogil:
     ctypedef struct brnn_barrier:
         int count
         int gen
+        int shed
+        int slow
     void brnn_barrier_wait(brnn_barrier* b, int n)
+    int brnn_barrier_wait_shed(brnn_barrier* b, int n, int cores)
+    int brnn_solo_now(const long long* until)
+    void brnn_solo_start(long long* until)
+    int brnn_atomic_load(const int* p)
+    void brnn_atomic_add(int* p, int v)
 
 cdef extern from "brnn_gemm.h" nogil:
     enum:
@@ -186,6 +193,36 @@ def packed_input_threads_for(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t N, Py_ssi
     """packed_input_threads: the threads a batch-1 forward's input projection
     [rows, I] @ [I, N] over H cells asks of the budget (for the tests)."""
     return packed_input_threads(rows, I, N, H, limit)
+
+
+def shed_barrier_answers(int cores, bint other_caller):
+    """brnn_barrier_wait_shed at the end of one step of a 2-thread region (for
+    the tests), on a budget of `cores`; with other_caller, another caller is
+    granted its own thread while the region runs. Returns the two threads'
+    answers and the budget this region still holds after the barrier, or None
+    if the region got fewer than 2 threads."""
+    cdef int granted = brnn_budget_take(2, 2), tid, nt
+    cdef int answers[2]
+    cdef brnn_barrier bar
+    cdef int left, others = 1 if other_caller else 0
+    memset(&bar, 0, sizeof(bar))
+    answers[0] = answers[1] = -1
+    if granted == 2:
+        with nogil, parallel(num_threads=2):
+            tid = brnn_omp_get_thread_num()
+            nt = brnn_omp_get_num_threads()
+            if tid == 0 and others > 0:
+                brnn_budget_take(1, 1)   # another caller: granted its thread beyond the budget
+            brnn_omp_barrier()
+            if nt == 2:
+                answers[tid] = brnn_barrier_wait_shed(&bar, nt, cores)
+    left = brnn_budget_in_use() - others
+    brnn_budget_give(1 if bar.shed else granted)
+    if others > 0:
+        brnn_budget_give(others)
+    if granted != 2 or answers[1] < 0:
+        return None
+    return (answers[0], answers[1]), left
 
 
 def thread_budget_take(int want, int total):

@@ -29,12 +29,15 @@ with ``.inference()`` to serve the new weights. ``nbytes`` is the memory of
 the copy. Objects may be called from several Python threads at once: each
 call takes its threads from blockrnn's thread budget (README, Threads), so
 concurrent callers never oversubscribe the cores, and the bits do not depend
-on the number of threads. A call asks for one thread per 2**20 multiply-adds
+on the number of threads. A call asks for one thread per 2**16 multiply-adds
 of a step (``work_per_thread``; 0: one per 16-cell panel), at most
-``max_threads``. On a machine with no other busy process, ``work_per_thread=2**16``
-runs a lone batch-1 request from H = 256 on 2 cores (0.65x the time of one, measured
-at T = 64); where other processes share the cores, a second thread time-sliced with
-them made calls 3-35x slower, hence the default.
+``max_threads``: a lone batch-1 request runs on 2 cores from H = 256, batch 8
+from H = 128 (0.53-0.65x the time of one thread at T = 64 on a quiet 2-core
+Zen 5). A call gives its extra threads back at the end of a step when another
+caller needs one, or when a partner thread waited for over 1 ms (another process
+holds its core); after the latter the object runs its calls on one thread for
+50 ms, then tries again (``sheds`` counts the calls that shed). Pass
+``work_per_thread=2**20`` to keep small requests on one thread.
 """
 import numpy as np
 
@@ -87,6 +90,13 @@ class _Inference:
         """How many times the weights were packed (once per layer and direction, at
         creation; calls never pack)."""
         return sum(getattr(r, "packings", 0) for r in self._runs)
+
+    @property
+    def sheds(self):
+        """Calls (counted per layer and direction) that gave their extra threads
+        back before their last step: another caller needed one, or a partner
+        thread was not running (another process held its core)."""
+        return sum(getattr(r, "sheds", 0) for r in self._runs)
 
     def __call__(self, x, state=None, sequence_length=None):
         """y (T, B, D*H) and the final state, as ``layer.forward(x, state,

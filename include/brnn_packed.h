@@ -293,7 +293,10 @@ static inline brnn_packed_fn brnn_packed_kernel(int path) {
  * spins 0.31 and 0.63 ms; none 0.27 and 0.59 ms. A yield with nothing else
  * to run costs ~0.16 us, so a partner on a free core is still seen at once. */
 #include <sched.h>
-typedef struct { int count; int gen; } brnn_barrier;
+#include <time.h>
+/* count, gen: the barrier; shed, slow: brnn_barrier_wait_shed's answer and
+ * its evidence (zero the whole struct before the region). */
+typedef struct { int count; int gen; int shed; int slow; } brnn_barrier;
 
 #ifndef BRNN_BARRIER_SPINS
 #define BRNN_BARRIER_SPINS 100
@@ -341,6 +344,88 @@ static inline void brnn_budget_give(int n) {
 
 static inline int brnn_budget_in_use(void) {
     return __atomic_load_n(&brnn_threads_in_use, __ATOMIC_RELAXED);
+}
+
+/* ---- shedding threads at a step boundary ----
+ * A call that took several threads gives all but its first back at the end of
+ * a step, and runs its remaining steps on that one thread, when a thread of
+ * the call is no longer worth its share:
+ *   - the budget is over-committed (in use > the CPUs the process may use):
+ *     another caller was granted its own thread beyond the budget, so the
+ *     cores now hold more of blockrnn's threads than they run at once;
+ *   - a thread of the call waited more than BRNN_SHED_WAIT_NS at this or an
+ *     earlier barrier: its partner was not running (another process holds
+ *     that core), and every further step would wait for the scheduler again.
+ *     A quiet machine's steps wait far less (2-core Zen 5 VM, batch 1-8:
+ *     ~0.16 ms at most within a call; a thread's start-up, the first barrier,
+ *     up to ~3 ms in rare calls); one that shares its cores with a busy
+ *     process, 2-4 ms (the scheduler's time slice).
+ * The last thread to arrive decides and stores the answer before releasing the
+ * others, so every thread returns the same one; on shedding it gives n - 1
+ * threads back to the budget (the caller gives back the last one). The step
+ * loop then hands every cell to thread 0 and the others leave the loop: the
+ * split of cells never changes a bit (brnn_packed.h: one sum per element), so
+ * neither does shedding. */
+#ifndef BRNN_SHED_WAIT_NS
+#define BRNN_SHED_WAIT_NS 1000000
+#endif
+
+static inline long long brnn_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* After a call shed because a partner thread was not running, the object it
+ * ran for (an inference object's packed weights) runs its calls on one thread
+ * for BRNN_SOLO_NS: on a machine whose cores other processes keep busy, every
+ * call would otherwise pay the wait again. `until` is that object's deadline
+ * (0: none), read and written atomically by concurrent callers. */
+#ifndef BRNN_SOLO_NS
+#define BRNN_SOLO_NS 50000000
+#endif
+
+static inline int brnn_solo_now(const long long *until) {
+    long long u = __atomic_load_n(until, __ATOMIC_RELAXED);
+    return u != 0 && brnn_now_ns() < u;
+}
+
+static inline void brnn_solo_start(long long *until) {
+    __atomic_store_n(until, brnn_now_ns() + BRNN_SOLO_NS, __ATOMIC_RELAXED);
+}
+
+static inline int brnn_atomic_load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline void brnn_atomic_add(int *p, int v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+
+/* brnn_barrier_wait, then 1 if the call goes on with one thread (every
+ * thread of the call gets the same answer), else 0. `cores`: the CPUs this
+ * process may run on. */
+static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores) {
+    int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
+        int shed = __atomic_load_n(&b->slow, __ATOMIC_RELAXED) || brnn_budget_in_use() > cores;
+        if (shed) brnn_budget_give(n - 1);
+        __atomic_store_n(&b->shed, shed, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
+        return shed;
+    }
+    long long start = 0;
+    for (int spin = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; spin++) {
+        if (spin < BRNN_BARRIER_SPINS) {
+#if BRNN_PACKED_X86
+            __builtin_ia32_pause();
+#endif
+            continue;
+        }
+        if (start == 0) {
+            start = brnn_now_ns();
+        } else if (brnn_now_ns() - start > BRNN_SHED_WAIT_NS) {
+            __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
+        }
+        sched_yield();
+    }
+    return __atomic_load_n(&b->shed, __ATOMIC_RELAXED);
 }
 
 #endif /* BRNN_PACKED_H */

@@ -3,7 +3,10 @@
 Every check is bit for bit against the training forward (the sequence ops and the
 layers' forward), since the inference kernel computes the same sums in the same
 order and the same gate row functions."""
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -191,27 +194,107 @@ def test_calls_never_repack():
 
 
 def test_inference_thread_rule_and_a_concurrent_caller():
-    """The default rule (INFER_WORK_PER_THREAD = 2^20 multiply-adds of a step per
-    thread) keeps batch 1 on one thread at H = 128 and 256 (2 threads lost badly on
-    a shared machine); work_per_thread=2^16 asks for 2 from H = 256. A request
+    """The default rule (INFER_WORK_PER_THREAD = 2^16 multiply-adds of a step per
+    thread): batch 1 takes 2 threads from H = 256 and stays on one at H = 128, batch 8
+    takes 2 from H = 128; work_per_thread=2^20 keeps all of those on one. A request
     running while another caller holds a thread is granted 1 of 2."""
     want = _kernels.inference_threads_for
-    for H_ in (128, 256):
-        assert want(64, 1, H_, H_, 4 * H_, 2) == 1      # LSTM
-        assert want(64, 1, H_, H_, 3 * H_, 2) == 1      # GRU
-    assert want(64, 1, 128, 128, 4 * 128, 2, 1 << 16) == 1
-    assert want(64, 1, 256, 256, 4 * 256, 2, 1 << 16) == 2
-    assert want(64, 1, 256, 256, 3 * 256, 2, 1 << 16) == 2
-    assert want(64, 1, 256, 256, 4 * 256, 1, 1 << 16) == 1      # max_threads caps it
+    assert want(64, 1, 128, 128, 4 * 128, 2) == 1       # LSTM: 2^16 a step
+    assert want(64, 1, 128, 128, 3 * 128, 2) == 1       # GRU
+    for G in (4, 3):
+        assert want(64, 1, 256, 256, G * 256, 2) == 2
+        assert want(64, 8, 128, 128, G * 128, 2) == 2
+        assert want(64, 1, 256, 256, G * 256, 2, 1 << 20) == 1
+        assert want(64, 8, 128, 128, G * 128, 2, 1 << 20) == 1
+    assert want(64, 1, 256, 256, 4 * 256, 1) == 1                # max_threads caps it
     held = _kernels.thread_budget_take(1, 2)             # a concurrent caller's own thread
     try:
         assert held == 1
-        got = _kernels.thread_budget_take(want(64, 1, 256, 256, 4 * 256, 2, 1 << 16), 2)
+        got = _kernels.thread_budget_take(want(64, 1, 256, 256, 4 * 256, 2), 2)
         assert got == 1
         _kernels.thread_budget_give(got)
     finally:
         _kernels.thread_budget_give(held)
     assert _kernels.thread_budget_in_use() == 0
+
+
+SHED_LAYERS = [("lstm", lambda: blockrnn.LSTM(64, 256, seed=3)),
+               ("gru", lambda: blockrnn.GRU(64, 256, seed=3)),
+               ("tf-gru", lambda: blockrnn.GRU(64, 256, reset_after=False, seed=3))]
+
+
+@pytest.mark.parametrize("name,make", SHED_LAYERS)
+def test_two_callers_shed_the_extra_thread_and_keep_the_bits(name, make):
+    """Batch 1 at H = 256 asks for 2 threads. When a second caller starts while a
+    call holds both, it is granted its own thread beyond the budget, and the first
+    call gives its extra thread back at the end of its step (brnn_barrier_wait_shed):
+    the sheds are counted, every answer keeps the serial bits, the budget ends at 0."""
+    infer = make().inference()
+    x = np.random.default_rng(4).standard_normal((48, 1, 64)).astype(np.float32)
+    want = infer(x)[0]
+    with threadpool_limits(1, user_api="openmp"):
+        assert_equal = np.testing.assert_array_equal
+        assert_equal(infer(x)[0], want)                 # one thread: the same bits
+    stop, errors = threading.Event(), []
+
+    def work():
+        try:
+            while not stop.is_set():
+                assert_equal(infer(x)[0], want)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    while infer.sheds == 0 and time.monotonic() < deadline and not stop.is_set():
+        time.sleep(0.01)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert infer.sheds > 0
+    assert _kernels.thread_budget_in_use() == 0
+
+
+_PARTNER_SCRIPT = """
+import os, subprocess, sys, time
+import numpy as np
+import blockrnn
+from blockrnn import _kernels
+# a busy process per usable CPU: a call's second thread is time-sliced with them
+hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in os.sched_getaffinity(0)]
+try:
+    infer = blockrnn.%s.inference()
+    run = infer._runs[0]
+    x = np.random.default_rng(4).standard_normal((48, 1, 64)).astype(np.float32)
+    ref = run.forward(x, max_threads=1)[0]
+    deadline = time.monotonic() + 30
+    while not run.solo and time.monotonic() < deadline:
+        np.testing.assert_array_equal(infer(x)[0], ref)
+    assert run.solo and infer.sheds > 0, (run.solo, infer.sheds)
+    np.testing.assert_array_equal(infer(x)[0], ref)   # now on one thread
+    assert _kernels.thread_budget_in_use() == 0
+finally:
+    for hog in hogs:
+        hog.kill()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("layer", ["LSTM(64, 256, seed=3)", "GRU(64, 256, seed=3)",
+                                   "GRU(64, 256, reset_after=False, seed=3)"])
+def test_a_partner_thread_that_is_not_running_is_shed(layer):
+    """A fresh process beside a busy process on every CPU: a call's second thread is
+    time-sliced with them, a barrier waits over 1 ms, the call sheds that thread and
+    the object runs on one thread for a while (`solo`); the answers keep the
+    one-thread bits throughout."""
+    out = subprocess.run([sys.executable, "-c", _PARTNER_SCRIPT % layer],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
 def test_packed_weights_start_on_a_cache_line():
@@ -415,3 +498,15 @@ def test_hoisted_input_projection_keeps_the_bits(threads):
                 y, s, _ = layer.forward(x, sequence_length=lengths)
                 y2, s2 = layer.inference()(x, sequence_length=lengths)
                 _equal((y2, *_states(s2)), (y, *_states(s)))
+
+
+def test_the_shedding_barrier_sheds_only_for_another_caller():
+    """brnn_barrier_wait_shed: with nobody else in the budget a 2-thread region keeps
+    both threads (each answers 0, 2 still held); when another caller is granted its
+    own thread beyond a budget of 2, both threads answer 1 and the region has given
+    its second thread back by the time they leave the barrier; on a larger budget the
+    same caller over-commits nothing."""
+    assert _kernels.shed_barrier_answers(2, False) == ((0, 0), 2)
+    assert _kernels.shed_barrier_answers(2, True) == ((1, 1), 1)
+    assert _kernels.shed_barrier_answers(3, True) == ((0, 0), 2)
+    assert _kernels.thread_budget_in_use() == 0
