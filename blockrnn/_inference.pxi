@@ -519,6 +519,21 @@ cdef inline object new_f32(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c=-1):
     return cnp.PyArray_EMPTY(2 if c < 0 else 3, dims, cnp.NPY_FLOAT32, 0)
 
 
+cdef inline object new_f32_rows(Py_ssize_t T, Py_ssize_t B, Py_ssize_t H, bint aligned):
+    """y [T, B, H] of an inference call; if `aligned` (the call runs on several
+    threads), its data starts on a 64-byte boundary. The threads write
+    neighbouring 16-cell panels of every row of y and of the workspace (also
+    aligned): with H a multiple of 16, their boundaries are then cache-line
+    boundaries, else a line holding both threads' cells is written by both at
+    every step (false sharing). Measured at T=64, B=8, I=H=128 on 2 threads,
+    2-core Zen 5, fresh processes alternated (16 and 11 of them), median ms
+    per call: reset-after GRU 0.60 -> 0.45, LSTM 0.72 -> 0.56. (Giving the
+    barrier a cache line of its own measured no different.)"""
+    if not aligned:
+        return new_f32(T, B, H)
+    return _aligned_floats(T * B * H).reshape(T, B, H)
+
+
 cdef inline const float* state_data(arr, const float* zeros):
     """The data of an initial state, or `zeros` (B x H zeros) for None."""
     return zeros if arr is None else fdata(arr)
@@ -677,18 +692,20 @@ cdef class PackedLSTMWeights(_PackedBase):
         cdef int nt = _threads(max_threads)
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
         cdef Py_ssize_t H = self.hidden_size
-        y = new_f32(T, B, H)
         h_n = new_f32(B, H)
         c_n = new_f32(B, H)
         if B == 0 or T == 0:
             h_n[...] = 0 if h0a is None else h0a
             c_n[...] = 0 if c0a is None else c0a
-            return _stored(xd, (y, h_n, c_n))
+            return _stored(xd, (new_f32(T, B, H), h_n, c_n))
         cdef Py_ssize_t L_ = L
         cdef int want = self._want(inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread))
+        y = new_f32_rows(T, B, H, want > 1)
         cdef GateOffsets off = gate_offsets(self.layout, H)
         cdef Py_ssize_t nws = lstm_infer_workspace(L_, B, H)
-        cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
+        # then B x H zeros (a None state); from a 64-byte boundary, as y
+        cdef float* ws_block = new_floats(nws + B * H + PACKED_ALIGN_PAD)
+        cdef float* ws = align64(ws_block)
         memset(ws + nws, 0, B * H * sizeof(float))
         cdef const float* ph0 = state_data(h0a, ws + nws)
         cdef const float* pc0 = state_data(c0a, ws + nws)
@@ -700,7 +717,7 @@ cdef class PackedLSTMWeights(_PackedBase):
                 T, L_, B, I, H, off, &self.packed[0], &self.bias[0], &self.peep_w[0],
                 &self.peep_w[H], &self.peep_w[2 * H], self.forget_bias, self.cell_clip,
                 self.use_peephole, px, ph0, pc0, lp, ws, py, phn, pcn, want, nt))
-        PyMem_RawFree(ws)
+        PyMem_RawFree(ws_block)
         return _stored(xd, (y, h_n, c_n))
 
 
@@ -746,15 +763,17 @@ cdef class PackedGRUWeights(_PackedBase):
         cdef int nt = _threads(max_threads)
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
         cdef Py_ssize_t H = self.hidden_size
-        y = new_f32(T, B, H)
         h_n = new_f32(B, H)
         if B == 0 or T == 0:
             h_n[...] = 0 if h0a is None else h0a
-            return _stored(xd, (y, h_n))
+            return _stored(xd, (new_f32(T, B, H), h_n))
         cdef Py_ssize_t L_ = L
         cdef int want = self._want(inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread))
+        y = new_f32_rows(T, B, H, want > 1)
         cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
-        cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
+        # then B x H zeros (a None state); from a 64-byte boundary, as y
+        cdef float* ws_block = new_floats(nws + B * H + PACKED_ALIGN_PAD)
+        cdef float* ws = align64(ws_block)
         memset(ws + nws, 0, B * H * sizeof(float))
         cdef const float* ph0 = state_data(h0a, ws + nws)
         cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
@@ -762,7 +781,7 @@ cdef class PackedGRUWeights(_PackedBase):
         with nogil:
             self._ran(gru_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0],
                                 &self.bias_c[0], px, ph0, lp, ws, py, phn, want, nt))
-        PyMem_RawFree(ws)
+        PyMem_RawFree(ws_block)
         return _stored(xd, (y, h_n))
 
 
@@ -798,15 +817,17 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         cdef int nt = _threads(max_threads)
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
         cdef Py_ssize_t H = self.hidden_size
-        y = new_f32(T, B, H)
         h_n = new_f32(B, H)
         if B == 0 or T == 0:
             h_n[...] = 0 if h0a is None else h0a
-            return _stored(xd, (y, h_n))
+            return _stored(xd, (new_f32(T, B, H), h_n))
         cdef Py_ssize_t L_ = L
         cdef int want = self._want(inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread))
+        y = new_f32_rows(T, B, H, want > 1)
         cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
-        cdef float* ws = new_floats(nws + B * H)   # then B x H zeros (a None state)
+        # then B x H zeros (a None state); from a 64-byte boundary, as y
+        cdef float* ws_block = new_floats(nws + B * H + PACKED_ALIGN_PAD)
+        cdef float* ws = align64(ws_block)
         memset(ws + nws, 0, B * H * sizeof(float))
         cdef const float* ph0 = state_data(h0a, ws + nws)
         cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
@@ -814,5 +835,5 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         with nogil:
             self._ran(gru_ra_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0],
                                    &self.bias[3 * H], px, ph0, lp, ws, py, phn, want, nt))
-        PyMem_RawFree(ws)
+        PyMem_RawFree(ws_block)
         return _stored(xd, (y, h_n))

@@ -510,3 +510,16 @@ def test_the_shedding_barrier_sheds_only_for_another_caller():
     assert _kernels.shed_barrier_answers(2, True) == ((1, 1), 1)
     assert _kernels.shed_barrier_answers(3, True) == ((0, 0), 2)
     assert _kernels.thread_budget_in_use() == 0
+
+
+@pytest.mark.parametrize("name,make", SHED_LAYERS)
+def test_a_call_on_several_threads_writes_y_from_a_cache_line(name, make):
+    """The threads of a call write neighbouring 16-cell panels of every row of y: y
+    starts on a 64-byte boundary so that no cache line holds both threads' cells (a
+    cell count that is a multiple of 16); the answer is the one-thread answer."""
+    infer = make().inference()
+    x = np.random.default_rng(5).standard_normal((9, 1, 64)).astype(np.float32)
+    for _ in range(8):   # several allocations: an aligned one by chance would not do
+        y = infer(x)[0]
+        assert y.ctypes.data % 64 == 0 and y.flags.c_contiguous and y.shape == (9, 1, 256)
+    np.testing.assert_array_equal(y, infer._runs[0].forward(x, max_threads=1)[0])
