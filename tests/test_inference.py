@@ -519,7 +519,7 @@ def test_a_call_on_several_threads_writes_y_from_a_cache_line(name, make):
     cell count that is a multiple of 16); the answer is the one-thread answer."""
     infer = make().inference()
     x = np.random.default_rng(5).standard_normal((9, 1, 64)).astype(np.float32)
-    for _ in range(8):   # several allocations: an aligned one by chance would not do
-        y = infer(x)[0]
+    ys = [infer(x)[0] for _ in range(8)]   # 8 live arrays: not one address by chance
+    for y in ys:
         assert y.ctypes.data % 64 == 0 and y.flags.c_contiguous and y.shape == (9, 1, 256)
-    np.testing.assert_array_equal(y, infer._runs[0].forward(x, max_threads=1)[0])
+    np.testing.assert_array_equal(ys[0], infer._runs[0].forward(x, max_threads=1)[0])
