@@ -104,6 +104,14 @@ def inference_threads_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H
     return inference_threads(L, B, I, H, G, max_threads, work_per_thread)
 
 
+cdef inline int region_end(brnn_barrier* bar, int granted) noexcept nogil:
+    """After a call's loop: gives back its threads (one, if it shed: the
+    shedding barrier gave back the others) and returns 0, or 1 / 2 if it shed
+    for another caller / for a partner thread that was not running."""
+    brnn_budget_give(1 if bar.shed else granted)
+    return 0 if not bar.shed else (2 if bar.slow else 1)
+
+
 cdef inline bint last_step(const int64_t* lengths, Py_ssize_t row, Py_ssize_t t,
                            Py_ssize_t L) noexcept nogil:
     """Whether step t is row `row`'s last valid one (its final state)."""
@@ -178,9 +186,8 @@ cdef int lstm_infer(
         float* y,                 # OUT [T, B, H]
         float* h_n, float* c_n,   # OUT [B, H]
         int want, int max_threads) noexcept nogil:
-    """The float32 LSTM inference forward (see the top of this file). Returns
-    0, or 1 / 2 if it shed its extra threads for another caller / for a
-    partner thread that was not running."""
+    """The float32 LSTM inference forward (see the top of this file); returns
+    region_end's answer."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* g = ws
@@ -222,9 +229,8 @@ cdef int lstm_infer(
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
                         break
                     nt, u0, u1 = 1, 0, H
-    brnn_budget_give(1 if bar.shed else granted)
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
-    return 0 if not bar.shed else (2 if bar.slow else 1)
+    return region_end(&bar, granted)
 
 
 # ---------------------------------------------------------------------------
@@ -330,9 +336,8 @@ cdef int gru_infer(
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
                         break
                     nt, u0, u1 = 1, 0, H
-    brnn_budget_give(1 if bar.shed else granted)
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
-    return 0 if not bar.shed else (2 if bar.slow else 1)
+    return region_end(&bar, granted)
 
 
 # ---------------------------------------------------------------------------
@@ -418,9 +423,8 @@ cdef int gru_ra_infer(
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
                         break
                     nt, u0, u1 = 1, 0, H
-    brnn_budget_give(1 if bar.shed else granted)
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
-    return 0 if not bar.shed else (2 if bar.slow else 1)
+    return region_end(&bar, granted)
 
 
 # ---------------------------------------------------------------------------
@@ -556,7 +560,7 @@ cdef class _PackedBase:
     @property
     def solo(self):
         """Whether calls run on one thread now: a call found a partner thread
-        not running (another process held its core) within the last 0.1 s."""
+        not running (another process held its core) within the last 50 ms."""
         return bool(brnn_solo_now(&self.solo_until))
 
     cdef inline int _want(self, int want) noexcept nogil:

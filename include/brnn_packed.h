@@ -302,6 +302,34 @@ typedef struct { int count; int gen; int shed; int slow; } brnn_barrier;
 #define BRNN_BARRIER_SPINS 100
 #endif
 
+static inline long long brnn_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Wait until the barrier's generation moves on from gen: spin, then yield at
+ * every check. With slow_ns > 0, a wait past slow_ns sets b->slow (see
+ * brnn_barrier_wait_shed); the clock is read only once yielding began. */
+static inline void brnn_barrier_await(brnn_barrier *b, int gen, long long slow_ns) {
+    long long start = 0;
+    for (int spin = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; spin++) {
+        if (spin < BRNN_BARRIER_SPINS) {
+#if BRNN_PACKED_X86
+            __builtin_ia32_pause();
+#endif
+            continue;
+        }
+        if (slow_ns > 0) {
+            if (start == 0)
+                start = brnn_now_ns();
+            else if (brnn_now_ns() - start > slow_ns)
+                __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
+        }
+        sched_yield();
+    }
+}
+
 static inline void brnn_barrier_wait(brnn_barrier *b, int n) {
     int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
     if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
@@ -309,15 +337,7 @@ static inline void brnn_barrier_wait(brnn_barrier *b, int n) {
         __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
         return;
     }
-    for (int spin = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; spin++) {
-        if (spin < BRNN_BARRIER_SPINS) {
-#if BRNN_PACKED_X86
-            __builtin_ia32_pause();
-#endif
-        } else {
-            sched_yield();
-        }
-    }
+    brnn_barrier_await(b, gen, 0);
 }
 
 /* ---- the thread budget ----
@@ -370,12 +390,6 @@ static inline int brnn_budget_in_use(void) {
 #define BRNN_SHED_WAIT_NS 1000000
 #endif
 
-static inline long long brnn_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /* After a call shed because a partner thread was not running, the object it
  * ran for (an inference object's packed weights) runs its calls on one thread
  * for BRNN_SOLO_NS: on a machine whose cores other processes keep busy, every
@@ -410,21 +424,7 @@ static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores) {
         __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
         return shed;
     }
-    long long start = 0;
-    for (int spin = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; spin++) {
-        if (spin < BRNN_BARRIER_SPINS) {
-#if BRNN_PACKED_X86
-            __builtin_ia32_pause();
-#endif
-            continue;
-        }
-        if (start == 0) {
-            start = brnn_now_ns();
-        } else if (brnn_now_ns() - start > BRNN_SHED_WAIT_NS) {
-            __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
-        }
-        sched_yield();
-    }
+    brnn_barrier_await(b, gen, BRNN_SHED_WAIT_NS);
     return __atomic_load_n(&b->shed, __ATOMIC_RELAXED);
 }
 
