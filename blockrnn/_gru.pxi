@@ -473,12 +473,12 @@ cdef void gru_forward_row1_half(
     if nu <= 0:
         return
     if half == 0:
-        step_product(1, H, h_in, H, packed_h, u0, u1, False, ru, 2 * H)
-        step_product(1, H, h_in, H, packed_h + ps, u0, u1, False, ru + H, 2 * H)
+        recurrent_product(1, H, h_in, packed_h, row1_wide, H, u0, u1, False, ru, 2 * H)
+        recurrent_product(1, H, h_in, packed_h + ps, row1_wide, H, u0, u1, False, ru + H, 2 * H)
         brnn_gru_gates_row_f32(nu, ru + u0, ru + H + u0, b_ru + u0, b_ru + H + u0, h_in + u0,
                                True, r + t * H + u0, u + t * H + u0, rh + u0)
         return
-    step_product(1, H, rh, H, packed_h + 2 * ps, u0, u1, True, c + t * H, H)
+    recurrent_product(1, H, rh, packed_h + 2 * ps, row1_wide, H, u0, u1, True, c + t * H, H)
     k = t * H + u0
     if finished(lengths, 0, t):
         zero_gru_outputs(k, nu, r, u, c, h)
@@ -585,9 +585,9 @@ cdef void block_gru_forward_compute(
         brnn_pack_f32(I, H, w_ru + H, 2 * H, 1, packed + psx)
         brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * psx)
         psh = brnn_packed_size(H, H)
-        brnn_pack_f32(H, H, w_ru + I * 2 * H, 2 * H, 1, packed + 3 * psx)
-        brnn_pack_f32(H, H, w_ru + I * 2 * H + H, 2 * H, 1, packed + 3 * psx + psh)
-        brnn_pack_f32(H, H, w_c + I * H, H, 1, packed + 3 * psx + 2 * psh)
+        pack_recurrent(H, H, w_ru + I * 2 * H, 2 * H, 1, row1_wide, packed + 3 * psx)
+        pack_recurrent(H, H, w_ru + I * 2 * H + H, 2 * H, 1, row1_wide, packed + 3 * psx + psh)
+        pack_recurrent(H, H, w_c + I * H, H, 1, row1_wide, packed + 3 * psx + 2 * psh)
         dst[0], dst[1], dst[2] = r, u, c
         packed_inputs(L * B, I, H, 3, x, packed, dst, max_threads)
         if B == 1:

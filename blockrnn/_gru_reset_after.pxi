@@ -265,7 +265,8 @@ cdef void gru_ra_forward_row1(
         for t in range(L):
             h_in = h_prev if t == 0 else h + (t - 1) * H
             for q in range(3):
-                step_product(1, H, h_in, H, packed + q * ps, 0, H, False, g + q * H, 3 * H)
+                recurrent_product(1, H, h_in, packed + q * ps, row1_wide, H, 0, H, False,
+                                  g + q * H, 3 * H)
             gru_ra_forward_block[float](1, H, g, b_ih, b_hh, h_in, lengths, t, r + t * H,
                                         z + t * H, n + t * H, hn + t * H, h + t * H)
         return
@@ -277,8 +278,9 @@ cdef void gru_ra_forward_row1(
         for t in range(L):
             if u1 > u0:
                 for q in range(3):
-                    step_product(1, H, h_prev if t == 0 else h + (t - 1) * H,
-                                 H, packed + q * ps, u0, u1, False, g + q * H, 3 * H)
+                    recurrent_product(1, H, h_prev if t == 0 else h + (t - 1) * H,
+                                      packed + q * ps, row1_wide, H, u0, u1, False, g + q * H,
+                                      3 * H)
                 gru_ra_forward_block[float](1, H, g, b_ih, b_hh,
                                             h_prev if t == 0 else h + (t - 1) * H, lengths, t,
                                             r + t * H, z + t * H, n + t * H, hn + t * H,
@@ -332,7 +334,7 @@ cdef void block_gru_ra_forward_compute(
     elif floating is float:   # batch 1 (or 0): packed as above, aligned; inputs hoisted
         packed = align64(packed)
         for q in range(3):
-            brnn_pack_f32(H, H, w_hh + q * H * H, 1, H, packed + q * ps)
+            pack_recurrent(H, H, w_hh + q * H * H, 1, H, row1_wide, packed + q * ps)
             brnn_pack_f32(I, H, w_ih + q * H * I, 1, I, packed + 3 * ps + q * psx)
             fdst[q] = dst[q]
         packed_inputs(L * B, I, H, 3, x, packed + 3 * ps, fdst, max_threads)

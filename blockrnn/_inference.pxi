@@ -65,22 +65,21 @@ cdef void infer_inputs(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
 
 cdef enum:
     # Multiply-adds of one step per thread below which a further thread is not
-    # asked for: batch 1 takes 2 threads from H = 256 (LSTM and GRU), batch 8
-    # from H = 128. Measured, T=64, I=H, fresh processes, quiet 2-core Zen 5
-    # (1 MB L2 per core; median time, 2 threads / 1): batch 1 H=128 0.86
-    # (LSTM, 2^16 multiply-adds a step: stays on 1) and 0.96 (GRU); H=256
-    # 0.53, 0.58 (half of W_h fits a core's L2); batch 8 H=128 0.60, 0.65;
-    # H=256 GRU 0.54. The 2-core Sapphire Rapids of earlier rounds (2 MB L2)
-    # measured batch 1 H=128 1.15 and 1.37, H=256 0.65 and 0.68.
+    # asked for: batch 1 takes 2 threads from H = 96 (LSTM and GRU), batch 2
+    # and more from H = 64. Measured with batch 1 on the wide one-row kernel,
+    # T=64, I=H, fresh processes, quiet 2-core Zen 5 (1 MB L2 per core;
+    # median time, 2 threads / 1): LSTM / reset-after GRU at H=64 1.17 / 1.41
+    # (so they stay on 1), H=96 0.82 / 0.91, H=128 0.76 / 0.77, H=256
+    # 0.44 / 0.65; batch 2 H=128 0.68 / 0.70, batch 4 0.65 / 0.65. (On the
+    # panels of 16 columns batch 1 H=128 measured 0.86: then it stayed on 1.)
     # Where other processes keep the cores busy, a call's second thread is
     # time-sliced with them and waits at every step (that made calls 3-35x
-    # slower when this was 2^16 without shedding): the call sheds it
-    # (brnn_barrier_wait_shed) and the object then runs on one thread for
-    # 50 ms (brnn_solo_*), so only its periodic retries pay. Measured with
-    # one busy process on the 2 cores, calls in 2 s, 2 threads / 1: LSTM
-    # batch 1 H=256 0.97, GRU batch 8 H=128 0.84 (LSTM H=128 batch 1 would be
-    # 0.70: one more reason it stays on one thread).
-    INFER_WORK_PER_THREAD = 1 << 16
+    # slower before shedding): the call sheds it (brnn_barrier_wait_shed) and
+    # the object then runs on one thread for a while (brnn_solo_*), so only
+    # its periodic retries pay. Measured with one busy process on the 2
+    # cores, calls in 2 s, 2 threads / 1: LSTM batch 1 H=256 0.97, GRU batch 8
+    # H=128 0.84.
+    INFER_WORK_PER_THREAD = 12288
 
 
 cdef inline int inference_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
@@ -130,12 +129,13 @@ cdef void lstm_infer_step(
         const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint peep, const int64_t* lengths,
         const float* x, const float* h_in, const float* c_in, bint hoisted,
-        float* xg, float* g, float* c_out, float* co, float* y,
+        const float* wide, float* xg, float* g, float* c_out, float* co, float* y,
         float* h_n, float* c_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
     """Step t for the cells [u0, u1): xg = x[t] @ W_x (unless hoisted: then xg
     already holds it) and g = h_in @ W_h (gate columns in W's layout, [B, 4H]
-    each), then brnn_lstm_forward_row_f32 with acc (pre = (xg + g) + b),
-    writing c_out and h = y[t]; a row's last step also writes its final state."""
+    each; from `wide`, W_h's blocks in the wide layout, unless NULL), then
+    brnn_lstm_forward_row_f32 with acc (pre = (xg + g) + b), writing c_out and
+    h = y[t]; a row's last step also writes its final state."""
     cdef Py_ssize_t q, r, k, nu = u1 - u0, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* xr
@@ -147,7 +147,8 @@ cdef void lstm_infer_step(
         if not hoisted:
             step_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
                          xg + q * H, G4)
-        step_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, G4)
+        recurrent_product(B, H, h_in, packed + q * ps if wide == NULL else wide + q * ps,
+                          wide != NULL, H, u0, u1, False, g + q * H, G4)
     for r in range(B):
         k = r * H + u0
         if finished(lengths, r, t):   # as lstm_forward_block: zeros
@@ -177,6 +178,7 @@ cdef int lstm_infer(
         Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         GateOffsets off,
         const float* packed,      # IN  W_h's then W_x's four gate blocks packed
+        const float* wide,        # IN  W_h's blocks in the wide layout, or NULL
         const float* b, const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint peep,
         const float* x,           # IN  [T, B, I]
@@ -209,7 +211,7 @@ cdef int lstm_infer(
             lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
                             cell_clip, peep, lengths, x, h0 if t == 0 else y + (t - 1) * BH,
                             c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
-                            xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n, 0, H)
+                            wide, xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n, 0, H)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
@@ -223,7 +225,7 @@ cdef int lstm_infer(
                                 cell_clip, peep, lengths, x,
                                 h0 if t == 0 else y + (t - 1) * BH,
                                 c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
-                                xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n,
+                                wide, xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n,
                                 u0, u1)
                 if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
@@ -240,13 +242,16 @@ cdef int lstm_infer(
 cdef void gru_infer_half(
         int half, Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed, const float* b_ru, const float* b_c, const int64_t* lengths,
-        const float* x, const float* h_in, bint hoisted, float* xg, float* ru, float* rh,
-        float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+        const float* x, const float* h_in, bint hoisted, const float* wide, float* xg,
+        float* ru, float* rh, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
     """Half 0 or 1 of step t for the cells [u0, u1), as gru_forward_packed_half
     but into the scratch xg [B, 3H] (blocks r, u, c: x[t]'s products, unless
     hoisted, then the gates) and y[t]. Packed block q (r, u, c) at
-    packed + q * ps: its x rows, then at + psx its h rows."""
+    packed + q * ps: its x rows, then at + psx its h rows; `wide` (or NULL):
+    the h rows' three blocks in the wide layout, block q at wide + q * psh."""
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    cdef Py_ssize_t psh = brnn_packed_size(H, H)
+    cdef bint w1 = wide != NULL
     cdef Py_ssize_t BH = B * H, H3 = 3 * H, row, k, kx, nu = u1 - u0, q
     cdef float* yt = y + t * BH
     if nu <= 0:
@@ -256,8 +261,10 @@ cdef void gru_infer_half(
             for q in range(3):
                 step_product(B, I, x + t * B * I, I, packed + q * ps, u0, u1, False,
                              xg + q * H, H3)
-        step_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
-        step_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+        recurrent_product(B, H, h_in, wide if w1 else packed + psx, w1, H, u0, u1, False,
+                          ru, 2 * H)
+        recurrent_product(B, H, h_in, wide + psh if w1 else packed + ps + psx, w1, H, u0, u1,
+                          False, ru + H, 2 * H)
         for row in range(B):
             k = row * H + u0
             kx = row * H3 + u0
@@ -265,7 +272,8 @@ cdef void gru_infer_half(
                                    b_ru + u0, b_ru + H + u0, h_in + k, True,
                                    xg + kx, xg + H + kx, rh + k)
         return
-    step_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, xg + 2 * H, H3)
+    recurrent_product(B, H, rh, wide + 2 * psh if w1 else packed + 2 * ps + psx, w1, H, u0, u1,
+                      True, xg + 2 * H, H3)
     for row in range(B):
         k = row * H + u0
         kx = row * H3 + u0
@@ -287,6 +295,7 @@ cdef inline Py_ssize_t gru_infer_workspace(Py_ssize_t L, Py_ssize_t B,
 cdef int gru_infer(
         Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_ru's r, u blocks and w_c, each x rows then h rows
+        const float* wide,        # IN  the h rows' three blocks in the wide layout, or NULL
         const float* b_ru, const float* b_c,
         const float* x, const float* h0, const int64_t* lengths,
         float* ws,                # workspace [gru_infer_workspace(L, B, H)]
@@ -310,10 +319,10 @@ cdef int gru_infer(
             infer_inputs(L * B, I, H, 3, x, packed, ps, xg, 0, H)
         for t in range(L):
             gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                           h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                           h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
                            ru, rh, y, h_n, 0, H)
             gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                           h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                           h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
                            ru, rh, y, h_n, 0, H)
     else:
         with parallel(num_threads=granted):
@@ -325,12 +334,12 @@ cdef int gru_infer(
                 infer_inputs(L * B, I, H, 3, x, packed, ps, xg, u0, u1)
             for t in range(L):
                 gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                               h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                               h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
                                ru, rh, y, h_n, u0, u1)
                 if nt > 1:
                     brnn_barrier_wait(&bar, nt)
                 gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                               h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
+                               h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
                                ru, rh, y, h_n, u0, u1)
                 if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
@@ -347,11 +356,12 @@ cdef int gru_infer(
 cdef void gru_ra_infer_step(
         Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed, const float* b_ih, const float* b_hh, const int64_t* lengths,
-        const float* x, const float* h_in, bint hoisted, float* xg, float* g, float* hn,
-        float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+        const float* x, const float* h_in, bint hoisted, const float* wide, float* xg,
+        float* g, float* hn, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
     """Step t for the cells [u0, u1): xg = x[t] @ w_ih^T (unless hoisted),
-    g = h_in @ w_hh^T ([B, 3H] each, blocks r, z, n), then
-    brnn_gru_ra_forward_row_f32 into y[t]."""
+    g = h_in @ w_hh^T ([B, 3H] each, blocks r, z, n; from `wide`, w_hh's
+    blocks in the wide layout, unless NULL), then brnn_gru_ra_forward_row_f32
+    into y[t]."""
     cdef Py_ssize_t q, row, k, nu = u1 - u0, H3 = 3 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* xr
@@ -363,7 +373,8 @@ cdef void gru_ra_infer_step(
         if not hoisted:
             step_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
                          xg + q * H, H3)
-        step_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, H3)
+        recurrent_product(B, H, h_in, packed + q * ps if wide == NULL else wide + q * ps,
+                          wide != NULL, H, u0, u1, False, g + q * H, H3)
     for row in range(B):
         k = row * H + u0
         if finished(lengths, row, t):
@@ -382,6 +393,7 @@ cdef void gru_ra_infer_step(
 cdef int gru_ra_infer(
         Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
+        const float* wide,        # IN  w_hh's blocks in the wide layout, or NULL
         const float* b_ih, const float* b_hh,
         const float* x, const float* h0, const int64_t* lengths,
         float* ws,                # workspace [gru_infer_workspace(L, B, H)]
@@ -405,8 +417,8 @@ cdef int gru_ra_infer(
             infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, 0, H)
         for t in range(L):
             gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
-                              h0 if t == 0 else y + (t - 1) * BH, hoisted, xg + t * xstep,
-                              g, hn, y, h_n, 0, H)
+                              h0 if t == 0 else y + (t - 1) * BH, hoisted, wide,
+                              xg + t * xstep, g, hn, y, h_n, 0, H)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
@@ -417,7 +429,7 @@ cdef int gru_ra_infer(
                 infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, u0, u1)
             for t in range(L):
                 gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
-                                  h0 if t == 0 else y + (t - 1) * BH, hoisted,
+                                  h0 if t == 0 else y + (t - 1) * BH, hoisted, wide,
                                   xg + t * xstep, g, hn, y, h_n, u0, u1)
                 if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
@@ -475,19 +487,20 @@ cdef object _lengths_array(str where, lengths, Py_ssize_t B, Py_ssize_t T):
 
 
 cdef void pack_blocks(Py_ssize_t K, Py_ssize_t H, int nq, const float[:, :] w,
-                      bint rows_are_gates, float* dst) noexcept nogil:
+                      bint rows_are_gates, float* dst, bint wide=False) noexcept nogil:
     """Pack nq gate blocks of H columns of W [K, nq*H] (view `w` is W itself,
     or W^T [nq*H, K] if rows_are_gates: nn.LSTM / nn.GRU's layout) at
-    dst + q * brnn_packed_size(K, H)."""
+    dst + q * brnn_packed_size(K, H): as panels, or in the wide layout of the
+    one-row kernel if `wide` (pack_recurrent)."""
     cdef Py_ssize_t q, s0 = w.strides[0] // 4, s1 = w.strides[1] // 4
     cdef Py_ssize_t ps = brnn_packed_size(K, H)
     if K == 0:
         return
     for q in range(nq):
         if rows_are_gates:   # W(k, n) = w[q*H + n, k]
-            brnn_pack_f32(K, H, &w[q * H, 0], s1, s0, dst + q * ps)
+            pack_recurrent(K, H, &w[q * H, 0], s1, s0, wide, dst + q * ps)
         else:                # W(k, n) = w[k, q*H + n]
-            brnn_pack_f32(K, H, &w[0, q * H], s0, s1, dst + q * ps)
+            pack_recurrent(K, H, &w[0, q * H], s0, s1, wide, dst + q * ps)
 
 
 cdef object _aligned_floats(Py_ssize_t n):
@@ -550,6 +563,10 @@ cdef class _PackedBase:
     cdef readonly Py_ssize_t input_size, hidden_size
     cdef readonly int packings
     cdef float[::1] packed
+    # The recurrent weight's gate blocks once more, in the wide layout of the
+    # one-row kernel (include/brnn_inference.h): what batch-1 calls read
+    # (where the kernel exists: row1_wide; else one unused float).
+    cdef float[::1] wide
     cdef float[::1] bias
     cdef readonly Py_ssize_t work_per_thread   # see inference_threads
     # Until then (monotonic ns; 0: never) calls run on one thread: set when a
@@ -583,8 +600,22 @@ cdef class _PackedBase:
 
     @property
     def nbytes(self):
-        """Bytes of the packed weights and bias this object holds."""
-        return (self.packed.shape[0] + self.bias.shape[0]) * 4
+        """Bytes of the packed weights (panels, and the recurrent weight again
+        in the wide layout for batch 1) and bias this object holds."""
+        return (self.packed.shape[0] + self.wide.shape[0] + self.bias.shape[0]) * 4
+
+    cdef void _pack_wide(self, Py_ssize_t nq, const float[:, :] w_h, bint rows_are_gates):
+        """self.wide: the nq gate blocks of W_h [H, nq*H] (or its transpose if
+        rows_are_gates) in the wide layout, if this CPU has the kernel."""
+        cdef Py_ssize_t H = self.hidden_size
+        self.wide = _aligned_floats(nq * brnn_packed_size(H, H) + 1 if row1_wide else 1)
+        if row1_wide:
+            with nogil:
+                pack_blocks(H, H, <int>nq, w_h, rows_are_gates, &self.wide[0], True)
+
+    cdef inline const float* _wide_for(self, Py_ssize_t B) noexcept:
+        """The wide copy for a call of B rows (batch 1 only), or NULL."""
+        return &self.wide[0] if B == 1 and row1_wide else NULL
 
     @property
     def packed_address(self):
@@ -685,6 +716,7 @@ cdef class PackedLSTMWeights(_PackedBase):
         with nogil:
             pack_blocks(H, H, 4, vh, gates_in_rows, &self.packed[0])
             pack_blocks(I, H, 4, vx, gates_in_rows, &self.packed[4 * brnn_packed_size(H, H)])
+        self._pack_wide(4, vh, gates_in_rows)
         self.packings = 1
         self.work_per_thread = work_per_thread
 
@@ -716,9 +748,10 @@ cdef class PackedLSTMWeights(_PackedBase):
         cdef float* px = fdata(xa)
         cdef float *py = fdata(y), *phn = fdata(h_n), *pcn = fdata(c_n)
         cdef const int64_t* lp = lengths_data(lens)
+        cdef const float* wide = self._wide_for(B)
         with nogil:
             self._ran(lstm_infer(
-                T, L_, B, I, H, off, &self.packed[0], &self.bias[0], &self.peep_w[0],
+                T, L_, B, I, H, off, &self.packed[0], wide, &self.bias[0], &self.peep_w[0],
                 &self.peep_w[H], &self.peep_w[2 * H], self.forget_bias, self.cell_clip,
                 self.use_peephole, px, ph0, pc0, lp, ws, py, phn, pcn, want, nt))
         PyMem_RawFree(ws_block)
@@ -753,12 +786,15 @@ cdef class PackedGRUWeights(_PackedBase):
                             &self.packed[q * ps + psx])
             pack_blocks(I, H, 1, vc[:I], False, &self.packed[2 * ps])
             pack_blocks(H, H, 1, vc[I:], False, &self.packed[2 * ps + psx])
+        # the h rows of w_ru's r, u blocks and of w_c: [H, 3H]
+        self._pack_wide(3, np.concatenate([wru[I:], wc[I:]], axis=1), False)
         self.packings = 1
         self.work_per_thread = work_per_thread
 
     @property
     def nbytes(self):
-        return (self.packed.shape[0] + self.bias.shape[0] + self.bias_c.shape[0]) * 4
+        return (self.packed.shape[0] + self.wide.shape[0] + self.bias.shape[0]
+                + self.bias_c.shape[0]) * 4
 
     def forward(self, x, h0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
@@ -782,8 +818,9 @@ cdef class PackedGRUWeights(_PackedBase):
         cdef const float* ph0 = state_data(h0a, ws + nws)
         cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
         cdef const int64_t* lp = lengths_data(lens)
+        cdef const float* wide = self._wide_for(B)
         with nogil:
-            self._ran(gru_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0],
+            self._ran(gru_infer(T, L_, B, I, H, &self.packed[0], wide, &self.bias[0],
                                 &self.bias_c[0], px, ph0, lp, ws, py, phn, want, nt))
         PyMem_RawFree(ws_block)
         return _stored(xd, (y, h_n))
@@ -811,6 +848,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         with nogil:
             pack_blocks(H, H, 3, vhh, True, &self.packed[0])
             pack_blocks(I, H, 3, vih, True, &self.packed[3 * brnn_packed_size(H, H)])
+        self._pack_wide(3, vhh, True)
         self.packings = 1
         self.work_per_thread = work_per_thread
 
@@ -836,8 +874,9 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         cdef const float* ph0 = state_data(h0a, ws + nws)
         cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
         cdef const int64_t* lp = lengths_data(lens)
+        cdef const float* wide = self._wide_for(B)
         with nogil:
-            self._ran(gru_ra_infer(T, L_, B, I, H, &self.packed[0], &self.bias[0],
+            self._ran(gru_ra_infer(T, L_, B, I, H, &self.packed[0], wide, &self.bias[0],
                                    &self.bias[3 * H], px, ph0, lp, ws, py, phn, want, nt))
         PyMem_RawFree(ws_block)
         return _stored(xd, (y, h_n))

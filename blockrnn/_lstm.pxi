@@ -592,7 +592,8 @@ cdef void lstm_forward_row1_step(
     if u1 <= u0:
         return
     for q in range(4):
-        step_product(1, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, 4 * H)
+        recurrent_product(1, H, h_in, packed + q * ps, row1_wide, H, u0, u1, False, g + q * H,
+                          4 * H)
     lstm_forward_block[float](1, H, off, g, b, cs_in, wci, wcf, wco, forget_bias, cell_clip,
                               use_peephole, lengths, t, True, i_ + t * H, cs + t * H,
                               f + t * H, o + t * H, ci + t * H, co + t * H, h + t * H,
@@ -730,7 +731,7 @@ cdef void block_lstm_forward_compute(
     elif floating is float:   # batch 1 (or 0): W_h's and W_x's gate blocks packed, aligned
         pk = align64(ws + B * G4)
         for q in range(4):
-            brnn_pack_f32(H, H, w_h + q * H * s.hn, s.hk, s.hn, pk + q * ps)
+            pack_recurrent(H, H, w_h + q * H * s.hn, s.hk, s.hn, row1_wide, pk + q * ps)
             brnn_pack_f32(I, H, w_x + q * H * s.xn, s.xk, s.xn,
                           pk + 4 * ps + q * brnn_packed_size(I, H))
             dst[q] = i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f else o

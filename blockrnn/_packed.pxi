@@ -117,10 +117,20 @@ cdef extern from "brnn_inference.h" nogil:
     ctypedef void (*brnn_row1_fn)(Py_ssize_t K, const float* a, const float* P, Py_ssize_t n0,
                                   Py_ssize_t n1, int accumulate, float* c)
     brnn_row1_fn brnn_row1_kernel(int path)
+    ctypedef void (*brnn_row1_wide_fn)(Py_ssize_t K, const float* a, const float* P,
+                                       Py_ssize_t N, Py_ssize_t n0, Py_ssize_t n1,
+                                       int accumulate, float* c)
+    brnn_row1_wide_fn brnn_row1_wide_kernel(int path)
+    void brnn_pack_wide_f32(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
+                            Py_ssize_t sn, float* P)
 
 
 # The one-row kernel of this process's packed variant (NULL: portable), fixed at import.
 cdef brnn_row1_fn row1_product = brnn_row1_kernel(packed_path)
+# Its wide-layout twin (NULL: portable); where it exists, batch 1 reads W_h in
+# the wide layout (brnn_inference.h), else as panels through step_product.
+cdef brnn_row1_wide_fn row1_wide_product = brnn_row1_wide_kernel(packed_path)
+cdef bint row1_wide = row1_wide_product != NULL
 
 
 cdef enum:
@@ -147,6 +157,52 @@ cdef inline void step_product(Py_ssize_t rows, Py_ssize_t K, const float* A, Py_
         row1_product(K, A, P, n0, n1, accumulate, C)
     else:
         packed_product(rows, K, A, lda, P, n0, n1, accumulate, C, ldc)
+
+
+cdef inline void pack_recurrent(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
+                                Py_ssize_t sn, bint wide, float* P) noexcept nogil:
+    """Pack a recurrent weight block W [K, N] (W(k, n) = w[k*sk + n*sn]) for
+    recurrent_product: in the wide layout if `wide`, else as panels."""
+    if wide:
+        brnn_pack_wide_f32(K, N, w, sk, sn, P)
+    else:
+        brnn_pack_f32(K, N, w, sk, sn, P)
+
+
+cdef inline void recurrent_product(Py_ssize_t rows, Py_ssize_t K, const float* A,
+                                   const float* P, bint wide, Py_ssize_t N, Py_ssize_t n0,
+                                   Py_ssize_t n1, bint accumulate, float* C,
+                                   Py_ssize_t ldc) noexcept nogil:
+    """A step's product with a recurrent weight block W [K, N] packed by
+    pack_recurrent (wide: one row, the wide kernel; else step_product on
+    panels). Same sums, same bits either way."""
+    if wide:
+        row1_wide_product(K, A, P, N, n0, n1, accumulate, C)
+    else:
+        step_product(rows, K, A, K, P, n0, n1, accumulate, C, ldc)
+
+
+def row1_wide_memview(const float[::1] a, const float[:, :] w, bint accumulate,
+                      float[::1] c, str path=None, Py_ssize_t n0=0, Py_ssize_t n1=-1):
+    """c[n0:n1] (+)= a @ W[:, n0:n1] through the wide one-row kernel (for its
+    tests): W [K, N] (any strides) packed in the wide layout, then one call of
+    variant `path` (avx512 or avx2; this process's by default)."""
+    cdef Py_ssize_t K = a.shape[0], N = w.shape[1]
+    cdef int p = packed_path if path is None else PACKED_PATHS.get(path, -1)
+    cdef brnn_row1_wide_fn fn = brnn_row1_wide_kernel(p) if p >= 0 else NULL
+    if p < 0 or not brnn_packed_path_supported(p) or fn == NULL:
+        raise ValueError(f"row1_wide_memview: path {path!r} has no wide kernel here")
+    if n1 < 0:
+        n1 = N
+    if w.shape[0] != K or c.shape[0] != N or not 0 <= n0 <= n1 <= N or n0 % BRNN_NR:
+        raise ValueError("row1_wide_memview: inconsistent shapes or column range")
+    cdef float[::1] packed = np.empty(brnn_packed_size(K, N) + 1, dtype=np.float32)
+    cdef Py_ssize_t sk = w.strides[0] // 4, sn = w.strides[1] // 4
+    with nogil:
+        if K > 0 and N > 0:
+            brnn_pack_wide_f32(K, N, &w[0, 0], sk, sn, &packed[0])
+        fn(K, &a[0] if K > 0 else NULL, &packed[0], N, n0, n1, accumulate,
+           &c[0] if N > 0 else NULL)
 
 
 def packed_kernel_name():

@@ -26,13 +26,14 @@ the training ops on the copied weights (same bits, no packing).
 The weights are a COPY: an update of the layer after ``.inference()`` (in
 place or by assigning new arrays) is not seen by the object; build a new one
 with ``.inference()`` to serve the new weights. ``nbytes`` is the memory of
-the copy. Objects may be called from several Python threads at once: each
+the copy (on x86 with AVX2 or AVX-512 the recurrent weights are held twice: as
+the panels of the batched products and in the wide layout batch 1 reads). Objects may be called from several Python threads at once: each
 call takes its threads from blockrnn's thread budget (README, Threads), so
 concurrent callers never oversubscribe the cores, and the bits do not depend
-on the number of threads. A call asks for one thread per 2**16 multiply-adds
+on the number of threads. A call asks for one thread per 12288 multiply-adds
 of a step (``work_per_thread``; 0: one per 16-cell panel), at most
-``max_threads``: a lone batch-1 request runs on 2 cores from H = 256, batch 8
-from H = 128 (0.53-0.65x the time of one thread at T = 64 on a quiet 2-core
+``max_threads``: a lone batch-1 request runs on 2 cores from H = 96, batch 8
+from H = 64 (0.44-0.82x the time of one thread at T = 64 on a quiet 2-core
 Zen 5). A call gives its extra threads back at the end of a step when another
 caller needs one, or when a partner thread waited for over 1 ms (another process
 holds its core); after the latter the object runs its calls on one thread for

@@ -37,8 +37,10 @@ CPU only; float32 and float64 tensors.
   records a graph drops the cache, and ``clear_inference_cache()`` does by hand.
   The answers equal the grad path's bit for bit (batch 1 included: the training
   forwards' batch-1 steps run the same one-row kernel). Memory: the packed copy, per
-  layer and direction 4 (LSTM) or 3 (GRU) x (I_k + H) x H' float32 (H' = H rounded
-  up to a multiple of 16) plus the biases, about the weights once more;
+  layer and direction 4 (LSTM) or 3 (GRU) x (I_k + 2H) x H' float32 (H' = H rounded
+  up to a multiple of 16; the recurrent weight twice, as panels and in the one-row
+  kernel's wide layout, on x86 with AVX2 or AVX-512) plus the biases, about 1.5x
+  the weights;
   ``inference_cache_info()["nbytes"]``. float64 modules, ``proj_size > 0`` and
   traced calls (torch.compile, torch.export) run the training ops (same bits).
 * ``upgrade_state_dict_v01(state_dict, module)``: a blockrnn 0.1 state_dict

@@ -75,6 +75,135 @@ static void brnn_row1_avx2(ptrdiff_t K, const float *a, const float *P, ptrdiff_
 }
 #endif
 
+/* ---- the wide layout, for one row ----
+ * One row streams all of W at every step (a GEMV: no reuse), so its speed is
+ * the bandwidth of the cache that holds W. Read as 16-column panels (above),
+ * a pass over 8 panels is 8 streams 64 bytes wide; read as blocks of 64
+ * columns stored k-major, it is one stream 256 bytes wide. Measured on one
+ * Zen 5 core, W in L2 (K x N = 128 x 512 / 256 x 512 floats): 135 / 128 GB/s
+ * as panels, 194 / 241 GB/s as 64-column blocks. So the steps of batch 1 read
+ * W_h in this layout:
+ *   W [K, N], N16 = N rounded up to 16: block b holds columns [64b, 64b + wb),
+ *   wb = min(64, N16 - 64b), k-major: P[64b * K + k * wb + j] = W(k, 64b + j),
+ *   0 past column N. Its size is brnn_packed_size(K, N), as the panels'.
+ * The kernels below compute every element as the panel kernels do (one FMA
+ * chain over k in order, from 0, then added to c once if accumulating), so
+ * the layout changes no bit. n0 must be a multiple of 16. */
+#define BRNN_WIDE 64
+
+static void brnn_pack_wide_f32(ptrdiff_t K, ptrdiff_t N, const float *w, ptrdiff_t sk,
+                               ptrdiff_t sn, float *P) {
+    ptrdiff_t N16 = (N + BRNN_NR - 1) / BRNN_NR * BRNN_NR;
+    for (ptrdiff_t n0 = 0; n0 < N16; n0 += BRNN_WIDE) {
+        ptrdiff_t wb = N16 - n0 < BRNN_WIDE ? N16 - n0 : BRNN_WIDE;
+        ptrdiff_t cols = N - n0 < wb ? N - n0 : wb;   /* the rest of the block is 0 */
+        float *block = P + n0 * K;
+        for (ptrdiff_t k = 0; k < K; k++) {
+            const float *src = w + k * sk + n0 * sn;
+            float *dst = block + k * wb;
+            ptrdiff_t j = 0;
+            if (sn == 1) {
+                memcpy(dst, src, cols * sizeof(float));
+                j = cols;
+            }
+            for (; j < cols; j++) dst[j] = src[j * sn];
+            for (; j < wb; j++) dst[j] = 0.0f;
+        }
+    }
+}
+
+typedef void (*brnn_row1_wide_fn)(ptrdiff_t K, const float *a, const float *P, ptrdiff_t N,
+                                  ptrdiff_t n0, ptrdiff_t n1, int accumulate, float *c);
+
+/* The block loop both ISAs share: for each block that [n0, n1) meets, the
+ * columns [n, end) of it, as `chunks` vectors of VW floats (the last one
+ * partial when end - n is not a multiple of VW: its store goes through
+ * brnn_store_row). ROW(M) computes M vectors; each is its own FMA chain. */
+#define BRNN_ROW1_WIDE_LOOP(VW, MAXV, ROW)                                          \
+    ptrdiff_t N16 = (N + BRNN_NR - 1) / BRNN_NR * BRNN_NR;                        \
+    for (ptrdiff_t n = n0; n < n1;) {                                               \
+        ptrdiff_t base = n / BRNN_WIDE * BRNN_WIDE;                                 \
+        ptrdiff_t wb = N16 - base < BRNN_WIDE ? N16 - base : BRNN_WIDE;            \
+        ptrdiff_t end = n1 < base + wb ? n1 : base + wb;                            \
+        ptrdiff_t cols = end - n;                                                   \
+        const float *p = P + base * K + (n - base);                                 \
+        float *cn = c + n;                                                          \
+        switch ((cols + VW - 1) / VW) {                                             \
+        BRNN_ROW1_WIDE_CASES_##MAXV(ROW)                                            \
+        default: break;                                                             \
+        }                                                                           \
+        n = end;                                                                    \
+    }
+#define BRNN_ROW1_WIDE_CASES_4(ROW) case 1: ROW(1) break; case 2: ROW(2) break;     \
+    case 3: ROW(3) break; case 4: ROW(4) break;
+#define BRNN_ROW1_WIDE_CASES_8(ROW) BRNN_ROW1_WIDE_CASES_4(ROW) case 5: ROW(5) break; \
+    case 6: ROW(6) break; case 7: ROW(7) break; case 8: ROW(8) break;
+
+/* Store vector q of a row: whole, or its first cols - q * VW floats. */
+#define BRNN_ROW1_WIDE_STORE(VW, STOREU, LOADU, ADD, M)                             \
+    for (int q = 0; q < M; q++) {                                                   \
+        ptrdiff_t left = cols - q * VW;                                             \
+        if (left >= VW) {                                                           \
+            if (accumulate) acc[q] = ADD(LOADU(cn + q * VW), acc[q]);               \
+            STOREU(cn + q * VW, acc[q]);                                            \
+        } else {                                                                    \
+            float tmp[VW];                                                          \
+            STOREU(tmp, acc[q]);                                                    \
+            brnn_store_row(tmp, left, accumulate, cn + q * VW);                     \
+        }                                                                           \
+    }
+
+#if BRNN_PACKED_X86
+#define BRNN_ROW1_WIDE_512(M)                                                       \
+    {                                                                               \
+        __m512 acc[M];                                                              \
+        for (int q = 0; q < M; q++) acc[q] = _mm512_setzero_ps();                  \
+        for (ptrdiff_t k = 0; k < K; k++) {                                         \
+            __m512 ak = _mm512_set1_ps(a[k]);                                       \
+            _Pragma("GCC unroll 8")                                                 \
+            for (int q = 0; q < M; q++)                                             \
+                acc[q] = _mm512_fmadd_ps(ak, _mm512_loadu_ps(p + k * wb + q * 16), acc[q]); \
+        }                                                                           \
+        BRNN_ROW1_WIDE_STORE(16, _mm512_storeu_ps, _mm512_loadu_ps, _mm512_add_ps, M) \
+    }
+
+BRNN_AVX512
+static void brnn_row1_wide_avx512(ptrdiff_t K, const float *a, const float *P, ptrdiff_t N,
+                                  ptrdiff_t n0, ptrdiff_t n1, int accumulate, float *c) {
+    BRNN_ROW1_WIDE_LOOP(16, 4, BRNN_ROW1_WIDE_512)
+}
+
+#define BRNN_ROW1_WIDE_256(M)                                                       \
+    {                                                                               \
+        __m256 acc[M];                                                              \
+        for (int q = 0; q < M; q++) acc[q] = _mm256_setzero_ps();                  \
+        for (ptrdiff_t k = 0; k < K; k++) {                                         \
+            __m256 ak = _mm256_broadcast_ss(a + k);                                 \
+            _Pragma("GCC unroll 8")                                                 \
+            for (int q = 0; q < M; q++)                                             \
+                acc[q] = _mm256_fmadd_ps(ak, _mm256_loadu_ps(p + k * wb + q * 8), acc[q]); \
+        }                                                                           \
+        BRNN_ROW1_WIDE_STORE(8, _mm256_storeu_ps, _mm256_loadu_ps, _mm256_add_ps, M) \
+    }
+
+BRNN_AVX2
+static void brnn_row1_wide_avx2(ptrdiff_t K, const float *a, const float *P, ptrdiff_t N,
+                                ptrdiff_t n0, ptrdiff_t n1, int accumulate, float *c) {
+    BRNN_ROW1_WIDE_LOOP(8, 8, BRNN_ROW1_WIDE_256)
+}
+#endif
+
+/* The wide one-row kernel matching packed variant `path`, or NULL (portable:
+ * its callers keep the panels and brnn_packed_portable). */
+static inline brnn_row1_wide_fn brnn_row1_wide_kernel(int path) {
+#if BRNN_PACKED_X86
+    if (path == BRNN_PACKED_AVX512) return brnn_row1_wide_avx512;
+    if (path == BRNN_PACKED_AVX2) return brnn_row1_wide_avx2;
+#endif
+    (void)path;
+    return NULL;
+}
+
 /* The one-row kernel matching packed variant `path`, or NULL (portable). */
 static inline brnn_row1_fn brnn_row1_kernel(int path) {
 #if BRNN_PACKED_X86

@@ -194,17 +194,17 @@ def test_calls_never_repack():
 
 
 def test_inference_thread_rule_and_a_concurrent_caller():
-    """The default rule (INFER_WORK_PER_THREAD = 2^16 multiply-adds of a step per
-    thread): batch 1 takes 2 threads from H = 256 and stays on one at H = 128, batch 8
-    takes 2 from H = 128; work_per_thread=2^20 keeps all of those on one. A request
+    """The default rule (INFER_WORK_PER_THREAD = 12288 multiply-adds of a step per
+    thread): batch 1 takes 2 threads from H = 96 and stays on one at H = 64, batch 8
+    takes 2 from H = 64; work_per_thread=2^20 keeps all of those on one. A request
     running while another caller holds a thread is granted 1 of 2."""
     want = _kernels.inference_threads_for
-    assert want(64, 1, 128, 128, 4 * 128, 2) == 1       # LSTM: 2^16 a step
-    assert want(64, 1, 128, 128, 3 * 128, 2) == 1       # GRU
     for G in (4, 3):
-        assert want(64, 1, 256, 256, G * 256, 2) == 2
-        assert want(64, 8, 128, 128, G * 128, 2) == 2
-        assert want(64, 1, 256, 256, G * 256, 2, 1 << 20) == 1
+        assert want(64, 1, 64, 64, G * 64, 2) == 1
+        for H in (96, 128, 256):
+            assert want(64, 1, H, H, G * H, 2) == 2
+            assert want(64, 1, H, H, G * H, 2, 1 << 20) == 1
+        assert want(64, 8, 64, 64, G * 64, 2) == 2
         assert want(64, 8, 128, 128, G * 128, 2, 1 << 20) == 1
     assert want(64, 1, 256, 256, 4 * 256, 1) == 1                # max_threads caps it
     held = _kernels.thread_budget_take(1, 2)             # a concurrent caller's own thread

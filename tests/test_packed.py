@@ -111,3 +111,35 @@ def test_blockrnn_kernel_variable(kernel):
     else:  # a clear Python error, never SIGILL
         assert out.returncode == 1, (out.returncode, out.stderr)
         assert "BLOCKRNN_KERNEL" in out.stderr
+
+
+WIDE_PATHS = [p for p in PATHS if p != "portable"]
+
+
+@pytest.mark.skipif(not WIDE_PATHS, reason="no x86 packed variant on this CPU: the wide "
+                    "one-row kernel exists only for AVX2 and AVX-512")
+@pytest.mark.parametrize("path", WIDE_PATHS)
+@pytest.mark.parametrize("K", [0, 1, 7, 130])
+@pytest.mark.parametrize("N", [1, 15, 16, 17, 64, 80, 200, 256])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_wide_row_kernel_gives_the_panel_kernels_bits(path, K, N, accumulate):
+    """The one-row kernel on the wide layout (64-column blocks, k-major) computes every
+    element as the panels' kernel of the same variant (one FMA chain over k): the same
+    bits, for every column range a thread split can give it (ranges start on a
+    16-column panel, inside or across a block), with W given either way round, and
+    never a store outside the range."""
+    rng = np.random.default_rng(K * 1000 + N)
+    a = rng.standard_normal(K).astype(np.float32)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    start = rng.standard_normal(N).astype(np.float32)
+    panels = start[None].copy()
+    _kernels.packed_product_memview(a[None], w, accumulate, panels, path)
+    starts = sorted({0, 16, 48, 64, 80, 128} & set(range(0, N, 16)))
+    ranges = [(0, N)] + [(n0, n1) for n0 in starts for n1 in (min(N, n0 + 16), N)]
+    for wv in (w, np.ascontiguousarray(w.T).T):
+        for n0, n1 in ranges:
+            c = start.copy()
+            _kernels.row1_wide_memview(a, wv, accumulate, c, path, n0, n1)
+            np.testing.assert_array_equal(c[n0:n1], panels[0, n0:n1])
+            np.testing.assert_array_equal(c[:n0], start[:n0])
+            np.testing.assert_array_equal(c[n1:], start[n1:])

@@ -208,7 +208,8 @@ def test_second_call_does_no_packing_and_updates_repack():
         assert module.inference_cache_info()["packings"] == 5
     info = module.inference_cache_info()
     assert info["cells"] == 4
-    # the stated memory: the packed copies (>= the weights' own bytes), nothing else
+    # the stated memory: the packed copies (>= the weights' own bytes; W_hh twice, as
+    # panels and in the one-row kernel's wide layout), nothing else
     weights = sum(p.numel() * 4 for p in module.parameters())
     assert weights <= info["nbytes"] <= 2 * weights
     assert not any("cache" in k or "packed" in k for k in module.state_dict())
