@@ -80,6 +80,15 @@ cdef enum:
     # cores, calls in 2 s, 2 threads / 1: LSTM batch 1 H=256 0.97, GRU batch 8
     # H=128 0.84.
     INFER_WORK_PER_THREAD = 12288
+    # A call of fewer multiply-adds in all runs on one thread when its object's
+    # last call ended more than INFER_IDLE_NS ago (_PackedBase._want): measured
+    # with a 1 ms sleep between calls, T=64, I=H, 2-core Zen 5 VM, median us,
+    # 1 thread / 2: reset-after GRU H=128 batch 1 113 / 400 (back to back
+    # 103 / 82), LSTM H=256 batch 1 676 / 912 (back to back 650 / 275), LSTM
+    # H=128 batch 8 657 / 909 (2^26 multiply-adds); LSTM H=256 batch 4 1288 /
+    # 830 (2^27), batch 8 2396 / 1514.
+    INFER_IDLE_WORK = 3 << 25
+    INFER_IDLE_NS = 200000
 
 
 cdef inline int inference_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
@@ -573,6 +582,13 @@ cdef class _PackedBase:
     # call shed because a partner thread was not running (brnn_barrier_wait_shed).
     cdef long long solo_until
     cdef int shed_calls
+    # Monotonic ns of the end of the last call (0: none), and how long after it
+    # a small call runs on one thread (0: never); see _want.
+    cdef long long last_end
+    cdef readonly long long idle_ns
+    # The threads the last call asked of the budget (after _want; it may have
+    # been granted fewer). For the tests, and for a user who wonders.
+    cdef readonly int last_threads
 
     @property
     def solo(self):
@@ -580,8 +596,19 @@ cdef class _PackedBase:
         not running (another process held its core) within the last 50 ms."""
         return bool(brnn_solo_now(&self.solo_until))
 
-    cdef inline int _want(self, int want) noexcept nogil:
-        return 1 if want > 1 and brnn_solo_now(&self.solo_until) else want
+    cdef inline int _want(self, int want, Py_ssize_t work) noexcept nogil:
+        """The threads a call of `work` multiply-adds in all asks for, from the
+        thread rule's `want`: one while the object is solo; one for a call of
+        less than INFER_IDLE_WORK when the object's last call ended more than
+        idle_ns ago (brnn_idle_for: its partner thread's core is likely halted,
+        and waking it costs more than a second thread saves)."""
+        if want > 1 and brnn_solo_now(&self.solo_until):
+            want = 1
+        elif (want > 1 and self.idle_ns > 0 and work < INFER_IDLE_WORK
+                and brnn_idle_for(&self.last_end, self.idle_ns)):
+            want = 1
+        self.last_threads = want
+        return want
 
     @property
     def sheds(self):
@@ -593,6 +620,7 @@ cdef class _PackedBase:
     cdef inline void _ran(self, int shed) noexcept nogil:
         """After a call: shed is the loop's answer (0: kept its threads, 1:
         shed for another caller, 2: shed for a partner that was not running)."""
+        brnn_mark_now(&self.last_end)
         if shed:
             brnn_atomic_add(&self.shed_calls, 1)
         if shed == 2:
@@ -684,7 +712,8 @@ cdef class PackedLSTMWeights(_PackedBase):
 
     def __init__(self, w_x, w_h, b, wci=None, wcf=None, wco=None, int layout=IFCO,
                  double forget_bias=0.0, double cell_clip=0.0, bint use_peephole=False,
-                 bint gates_in_rows=False, Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
+                 bint gates_in_rows=False, Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD,
+                 long long idle_ns=INFER_IDLE_NS):
         cdef Py_ssize_t I, H4, H
         where = "PackedLSTMWeights"
         wx = _weight(where, "w_x", w_x)
@@ -719,6 +748,7 @@ cdef class PackedLSTMWeights(_PackedBase):
         self._pack_wide(4, vh, gates_in_rows)
         self.packings = 1
         self.work_per_thread = work_per_thread
+        self.idle_ns = idle_ns
 
     def forward(self, x, h0=None, c0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H], c_n [B, H] of x [T, B, I] from h0, c0 [B, H]
@@ -735,7 +765,8 @@ cdef class PackedLSTMWeights(_PackedBase):
             c_n[...] = 0 if c0a is None else c0a
             return _stored(xd, (new_f32(T, B, H), h_n, c_n))
         cdef Py_ssize_t L_ = L
-        cdef int want = self._want(inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread))
+        cdef int want = self._want(inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread),
+                                   L_ * B * (I + H) * 4 * H)
         y = new_f32_rows(T, B, H, want > 1)
         cdef GateOffsets off = gate_offsets(self.layout, H)
         cdef Py_ssize_t nws = lstm_infer_workspace(L_, B, H)
@@ -763,7 +794,8 @@ cdef class PackedGRUWeights(_PackedBase):
     (float32): w_ru [I+H, 2H], w_c [I+H, H], b_ru [2H], b_c [H] (copied)."""
     cdef float[::1] bias_c
 
-    def __init__(self, w_ru, w_c, b_ru, b_c, Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
+    def __init__(self, w_ru, w_c, b_ru, b_c, Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD,
+                 long long idle_ns=INFER_IDLE_NS):
         where = "PackedGRUWeights"
         wru = _weight(where, "w_ru", w_ru)
         wc = _weight(where, "w_c", w_c)
@@ -790,6 +822,7 @@ cdef class PackedGRUWeights(_PackedBase):
         self._pack_wide(3, np.concatenate([wru[I:], wc[I:]], axis=1), False)
         self.packings = 1
         self.work_per_thread = work_per_thread
+        self.idle_ns = idle_ns
 
     @property
     def nbytes(self):
@@ -808,7 +841,8 @@ cdef class PackedGRUWeights(_PackedBase):
             h_n[...] = 0 if h0a is None else h0a
             return _stored(xd, (new_f32(T, B, H), h_n))
         cdef Py_ssize_t L_ = L
-        cdef int want = self._want(inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread))
+        cdef int want = self._want(inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread),
+                                   L_ * B * (I + H) * 3 * H)
         y = new_f32_rows(T, B, H, want > 1)
         cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
         # then B x H zeros (a None state); from a 64-byte boundary, as y
@@ -831,7 +865,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
     w_ih [3H, I], w_hh [3H, H], b_ih, b_hh [3H] (copied; any strides)."""
 
     def __init__(self, w_ih, w_hh, b_ih, b_hh,
-                 Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD):
+                 Py_ssize_t work_per_thread=INFER_WORK_PER_THREAD, long long idle_ns=INFER_IDLE_NS):
         where = "PackedGRUResetAfterWeights"
         wih = _weight(where, "w_ih", w_ih)
         whh = _weight(where, "w_hh", w_hh)
@@ -851,6 +885,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         self._pack_wide(3, vhh, True)
         self.packings = 1
         self.work_per_thread = work_per_thread
+        self.idle_ns = idle_ns
 
     def forward(self, x, h0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
@@ -864,7 +899,8 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
             h_n[...] = 0 if h0a is None else h0a
             return _stored(xd, (new_f32(T, B, H), h_n))
         cdef Py_ssize_t L_ = L
-        cdef int want = self._want(inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread))
+        cdef int want = self._want(inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread),
+                                   L_ * B * (I + H) * 3 * H)
         y = new_f32_rows(T, B, H, want > 1)
         cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
         # then B x H zeros (a None state); from a 64-byte boundary, as y

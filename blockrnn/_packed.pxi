@@ -31,6 +31,8 @@ cdef extern from "brnn_packed.h" nogil:
     int brnn_barrier_wait_shed(brnn_barrier* b, int n, int cores)
     int brnn_solo_now(const long long* until)
     void brnn_solo_start(long long* until)
+    int brnn_idle_for(const long long* last, long long idle_ns)
+    void brnn_mark_now(long long* last)
     int brnn_atomic_load(const int* p)
     void brnn_atomic_add(int* p, int v)
 

@@ -37,8 +37,13 @@ from H = 64 (0.44-0.82x the time of one thread at T = 64 on a quiet 2-core
 Zen 5). A call gives its extra threads back at the end of a step when another
 caller needs one, or when a partner thread waited for over 1 ms (another process
 holds its core); after the latter the object runs its calls on one thread for
-50 ms, then tries again (``sheds`` counts the calls that shed). Pass
-``work_per_thread=2**20`` to keep small requests on one thread.
+50 ms, then tries again (``sheds`` counts the calls that shed). A call of fewer
+than 3 * 2**25 multiply-adds in all runs on one thread when the object's last
+call ended over ``idle_ns`` = 200 us ago: the partner thread sleeps between
+calls, and on a virtual machine waking it after an idle spell took ~300 us (a
+batch-1 request at H = 128 is ~100 us on one thread), so the first call of a
+burst runs alone and the next ones on every core (``idle_ns=0``: never alone).
+Pass ``work_per_thread=2**20`` to keep small requests on one thread.
 """
 import numpy as np
 
@@ -55,7 +60,7 @@ __all__ = ["LSTMInference", "GRUInference", "PackedLSTMWeights", "PackedGRUWeigh
 class _Inference:
     """The loop over layers and directions of LSTMInference and GRUInference."""
 
-    def __init__(self, layer, max_threads, work_per_thread):
+    def __init__(self, layer, max_threads, work_per_thread, idle_ns):
         if max_threads is not None and (isinstance(max_threads, bool)
                                         or not isinstance(max_threads, int)
                                         or max_threads < 1):
@@ -67,8 +72,9 @@ class _Inference:
         self.bidirectional = layer.bidirectional
         self.dtype = layer.dtype
         self.max_threads = max_threads
-        self._work = ({} if work_per_thread is None
-                      else {"work_per_thread": int(work_per_thread)})
+        self._work = {} if work_per_thread is None else {"work_per_thread": int(work_per_thread)}
+        if idle_ns is not None:
+            self._work["idle_ns"] = int(idle_ns)
         D = 2 if layer.bidirectional else 1
         suffixes = ("", "_reverse") if layer.bidirectional else ("",)
         self._runs = []   # index layer * D + direction
@@ -149,11 +155,11 @@ class LSTMInference(_Inference):
 
     _part_names = ("state[0] (h)", "state[1] (c)")
 
-    def __init__(self, layer, max_threads=None, *, work_per_thread=None):
+    def __init__(self, layer, max_threads=None, *, work_per_thread=None, idle_ns=None):
         self._layer_repr = repr(layer)
         self.use_peephole = layer.use_peephole
         self.cell_clip = layer.cell_clip
-        super().__init__(layer, max_threads, work_per_thread)
+        super().__init__(layer, max_threads, work_per_thread, idle_ns)
 
     def _build(self, layer, k, s, I_k):
         w, wci, wcf, wco, b = (np.array(a) for a in layer._weights(k, s))   # copies
@@ -192,10 +198,10 @@ class GRUInference(_Inference):
 
     _part_names = ("state",)
 
-    def __init__(self, layer, max_threads=None, *, work_per_thread=None):
+    def __init__(self, layer, max_threads=None, *, work_per_thread=None, idle_ns=None):
         self._layer_repr = repr(layer)
         self.reset_after = layer.reset_after
-        super().__init__(layer, max_threads, work_per_thread)
+        super().__init__(layer, max_threads, work_per_thread, idle_ns)
 
     def _build(self, layer, k, s, I_k):
         weights = tuple(np.array(a) for a in layer._weights(k, s))   # copies

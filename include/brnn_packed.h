@@ -408,6 +408,23 @@ static inline void brnn_solo_start(long long *until) {
     __atomic_store_n(until, brnn_now_ns() + BRNN_SOLO_NS, __ATOMIC_RELAXED);
 }
 
+/* ---- idle objects ----
+ * A call's partner threads sleep between calls (libgomp's passive wait). On a
+ * virtual machine a CPU left idle for long is halted by the host (KVM polls a
+ * halted CPU for 200 us by default, then the host's scheduler must run it
+ * again): waking a partner there took ~300 us per call on a 2-core Zen 5 VM,
+ * where a batch-1 request is ~100 us on one thread. `last` is an object's time
+ * of the end of its last call (0: none); brnn_idle_for says whether that was
+ * more than idle_ns ago, or never. */
+static inline int brnn_idle_for(const long long *last, long long idle_ns) {
+    long long u = __atomic_load_n(last, __ATOMIC_RELAXED);
+    return u == 0 || brnn_now_ns() - u > idle_ns;
+}
+
+static inline void brnn_mark_now(long long *last) {
+    __atomic_store_n(last, brnn_now_ns(), __ATOMIC_RELAXED);
+}
+
 static inline int brnn_atomic_load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 static inline void brnn_atomic_add(int *p, int v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 

@@ -229,7 +229,8 @@ def test_two_callers_shed_the_extra_thread_and_keep_the_bits(name, make):
     call holds both, it is granted its own thread beyond the budget, and the first
     call gives its extra thread back at the end of its step (brnn_barrier_wait_shed):
     the sheds are counted, every answer keeps the serial bits, the budget ends at 0."""
-    infer = make().inference()
+    layer = make()
+    infer = type(layer.inference())(layer, idle_ns=0)
     x = np.random.default_rng(4).standard_normal((48, 1, 64)).astype(np.float32)
     want = infer(x)[0]
     with threadpool_limits(1, user_api="openmp"):
@@ -268,7 +269,8 @@ from blockrnn import _kernels
 hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in os.sched_getaffinity(0)]
 try:
-    infer = blockrnn.%s.inference()
+    layer = blockrnn.%s
+    infer = type(layer.inference())(layer, idle_ns=0)
     run = infer._runs[0]
     x = np.random.default_rng(4).standard_normal((48, 1, 64)).astype(np.float32)
     ref = run.forward(x, max_threads=1)[0]
@@ -297,6 +299,35 @@ def test_a_partner_thread_that_is_not_running_is_shed(layer):
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
+@pytest.mark.parametrize("name,make", SHED_LAYERS)
+def test_a_small_call_after_an_idle_spell_runs_alone(name, make):
+    """A call of fewer than INFER_IDLE_WORK multiply-adds asks for one thread when its
+    object's last call ended more than idle_ns ago (or never): its partner thread's core
+    may be halted; the next call, right after, asks for 2. idle_ns=0 never does this,
+    and a large call asks for 2 after any spell. Same bits throughout."""
+    assert _kernels.openmp_max_threads() >= 2, "this test needs 2 OpenMP threads"
+    layer = make()
+    x = np.random.default_rng(6).standard_normal((48, 1, 64)).astype(np.float32)
+    infer = layer.inference()
+    run = infer._runs[0]
+    assert run.idle_ns == 200_000
+    want = infer(x)[0]
+    assert run.last_threads == 1                       # the first call: never called before
+    np.testing.assert_array_equal(infer(x)[0], want)
+    assert run.last_threads == 2                       # right after the last one
+    time.sleep(0.01)
+    np.testing.assert_array_equal(infer(x)[0], want)
+    assert run.last_threads == 1                       # after 10 ms idle
+    always = type(infer)(layer, idle_ns=0)
+    np.testing.assert_array_equal(always(x)[0], want)
+    assert always._runs[0].last_threads == 2
+    big = np.random.default_rng(6).standard_normal((48, 12, 64)).astype(np.float32)
+    infer(big)                                         # 48*12*320*G >= 3 * 2^25
+    time.sleep(0.01)
+    infer(big)
+    assert run.last_threads == 2
+
+
 def test_packed_weights_start_on_a_cache_line():
     """The one-row kernel loads a 64-byte panel row per FMA: packed weights off a
     cache line would split every load (1.5x slower measured at H=128, 256)."""
@@ -310,7 +341,7 @@ def test_packed_weights_start_on_a_cache_line():
 @pytest.mark.parametrize("name,make", LAYERS)
 def test_concurrent_callers_get_the_serial_bits(name, make):
     layer = make(np.float32)
-    infer = type(layer.inference())(layer, work_per_thread=0)   # threads at any size
+    infer = type(layer.inference())(layer, work_per_thread=0, idle_ns=0)   # threads at any size
     rng = np.random.default_rng(10)
     xs = [_rand(rng, (T, b, I)) for b in (1, 2, 3, 8)]
     want = [infer(x)[0] for x in xs]
@@ -517,7 +548,8 @@ def test_a_call_on_several_threads_writes_y_from_a_cache_line(name, make):
     """The threads of a call write neighbouring 16-cell panels of every row of y: y
     starts on a 64-byte boundary so that no cache line holds both threads' cells (a
     cell count that is a multiple of 16); the answer is the one-thread answer."""
-    infer = make().inference()
+    layer = make()
+    infer = type(layer.inference())(layer, idle_ns=0)
     x = np.random.default_rng(5).standard_normal((9, 1, 64)).astype(np.float32)
     ys = [infer(x)[0] for _ in range(8)]   # 8 live arrays: not one address by chance
     for y in ys:
