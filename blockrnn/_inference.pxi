@@ -138,13 +138,14 @@ cdef void lstm_infer_step(
         const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint peep, const int64_t* lengths,
         const float* x, const float* h_in, const float* c_in, bint hoisted,
-        const float* wide, float* xg, float* g, float* c_out, float* co, float* y,
+        const float* wide, float* xg, float* g, float* c_out, float* y,
         float* h_n, float* c_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
     """Step t for the cells [u0, u1): xg = x[t] @ W_x (unless hoisted: then xg
     already holds it) and g = h_in @ W_h (gate columns in W's layout, [B, 4H]
     each; from `wide`, W_h's blocks in the wide layout, unless NULL), then
-    brnn_lstm_forward_row_f32 with acc (pre = (xg + g) + b), writing c_out and
-    h = y[t]; a row's last step also writes its final state."""
+    brnn_lstm_infer_row_f32 (the training forward's gate math with acc, pre =
+    (xg + g) + b, writing c_out and h = y[t] only); a row's last step also
+    writes its final state."""
     cdef Py_ssize_t q, r, k, nu = u1 - u0, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* xr
@@ -166,11 +167,11 @@ cdef void lstm_infer_step(
             continue
         xr = xg + r * G4 + u0
         gr = g + r * G4 + u0
-        brnn_lstm_forward_row_f32(
-            nu, gr + off.i, gr + off.c, gr + off.f, gr + off.o, b + off.i + u0,
-            b + off.c + u0, b + off.f + u0, b + off.o + u0, wci + u0, wcf + u0, wco + u0,
-            forget_bias, cell_clip, peep, True, c_in + k, xr + off.i, c_out + k,
-            xr + off.f, xr + off.o, xr + off.c, co + k, yt + k)
+        brnn_lstm_infer_row_f32(
+            nu, gr + off.i, gr + off.c, gr + off.f, gr + off.o, xr + off.i, xr + off.c,
+            xr + off.f, xr + off.o, b + off.i + u0, b + off.c + u0, b + off.f + u0,
+            b + off.o + u0, wci + u0, wcf + u0, wco + u0, forget_bias, cell_clip, peep,
+            c_in + k, c_out + k, yt + k)
         if last_step(lengths, r, t, L):
             memcpy(h_n + k, yt + k, nu * sizeof(float))
             memcpy(c_n + k, c_out + k, nu * sizeof(float))
@@ -179,8 +180,8 @@ cdef void lstm_infer_step(
 cdef inline Py_ssize_t lstm_infer_workspace(Py_ssize_t L, Py_ssize_t B,
                                             Py_ssize_t H) noexcept nogil:
     """Floats of lstm_infer's workspace: g [B, 4H], c of even and odd steps
-    [2, B, H], tanh(c) [B, H], then xg: [L, B, 4H] if infer_hoisted, else [B, 4H]."""
-    return B * 4 * H + 3 * B * H + (L if infer_hoisted(L, B, 4 * H) else 1) * B * 4 * H + 1
+    [2, B, H], then xg: [L, B, 4H] if infer_hoisted, else [B, 4H]."""
+    return B * 4 * H + 2 * B * H + (L if infer_hoisted(L, B, 4 * H) else 1) * B * 4 * H + 1
 
 
 cdef int lstm_infer(
@@ -203,8 +204,7 @@ cdef int lstm_infer(
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* g = ws
     cdef float* cbuf = g + B * G4        # [2, B, H]: c of even / odd steps
-    cdef float* co = cbuf + 2 * BH
-    cdef float* xg = co + BH
+    cdef float* xg = cbuf + 2 * BH
     cdef bint hoisted = infer_hoisted(L, B, G4)
     cdef Py_ssize_t xstep = B * G4 if hoisted else 0
     cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
@@ -220,7 +220,7 @@ cdef int lstm_infer(
             lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
                             cell_clip, peep, lengths, x, h0 if t == 0 else y + (t - 1) * BH,
                             c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
-                            wide, xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n, 0, H)
+                            wide, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n, 0, H)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
@@ -234,7 +234,7 @@ cdef int lstm_infer(
                                 cell_clip, peep, lengths, x,
                                 h0 if t == 0 else y + (t - 1) * BH,
                                 c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
-                                wide, xg + t * xstep, g, cbuf + (t % 2) * BH, co, y, h_n, c_n,
+                                wide, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n,
                                 u0, u1)
                 if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell

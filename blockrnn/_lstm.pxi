@@ -14,6 +14,12 @@ cdef extern from "brnn_lstm.h" nogil:
         const double* wci, const double* wcf, const double* wco, double forget_bias,
         double cell_clip, int peep, int acc, const double* cs_prev,
         double* i_, double* cs, double* f, double* o, double* ci, double* co, double* h)
+    void brnn_lstm_infer_row_f32(
+        Py_ssize_t H, const float* gi, const float* gc, const float* gf, const float* go,
+        const float* xi, const float* xc, const float* xf, const float* xo,
+        const float* bi, const float* bc, const float* bf, const float* bo,
+        const float* wci, const float* wcf, const float* wco, float forget_bias,
+        float cell_clip, int peep, const float* cs_prev, float* cs, float* h)
 
     void brnn_lstm_backward_row_f32(
         Py_ssize_t H, const float* cs_prev, const float* i_, const float* f, const float* o,

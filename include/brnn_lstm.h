@@ -75,6 +75,49 @@
 BRNN_LSTM_FORWARD_ROW(brnn_lstm_forward_row_f32, float, brnn_sigmoidf, brnn_tanhf, brnn_clipf)
 BRNN_LSTM_FORWARD_ROW(brnn_lstm_forward_row_f64, double, brnn_sigmoid, brnn_tanh, brnn_clip)
 
+/* The inference forward's step of a row (blockrnn/_inference.pxi): the same
+ * math in the same order as the forward above with acc (pre = (x_g + g_g) +
+ * b_g), so the same bits, but it writes only what inference keeps: the new
+ * cell state cs and h. x_i, x_c, x_f, x_o hold x[t] @ W_x's gate columns,
+ * g_i .. g_o h[t-1] @ W_h's. */
+#define BRNN_LSTM_INFER_LOOP(PEEP)                                                   \
+    for (ptrdiff_t j = 0; j < H; j++) {                                              \
+        float pi = (xi[j] + gi[j]) + bi[j];                                          \
+        float pc = (xc[j] + gc[j]) + bc[j];                                          \
+        float pf = (xf[j] + gf[j]) + bf[j];                                          \
+        float po = (xo[j] + go[j]) + bo[j];                                          \
+        float cp = cs_prev[j];                                                       \
+        pf = add_forget_bias ? pf + forget_bias : pf;                                \
+        if (PEEP) {                                                                  \
+            pi = pi + wci[j] * cp;                                                   \
+            pf = pf + wcf[j] * cp;                                                   \
+        }                                                                            \
+        float vi = brnn_sigmoidf(pi), vf = brnn_sigmoidf(pf), vc = brnn_tanhf(pc);   \
+        float c = vi * vc + vf * cp;                                                 \
+        c = clip ? brnn_clipf(c, cell_clip) : c;                                     \
+        if (PEEP) po = po + wco[j] * c;                                              \
+        cs[j] = c;                                                                   \
+        h[j] = brnn_sigmoidf(po) * brnn_tanhf(c);                                    \
+    }
+
+BRNN_MULTIVERSION
+static void brnn_lstm_infer_row_f32(
+    ptrdiff_t H, const float *restrict gi, const float *restrict gc, const float *restrict gf,
+    const float *restrict go, const float *restrict xi, const float *restrict xc,
+    const float *restrict xf, const float *restrict xo, const float *restrict bi,
+    const float *restrict bc, const float *restrict bf, const float *restrict bo,
+    const float *restrict wci, const float *restrict wcf, const float *restrict wco,
+    float forget_bias, float cell_clip, int peep, const float *restrict cs_prev,
+    float *restrict cs, float *restrict h)
+{
+    const int add_forget_bias = forget_bias != 0, clip = cell_clip > 0;
+    if (peep) {
+        BRNN_LSTM_INFER_LOOP(1)
+    } else {
+        BRNN_LSTM_INFER_LOOP(0)
+    }
+}
+
 /* Backward, per cell j (cell clipping ignored, as in TensorFlow):
  *   hg  = h_grad + dh_carry                       (h_grad alone if !carry)
  *   dcs = (1 - co^2) * o * hg + (cs_grad + cs_prev_grad)   (+ cs_grad alone
