@@ -87,6 +87,14 @@ class _Inference:
                                and not isinstance(self._runs[0], tuple) else None)
 
     @property
+    def last_threads(self):
+        """The threads the last call asked of blockrnn's budget (the most that any
+        of its layers and directions asked; it may have been granted fewer): 1 for
+        a small call after an idle spell (``idle_ns``), a solo object or float64."""
+        return max((r.last_threads for r in self._runs if hasattr(r, "last_threads")),
+                   default=1)
+
+    @property
     def nbytes(self):
         """Bytes of the weights this object holds (the packed copies for float32)."""
         return sum(r.nbytes if hasattr(r, "nbytes") else

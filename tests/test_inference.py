@@ -314,7 +314,7 @@ def test_a_small_call_after_an_idle_spell_runs_alone(name, make):
     want = infer(x)[0]
     assert run.last_threads == 1                       # the first call: never called before
     np.testing.assert_array_equal(infer(x)[0], want)
-    assert run.last_threads == 2                       # right after the last one
+    assert run.last_threads == 2 == infer.last_threads     # right after the last one
     time.sleep(0.01)
     np.testing.assert_array_equal(infer(x)[0], want)
     assert run.last_threads == 1                       # after 10 ms idle
