@@ -23,11 +23,15 @@ a barrier between two calls) and after glibc's
 case runs counts its ~25 MB of outputs, and glibc keeps freed blocks whose size
 it has seen before; either made RSS jump by a large case's size at random (a
 25 s CI run once measured +8.7% with no leak), whereas a leak survives both.
-NumPy's transparent-huge-page requests are switched off for the run (see
-no_numpy_huge_pages). What remains is glibc's fragmentation: eight 25 s runs
-without a leak measured -3.3% to +3.6%, one with a leak of 160 KB per call
-+49%; hence the 10% limit (about 400 bytes per call over a 25 s run's second
-half). The 10-minute run measures what a short one cannot.
+Transparent huge pages are switched off for this process (see
+no_huge_pages): where the system's THP mode is "always", khugepaged folds
+partly used 4 KB pages into whole 2 MB ones on its own schedule, and a CI run
+with no leak measured +15.5% (240.2 MB at the end, 16 huge pages over the
+middle's 207.9; three runs here in that mode: -13.5%, +2.1%, +4.0%). What
+remains is glibc's fragmentation: eight 25 s runs without a leak measured
+-3.3% to +3.6%, one with a leak of 160 KB per call +49%; hence the 10% limit
+(about 400 bytes per call over a 25 s run's second half). The 10-minute run
+measures what a short one cannot.
 """
 import argparse
 import ctypes
@@ -59,18 +63,27 @@ def rss_mb():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def no_numpy_huge_pages():
-    """Stop NumPy asking for transparent huge pages (madvise) on its large arrays.
+def no_huge_pages():
+    """Keep this process's anonymous memory in 4 KB pages, whatever the system's
+    transparent-huge-page mode.
 
-    With THP in madvise mode, khugepaged later refills the 4 KB pages freed
-    inside such a region into whole 2 MB pages, on its own schedule: RSS then
-    grows by megabytes with nothing allocated, which a leak check cannot tell
-    from a leak (25 s runs measured -3% to +12% from the middle to the end).
+    With THP, khugepaged later refills the 4 KB pages freed inside a region into
+    whole 2 MB pages, on its own schedule: RSS then grows by megabytes with
+    nothing allocated, which a leak check cannot tell from a leak. In "madvise"
+    mode only NumPy asks for huge pages (its large arrays); in "always" mode
+    every mapping gets them. Linux's PR_SET_THP_DISABLE turns THP off for this
+    process alone (the soak's own setting, not blockrnn's); NumPy's request is
+    switched off too, for kernels without that prctl.
     """
     core = getattr(np, "_core", None) or getattr(np, "core")
     setter = getattr(core.multiarray, "_set_madvise_hugepage", None)
     if setter is not None:
         setter(False)
+    PR_SET_THP_DISABLE = 41
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
 
 
 def settled_rss_mb():
@@ -221,6 +234,7 @@ def worker(pool, big, names, seed, stop, pause, checkpoint, counts, failures):
         counts[names[name], np.searchsorted(BIN_EDGES, elapsed)] += 1
         if not same_bits(got, expected):
             failures.append(f"{name}: result differs from the serial answer")
+        got = None   # a large result must not stay alive while RSS is sampled
 
 
 def percentile(hist, q):
@@ -240,7 +254,7 @@ def main(argv=None):
                     help="allowed RSS growth from the middle to the end (fraction)")
     args = ap.parse_args(argv)
 
-    no_numpy_huge_pages()
+    thp_off = no_huge_pages()
     rss_start = rss_mb()
     pool, big = make_pool(args.seed, args.pool)
     for k, (name, call, expected) in enumerate(big):
@@ -248,7 +262,8 @@ def main(argv=None):
     names = {n: k for k, n in enumerate(sorted({n for n, _, _ in pool + big}))}
     print(f"blockrnn {blockrnn.__version__} ({os.path.dirname(blockrnn.__file__)}); "
           f"{args.threads} threads, {args.seconds:g} s, {len(pool)} small cases + "
-          f"{len(big)} large ({len(names)} op variants), seed {args.seed}", flush=True)
+          f"{len(big)} large ({len(names)} op variants), seed {args.seed}; transparent huge "
+          f"pages {'off' if thp_off else 'as the system sets them'}", flush=True)
 
     counts = [np.zeros((len(names), len(BIN_EDGES) + 1), np.int64) for _ in range(args.threads)]
     failures = []
