@@ -19,6 +19,13 @@ Workloads (``WORKLOADS``):
   the same math written in ``jax.numpy`` with ``lax.scan`` (no peepholes), under ``jax.jit``;
   fwd+bwd is ``jax.jit(jax.vjp)`` of it with the same ones-for-every-h loss gradient.
   XLA's own CPU thread pool runs it (``--num-threads`` does not reach it).
+* ``lstm_infer`` / ``gru_infer`` -- the inference forward, the function ONNX Runtime's
+  ``LSTM`` / ``GRU`` compute: y and the final states only (no gate outputs, no context for
+  a backward). blockrnn's ``PackedLSTMWeights`` (peepholes) /
+  ``PackedGRUResetAfterWeights``, weights packed once before timing as ONNX Runtime packs
+  them when its session is created, against the same ORT sessions as ``lstm_fwd`` /
+  ``gru_fwd``. ``lstm_fwd`` times ``block_lstm_v2``, which writes TensorFlow's seven
+  (T, B, H) gate outputs for a backward: the ONNX Runtime targets compare these rows.
 * ``lstm2bi_fwd`` / ``lstm2bi_fwdbwd`` -- a 2-layer bidirectional LSTM (nn.LSTM's
   ``num_layers=2, bidirectional=True``; layer 1 reads 2H): ``blockrnn.torch.LSTM`` against
   ``torch.nn.LSTM`` with the same configuration and weights (``LSTM.from_torch``), float32,
@@ -52,15 +59,17 @@ import numpy as np
 
 import blockrnn
 
-WORKLOADS = ("lstm_fwd", "lstm_fwdbwd", "gru_fwd", "gru_fwdbwd", "lstm2bi_fwd",
-             "lstm2bi_fwdbwd", "lstm_model", "lstm_cell", "gru_cell")
-SEQUENCE_WORKLOADS = WORKLOADS[:7]
+WORKLOADS = ("lstm_fwd", "lstm_fwdbwd", "gru_fwd", "gru_fwdbwd", "lstm_infer", "gru_infer",
+             "lstm2bi_fwd", "lstm2bi_fwdbwd", "lstm_model", "lstm_cell", "gru_cell")
+SEQUENCE_WORKLOADS = WORKLOADS[:9]
+INFER_WORKLOADS = ("lstm_infer", "gru_infer")
 STACKED_WORKLOADS = ("lstm2bi_fwd", "lstm2bi_fwdbwd")
 MODEL_WORKLOADS = ("lstm_model",)
-CELL_WORKLOADS = WORKLOADS[7:]
+CELL_WORKLOADS = WORKLOADS[9:]
 WORKLOAD_TITLES = {
     "lstm_fwd": "LSTM fwd", "lstm_fwdbwd": "LSTM fwd+bwd", "gru_fwd": "GRU fwd",
-    "gru_fwdbwd": "GRU fwd+bwd", "lstm2bi_fwd": "LSTM 2-layer bidi fwd",
+    "gru_fwdbwd": "GRU fwd+bwd", "lstm_infer": "LSTM inference fwd",
+    "gru_infer": "GRU inference fwd", "lstm2bi_fwd": "LSTM 2-layer bidi fwd",
     "lstm2bi_fwdbwd": "LSTM 2-layer bidi fwd+bwd",
     "lstm_model": "LSTM in a torch model, train step", "lstm_cell": "LSTMCell B=1",
     "gru_cell": "GRUCell B=1",
@@ -103,7 +112,8 @@ def memory_bound(workload, T, B, I, H, itemsize=4):
     allows, one T x B x 4H buffer plus B x H for a sequence op (the backward uses
     it; the forward ops need O(B x H) plus, from 4 rows on, transposed copies of
     the recurrent weights no larger than it), and [x, h] plus the gate block for a
-    cell op. None for the stacked workloads (a torch module: its torch tensors are not
+    cell op. The inference forward: y, the final states, the hoisted input
+    projection (at most T x B x 4H) and its [2, B, H] state pair. None for the stacked workloads (a torch module: its torch tensors are not
     seen by tracemalloc, so no bound is compared)."""
     if workload in STACKED_WORKLOADS or workload in MODEL_WORKLOADS:
         return None
@@ -112,6 +122,9 @@ def memory_bound(workload, T, B, I, H, itemsize=4):
     if workload == "gru_cell":
         return itemsize * (4 * B * H + B * (I + H) + B * 3 * H)
     lstm = workload.startswith("lstm")
+    if workload in INFER_WORKLOADS:
+        states = 2 if lstm else 1
+        return itemsize * (T * B * H + states * B * H + T * B * 4 * H + 2 * B * H)
     outputs = (7 if lstm else 4) * T * B * H
     if workload.endswith("fwdbwd"):
         if lstm:   # x, cs_prev, h_prev, w, wci, wcf, wco, b gradients
@@ -342,6 +355,21 @@ def _blockrnn(workload, p):
         args = p.lstm_args()
         return Impl("blockrnn", "block_lstm_v2 (peepholes)",
                     lambda: blockrnn.block_lstm_v2(*args, use_peephole=True))
+    if workload == "lstm_infer":
+        from blockrnn.inference import PackedLSTMWeights
+        I = p.I
+        packed = PackedLSTMWeights(p.w[:I], p.w[I:], p.b, p.wci, p.wcf, p.wco,
+                                   use_peephole=True)   # V2's IFCO gate columns
+        run = lambda: packed.forward(p.x, p.h0, p.cs0)  # noqa: E731
+        return Impl("blockrnn", "PackedLSTMWeights.forward (peepholes; packed once)", run,
+                    lambda: _combine(_fwd_parity(run()[0], p.lstm_fwd().h,
+                                                 "y - h_block_lstm_v2")))
+    if workload == "gru_infer":
+        from blockrnn.inference import PackedGRUResetAfterWeights
+        packed = PackedGRUResetAfterWeights(p.w_ih, p.w_hh, p.b_ih, p.b_hh)
+        run = lambda: packed.forward(p.x, p.h0)  # noqa: E731
+        return Impl("blockrnn", "PackedGRUResetAfterWeights.forward (packed once)", run,
+                    lambda: _combine(_fwd_parity(run()[0], p.gru_h(), "y - h_numpy")))
     if workload == "lstm_fwdbwd":
         args = p.lstm_args()
 
@@ -388,6 +416,8 @@ def _tf(tf, workload, p):
         raise Skip(None)   # the stacked workloads compare the two torch modules only
     c = tf.constant
     raw = tf.raw_ops
+    if workload in INFER_WORKLOADS:
+        raise Skip(None)   # TF's ops write the gate outputs: its row is lstm_fwd's
     if workload in ("gru_fwd", "gru_fwdbwd"):
         raise Skip("TensorFlow has no sequence GRU op (a Python loop of GRUBlockCell is not "
                    "a fair peer): no TF row")
@@ -464,6 +494,8 @@ def numpy_gru_reset_after(x, h0, w_ih, w_hh, b_ih, b_hh):
 
 
 def _torch(torch, workload, p):
+    if workload in INFER_WORKLOADS:
+        raise Skip(None)   # nn.LSTM / nn.GRU under no_grad: the lstm_fwd / gru_fwd rows
     if workload in STACKED_WORKLOADS:
         return _stacked_impl(torch, "torch", workload, p)
     if workload in MODEL_WORKLOADS:
@@ -766,7 +798,7 @@ def _ort(peers, workload, p):
     if workload in STACKED_WORKLOADS or workload in MODEL_WORKLOADS:
         raise Skip(None)
     T, B, I, H = p.shape
-    if workload == "lstm_fwd":
+    if workload in ("lstm_fwd", "lstm_infer"):
         ifco_to_iofc = (0, 3, 1, 2)
         w = _reorder(p.w, H, ifco_to_iofc)
         init = {"W": w[:I].T[None], "R": w[I:].T[None],
@@ -781,7 +813,7 @@ def _ort(peers, workload, p):
         run = lambda: sess.run(["Y"], feeds)  # noqa: E731
         return Impl("ort", "onnxruntime LSTM (peepholes P)", run, lambda: _combine(
             _fwd_parity(run()[0][:, 0], p.lstm_fwd().h, "h - h_blockrnn")))
-    if workload == "gru_fwd":
+    if workload in ("gru_fwd", "gru_infer"):
         zrn = np.r_[H:2 * H, 0:H, 2 * H:3 * H]     # ONNX's gate order z, r, h from r, z, n
         init = {"W": p.w_ih[zrn][None], "R": p.w_hh[zrn][None],
                 "B": np.concatenate([p.b_ih[zrn], p.b_hh[zrn]])[None]}
@@ -806,7 +838,7 @@ def _ort(peers, workload, p):
 
 def _jax(jax, workload, p):
     if workload in CELL_WORKLOADS or workload in STACKED_WORKLOADS \
-            or workload in MODEL_WORKLOADS:
+            or workload in MODEL_WORKLOADS or workload in INFER_WORKLOADS:
         raise Skip("")   # no cell rows: a jitted single step measures dispatch only
     from blockrnn import jax as bj
     jnp = jax.numpy
