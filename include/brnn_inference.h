@@ -153,38 +153,33 @@ typedef void (*brnn_row1_wide_fn)(ptrdiff_t K, const float *a, const float *P, p
         }                                                                           \
     }
 
-#if BRNN_PACKED_X86
-#define BRNN_ROW1_WIDE_512(M)                                                       \
+/* ROW(M) of the block loop for one ISA: M vectors of VW floats (type V), each
+ * its own FMA chain over k; ZERO, SET1, FMADD, LOADU, STOREU, ADD are the
+ * ISA's intrinsics. */
+#define BRNN_ROW1_WIDE_ROW(V, VW, ZERO, SET1, FMADD, LOADU, STOREU, ADD, M)          \
     {                                                                               \
-        __m512 acc[M];                                                              \
-        for (int q = 0; q < M; q++) acc[q] = _mm512_setzero_ps();                  \
+        V acc[M];                                                                   \
+        for (int q = 0; q < M; q++) acc[q] = ZERO();                                \
         for (ptrdiff_t k = 0; k < K; k++) {                                         \
-            __m512 ak = _mm512_set1_ps(a[k]);                                       \
+            V ak = SET1(a[k]);                                                      \
             _Pragma("GCC unroll 8")                                                 \
             for (int q = 0; q < M; q++)                                             \
-                acc[q] = _mm512_fmadd_ps(ak, _mm512_loadu_ps(p + k * wb + q * 16), acc[q]); \
+                acc[q] = FMADD(ak, LOADU(p + k * wb + q * VW), acc[q]);             \
         }                                                                           \
-        BRNN_ROW1_WIDE_STORE(16, _mm512_storeu_ps, _mm512_loadu_ps, _mm512_add_ps, M) \
+        BRNN_ROW1_WIDE_STORE(VW, STOREU, LOADU, ADD, M)                             \
     }
+
+#if BRNN_PACKED_X86
+#define BRNN_ROW1_WIDE_512(M) BRNN_ROW1_WIDE_ROW(__m512, 16, _mm512_setzero_ps,        \
+    _mm512_set1_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps, M)
+#define BRNN_ROW1_WIDE_256(M) BRNN_ROW1_WIDE_ROW(__m256, 8, _mm256_setzero_ps,         \
+    _mm256_set1_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps, M)
 
 BRNN_AVX512
 static void brnn_row1_wide_avx512(ptrdiff_t K, const float *a, const float *P, ptrdiff_t N,
                                   ptrdiff_t n0, ptrdiff_t n1, int accumulate, float *c) {
     BRNN_ROW1_WIDE_LOOP(16, 4, BRNN_ROW1_WIDE_512)
 }
-
-#define BRNN_ROW1_WIDE_256(M)                                                       \
-    {                                                                               \
-        __m256 acc[M];                                                              \
-        for (int q = 0; q < M; q++) acc[q] = _mm256_setzero_ps();                  \
-        for (ptrdiff_t k = 0; k < K; k++) {                                         \
-            __m256 ak = _mm256_broadcast_ss(a + k);                                 \
-            _Pragma("GCC unroll 8")                                                 \
-            for (int q = 0; q < M; q++)                                             \
-                acc[q] = _mm256_fmadd_ps(ak, _mm256_loadu_ps(p + k * wb + q * 8), acc[q]); \
-        }                                                                           \
-        BRNN_ROW1_WIDE_STORE(8, _mm256_storeu_ps, _mm256_loadu_ps, _mm256_add_ps, M) \
-    }
 
 BRNN_AVX2
 static void brnn_row1_wide_avx2(ptrdiff_t K, const float *a, const float *P, ptrdiff_t N,

@@ -21,14 +21,11 @@
 
 #include "brnn_math.h"
 
-/* The loop, for element type T; PEEP and ACC are compile-time constants in
- * each of the four copies the dispatcher below instantiates. */
-#define BRNN_LSTM_FORWARD_LOOP(T, SIGMOID, TANH, CLIP, PEEP, ACC)                    \
-    for (ptrdiff_t j = 0; j < H; j++) {                                              \
-        T pi = ACC ? (i_[j] + gi[j]) + bi[j] : gi[j] + bi[j];                        \
-        T pc = ACC ? (ci[j] + gc[j]) + bc[j] : gc[j] + bc[j];                        \
-        T pf = ACC ? (f[j] + gf[j]) + bf[j] : gf[j] + bf[j];                         \
-        T po = ACC ? (o[j] + go[j]) + bo[j] : go[j] + bo[j];                         \
+/* One cell j from its pre-activations pi, pc, pf, po (biases added) and
+ * cs_prev[j], in the order above; STORE(vi, vc, vf, vo, c, tc) writes what the
+ * caller keeps (h = vo * tc). */
+#define BRNN_LSTM_CELL(T, SIGMOID, TANH, CLIP, PEEP, STORE)                          \
+    {                                                                                \
         T cp = cs_prev[j];                                                           \
         pf = add_forget_bias ? pf + forget_bias : pf;                                \
         if (PEEP) {                                                                  \
@@ -40,13 +37,28 @@
         c = clip ? CLIP(c, cell_clip) : c;                                           \
         if (PEEP) po = po + wco[j] * c;                                              \
         T vo = SIGMOID(po), tc = TANH(c);                                            \
-        i_[j] = vi;                                                                  \
-        ci[j] = vc;                                                                  \
-        f[j] = vf;                                                                   \
-        o[j] = vo;                                                                   \
-        cs[j] = c;                                                                   \
-        co[j] = tc;                                                                  \
-        h[j] = vo * tc;                                                              \
+        STORE(vi, vc, vf, vo, c, tc)                                                 \
+    }
+
+/* The training forward keeps all seven outputs. */
+#define BRNN_LSTM_STORE_ALL(vi, vc, vf, vo, c, tc)                                   \
+    i_[j] = vi;                                                                      \
+    ci[j] = vc;                                                                      \
+    f[j] = vf;                                                                       \
+    o[j] = vo;                                                                       \
+    cs[j] = c;                                                                       \
+    co[j] = tc;                                                                      \
+    h[j] = vo * tc;
+
+/* The loop, for element type T; PEEP and ACC are compile-time constants in
+ * each of the four copies the dispatcher below instantiates. */
+#define BRNN_LSTM_FORWARD_LOOP(T, SIGMOID, TANH, CLIP, PEEP, ACC)                    \
+    for (ptrdiff_t j = 0; j < H; j++) {                                              \
+        T pi = ACC ? (i_[j] + gi[j]) + bi[j] : gi[j] + bi[j];                        \
+        T pc = ACC ? (ci[j] + gc[j]) + bc[j] : gc[j] + bc[j];                        \
+        T pf = ACC ? (f[j] + gf[j]) + bf[j] : gf[j] + bf[j];                         \
+        T po = ACC ? (o[j] + go[j]) + bo[j] : go[j] + bo[j];                         \
+        BRNN_LSTM_CELL(T, SIGMOID, TANH, CLIP, PEEP, BRNN_LSTM_STORE_ALL)            \
     }
 
 #define BRNN_LSTM_FORWARD_ROW(NAME, T, SIGMOID, TANH, CLIP)                          \
@@ -76,28 +88,21 @@ BRNN_LSTM_FORWARD_ROW(brnn_lstm_forward_row_f32, float, brnn_sigmoidf, brnn_tanh
 BRNN_LSTM_FORWARD_ROW(brnn_lstm_forward_row_f64, double, brnn_sigmoid, brnn_tanh, brnn_clip)
 
 /* The inference forward's step of a row (blockrnn/_inference.pxi): the same
- * math in the same order as the forward above with acc (pre = (x_g + g_g) +
+ * cell (BRNN_LSTM_CELL) as the forward above with acc (pre = (x_g + g_g) +
  * b_g), so the same bits, but it writes only what inference keeps: the new
  * cell state cs and h. x_i, x_c, x_f, x_o hold x[t] @ W_x's gate columns,
  * g_i .. g_o h[t-1] @ W_h's. */
+#define BRNN_LSTM_STORE_STATE(vi, vc, vf, vo, c, tc)                                 \
+    cs[j] = c;                                                                       \
+    h[j] = vo * tc;
 #define BRNN_LSTM_INFER_LOOP(PEEP)                                                   \
     for (ptrdiff_t j = 0; j < H; j++) {                                              \
         float pi = (xi[j] + gi[j]) + bi[j];                                          \
         float pc = (xc[j] + gc[j]) + bc[j];                                          \
         float pf = (xf[j] + gf[j]) + bf[j];                                          \
         float po = (xo[j] + go[j]) + bo[j];                                          \
-        float cp = cs_prev[j];                                                       \
-        pf = add_forget_bias ? pf + forget_bias : pf;                                \
-        if (PEEP) {                                                                  \
-            pi = pi + wci[j] * cp;                                                   \
-            pf = pf + wcf[j] * cp;                                                   \
-        }                                                                            \
-        float vi = brnn_sigmoidf(pi), vf = brnn_sigmoidf(pf), vc = brnn_tanhf(pc);   \
-        float c = vi * vc + vf * cp;                                                 \
-        c = clip ? brnn_clipf(c, cell_clip) : c;                                     \
-        if (PEEP) po = po + wco[j] * c;                                              \
-        cs[j] = c;                                                                   \
-        h[j] = brnn_sigmoidf(po) * brnn_tanhf(c);                                    \
+        BRNN_LSTM_CELL(float, brnn_sigmoidf, brnn_tanhf, brnn_clipf, PEEP,            \
+                       BRNN_LSTM_STORE_STATE)                                        \
     }
 
 BRNN_MULTIVERSION
