@@ -81,7 +81,7 @@ cdef enum:
     # H=128 0.84.
     INFER_WORK_PER_THREAD = 12288
     # A call of fewer multiply-adds in all runs on one thread when its object's
-    # last call ended more than INFER_IDLE_NS ago (_PackedBase._want): measured
+    # last call ended more than INFER_IDLE_NS ago (_PackedBase._plan): measured
     # with a 1 ms sleep between calls, T=64, I=H, 2-core Zen 5 VM, median us,
     # 1 thread / 2: reset-after GRU H=128 batch 1 113 / 400 (back to back
     # 103 / 82), LSTM H=256 batch 1 676 / 912 (back to back 650 / 275), LSTM
@@ -565,6 +565,12 @@ cdef inline const float* state_data(arr, const float* zeros):
     return zeros if arr is None else fdata(arr)
 
 
+ctypedef struct CallPlan:
+    int threads       # what the call asks of the budget
+    int paced         # -1: not timed for the pace; 0: asked for one thread; 1: for more
+    long long start   # monotonic ns before the compiled call (when paced)
+
+
 cdef class _PackedBase:
     """What every packed-weight object shares: sizes, the packed copy, the
     number of packings it did (always 1: counted to test that forward never
@@ -583,10 +589,12 @@ cdef class _PackedBase:
     cdef long long solo_until
     cdef int shed_calls
     # Monotonic ns of the end of the last call (0: none), and how long after it
-    # a small call runs on one thread (0: never); see _want.
+    # a small call runs on one thread (0: never, and no pace); see _plan.
     cdef long long last_end
     cdef readonly long long idle_ns
-    # The threads the last call asked of the budget (after _want; it may have
+    # What small calls measured on one thread and on more (brnn_pace); see _plan.
+    cdef brnn_pace pace
+    # The threads the last call asked of the budget (after _plan; it may have
     # been granted fewer). For the tests, and for a user who wonders.
     cdef readonly int last_threads
 
@@ -596,19 +604,40 @@ cdef class _PackedBase:
         not running (another process held its core) within the last 50 ms."""
         return bool(brnn_solo_now(&self.solo_until))
 
-    cdef inline int _want(self, int want, Py_ssize_t work) noexcept nogil:
+    cdef inline CallPlan _plan(self, int want, Py_ssize_t work) noexcept nogil:
         """The threads a call of `work` multiply-adds in all asks for, from the
-        thread rule's `want`: one while the object is solo; one for a call of
-        less than INFER_IDLE_WORK when the object's last call ended more than
-        idle_ns ago (brnn_idle_for: its partner thread's core is likely halted,
-        and waking it costs more than a second thread saves)."""
+        thread rule's `want`: one while the object is solo; for a small call
+        (less than INFER_IDLE_WORK; idle_ns > 0), one when the object's last
+        call ended more than idle_ns ago (brnn_idle_for: its partner thread's
+        core is likely halted, and waking it costs more than a second thread
+        saves), else what the object's small calls measured faster, one thread
+        or `want` (brnn_pace_many; such a call is timed for brnn_pace_record)."""
+        cdef CallPlan plan
+        plan.threads, plan.paced, plan.start = want, -1, 0
         if want > 1 and brnn_solo_now(&self.solo_until):
-            want = 1
-        elif (want > 1 and self.idle_ns > 0 and work < INFER_IDLE_WORK
-                and brnn_idle_for(&self.last_end, self.idle_ns)):
-            want = 1
-        self.last_threads = want
-        return want
+            plan.threads = 1
+        elif want > 1 and self.idle_ns > 0 and work < INFER_IDLE_WORK:
+            if brnn_idle_for(&self.last_end, self.idle_ns):
+                plan.threads = 1
+            else:
+                plan.paced = brnn_pace_many(&self.pace)
+                plan.threads = want if plan.paced else 1
+                plan.start = brnn_now_ns()
+        self.last_threads = plan.threads
+        return plan
+
+    @property
+    def pace_fs_per_mac(self):
+        """(one thread, several): the mean femtoseconds per multiply-add that
+        this object's small calls measured asking for one thread and for more
+        (0: none yet); see brnn_pace in include/brnn_packed.h."""
+        return (self.pace.fs_per_mac[0], self.pace.fs_per_mac[1])
+
+    def _set_pace(self, long long one, long long many):
+        """For the tests: set the pace's averages, restart its probe count, end
+        any solo spell."""
+        self.pace.fs_per_mac[0], self.pace.fs_per_mac[1], self.pace.calls = one, many, 0
+        self.solo_until = 0
 
     @property
     def sheds(self):
@@ -617,10 +646,14 @@ cdef class _PackedBase:
         thread was not running)."""
         return brnn_atomic_load(&self.shed_calls)
 
-    cdef inline void _ran(self, int shed) noexcept nogil:
-        """After a call: shed is the loop's answer (0: kept its threads, 1:
-        shed for another caller, 2: shed for a partner that was not running)."""
+    cdef inline void _ran(self, CallPlan plan, Py_ssize_t work, int shed) noexcept nogil:
+        """After a call planned by _plan: shed is the loop's answer (0: kept its
+        threads, 1: shed for another caller, 2: shed for a partner that was not
+        running). A paced call's time goes into the pace, unless it shed for a
+        partner (the solo rule takes over)."""
         brnn_mark_now(&self.last_end)
+        if plan.paced >= 0 and shed != 2:
+            brnn_pace_record(&self.pace, plan.paced, self.last_end - plan.start, work)
         if shed:
             brnn_atomic_add(&self.shed_calls, 1)
         if shed == 2:
@@ -765,8 +798,10 @@ cdef class PackedLSTMWeights(_PackedBase):
             c_n[...] = 0 if c0a is None else c0a
             return _stored(xd, (new_f32(T, B, H), h_n, c_n))
         cdef Py_ssize_t L_ = L
-        cdef int want = self._want(inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread),
-                                   L_ * B * (I + H) * 4 * H)
+        cdef Py_ssize_t work = L_ * B * (I + H) * 4 * H
+        cdef CallPlan plan = self._plan(
+            inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread), work)
+        cdef int want = plan.threads
         y = new_f32_rows(T, B, H, want > 1)
         cdef GateOffsets off = gate_offsets(self.layout, H)
         cdef Py_ssize_t nws = lstm_infer_workspace(L_, B, H)
@@ -781,7 +816,7 @@ cdef class PackedLSTMWeights(_PackedBase):
         cdef const int64_t* lp = lengths_data(lens)
         cdef const float* wide = self._wide_for(B)
         with nogil:
-            self._ran(lstm_infer(
+            self._ran(plan, work, lstm_infer(
                 T, L_, B, I, H, off, &self.packed[0], wide, &self.bias[0], &self.peep_w[0],
                 &self.peep_w[H], &self.peep_w[2 * H], self.forget_bias, self.cell_clip,
                 self.use_peephole, px, ph0, pc0, lp, ws, py, phn, pcn, want, nt))
@@ -841,8 +876,10 @@ cdef class PackedGRUWeights(_PackedBase):
             h_n[...] = 0 if h0a is None else h0a
             return _stored(xd, (new_f32(T, B, H), h_n))
         cdef Py_ssize_t L_ = L
-        cdef int want = self._want(inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread),
-                                   L_ * B * (I + H) * 3 * H)
+        cdef Py_ssize_t work = L_ * B * (I + H) * 3 * H
+        cdef CallPlan plan = self._plan(
+            inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread), work)
+        cdef int want = plan.threads
         y = new_f32_rows(T, B, H, want > 1)
         cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
         # then B x H zeros (a None state); from a 64-byte boundary, as y
@@ -854,8 +891,9 @@ cdef class PackedGRUWeights(_PackedBase):
         cdef const int64_t* lp = lengths_data(lens)
         cdef const float* wide = self._wide_for(B)
         with nogil:
-            self._ran(gru_infer(T, L_, B, I, H, &self.packed[0], wide, &self.bias[0],
-                                &self.bias_c[0], px, ph0, lp, ws, py, phn, want, nt))
+            self._ran(plan, work, gru_infer(
+                T, L_, B, I, H, &self.packed[0], wide, &self.bias[0], &self.bias_c[0], px,
+                ph0, lp, ws, py, phn, want, nt))
         PyMem_RawFree(ws_block)
         return _stored(xd, (y, h_n))
 
@@ -899,8 +937,10 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
             h_n[...] = 0 if h0a is None else h0a
             return _stored(xd, (new_f32(T, B, H), h_n))
         cdef Py_ssize_t L_ = L
-        cdef int want = self._want(inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread),
-                                   L_ * B * (I + H) * 3 * H)
+        cdef Py_ssize_t work = L_ * B * (I + H) * 3 * H
+        cdef CallPlan plan = self._plan(
+            inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread), work)
+        cdef int want = plan.threads
         y = new_f32_rows(T, B, H, want > 1)
         cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
         # then B x H zeros (a None state); from a 64-byte boundary, as y
@@ -912,7 +952,8 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         cdef const int64_t* lp = lengths_data(lens)
         cdef const float* wide = self._wide_for(B)
         with nogil:
-            self._ran(gru_ra_infer(T, L_, B, I, H, &self.packed[0], wide, &self.bias[0],
-                                   &self.bias[3 * H], px, ph0, lp, ws, py, phn, want, nt))
+            self._ran(plan, work, gru_ra_infer(
+                T, L_, B, I, H, &self.packed[0], wide, &self.bias[0], &self.bias[3 * H], px,
+                ph0, lp, ws, py, phn, want, nt))
         PyMem_RawFree(ws_block)
         return _stored(xd, (y, h_n))

@@ -33,6 +33,12 @@ cdef extern from "brnn_packed.h" nogil:
     void brnn_solo_start(long long* until)
     int brnn_idle_for(const long long* last, long long idle_ns)
     void brnn_mark_now(long long* last)
+    long long brnn_now_ns()
+    ctypedef struct brnn_pace:
+        long long fs_per_mac[2]
+        int calls
+    int brnn_pace_many(brnn_pace* p)
+    void brnn_pace_record(brnn_pace* p, int many, long long ns, long long macs)
     int brnn_atomic_load(const int* p)
     void brnn_atomic_add(int* p, int v)
 

@@ -42,7 +42,11 @@ than 3 * 2**25 multiply-adds in all runs on one thread when the object's last
 call ended over ``idle_ns`` = 200 us ago: the partner thread sleeps between
 calls, and on a virtual machine waking it after an idle spell took ~300 us (a
 batch-1 request at H = 128 is ~100 us on one thread), so the first call of a
-burst runs alone and the next ones on every core (``idle_ns=0``: never alone).
+burst runs alone and the next ones on every core. Back-to-back small calls ask for
+every core unless the object's own small calls measured that slower per multiply-add
+than one thread (``pace_fs_per_mac`` of each packed object: the two averages; e.g.
+another process busy on the partner's core); every 16th such call asks for the other
+choice, so both averages follow the machine (``idle_ns=0``: neither rule, never alone).
 Pass ``work_per_thread=2**20`` to keep small requests on one thread.
 """
 import numpy as np

@@ -425,6 +425,46 @@ static inline void brnn_mark_now(long long *last) {
     __atomic_store_n(last, brnn_now_ns(), __ATOMIC_RELAXED);
 }
 
+/* ---- one thread or several, by what an object's calls measured ----
+ * A second thread does not always pay for a small call: where another process
+ * keeps the partner's core busy (each per-step barrier then waits for the
+ * scheduler), or a virtual CPU runs slower for a while. Measured on a 2-core
+ * Zen 5 VM with a busy process on the other core: the reset-after GRU, T=50,
+ * batch 1, H=128, 275 us a call on 2 threads (thousands of involuntary context
+ * switches), against ~100 us on one. brnn_pace keeps, per object, the mean
+ * time per multiply-add (femtoseconds; 0: none yet) of its small calls that
+ * asked for one thread (slot 0) and for several (slot 1), each the average of
+ * its last value and the new one, so that it follows a machine that changes.
+ * A small call asks for several threads unless they measured slower than one;
+ * every BRNN_PACE_PROBE-th call asks for the other, so that both keep being
+ * measured. Concurrent callers update it without a lock (atomic loads and
+ * stores: a lost update only delays the average). Which choice a call makes
+ * never changes a bit (one sum per element, above). */
+#ifndef BRNN_PACE_PROBE
+#define BRNN_PACE_PROBE 16
+#endif
+typedef struct { long long fs_per_mac[2]; int calls; } brnn_pace;
+
+/* 1: the next small call asks for several threads; 0: for one. */
+static inline int brnn_pace_many(brnn_pace *p) {
+    long long one = __atomic_load_n(&p->fs_per_mac[0], __ATOMIC_RELAXED);
+    long long many = __atomic_load_n(&p->fs_per_mac[1], __ATOMIC_RELAXED);
+    int k = __atomic_add_fetch(&p->calls, 1, __ATOMIC_RELAXED);
+    int choice = !(one > 0 && many > one);
+    return k % BRNN_PACE_PROBE == 0 ? !choice : choice;
+}
+
+/* A small call that asked for several threads (many) or one took ns for macs
+ * multiply-adds. */
+static inline void brnn_pace_record(brnn_pace *p, int many, long long ns, long long macs) {
+    if (macs <= 0 || ns < 0) return;
+    long long v = (long long)((double)ns * 1e6 / (double)macs);
+    if (v < 1) v = 1;
+    long long *slot = &p->fs_per_mac[many != 0];
+    long long old = __atomic_load_n(slot, __ATOMIC_RELAXED);
+    __atomic_store_n(slot, old == 0 ? v : (old + v) / 2, __ATOMIC_RELAXED);
+}
+
 static inline int brnn_atomic_load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 static inline void brnn_atomic_add(int *p, int v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 

@@ -328,6 +328,42 @@ def test_a_small_call_after_an_idle_spell_runs_alone(name, make):
     assert run.last_threads == 2
 
 
+@pytest.mark.parametrize("name,make", SHED_LAYERS)
+def test_small_calls_ask_for_what_they_measured_faster(name, make):
+    """Back-to-back small calls ask for 2 threads unless this object's calls measured 2
+    slower than one per multiply-add (brnn_pace: e.g. another process holds the partner's
+    core); every 16th call asks for the other choice, so both averages keep being
+    measured. Same bits whichever the choice; idle_ns=0 turns the pace off."""
+    assert _kernels.openmp_max_threads() >= 2, "this test needs 2 OpenMP threads"
+    layer = make()
+    x = np.random.default_rng(6).standard_normal((48, 1, 64)).astype(np.float32)
+    infer = type(layer.inference())(layer, idle_ns=10**9)   # no idle spell within the test
+    run = infer._runs[0]
+    want = infer(x)[0]                       # the first call: idle, alone, not timed
+    assert run.last_threads == 1 and run.pace_fs_per_mac == (0, 0)
+
+    def calls(n):
+        got = []
+        for _ in range(n):
+            np.testing.assert_array_equal(infer(x)[0], want)
+            got.append(run.last_threads)
+        return got
+    deadline = time.monotonic() + 10   # (a call that sheds for a busy core pauses the
+    while 0 in run.pace_fs_per_mac and time.monotonic() < deadline:   # pace: solo)
+        np.testing.assert_array_equal(infer(x)[0], want)
+    assert 0 not in run.pace_fs_per_mac    # both choices measured: the probes ran
+    run._set_pace(10**15, 1)                 # several threads measured faster
+    assert calls(16) == [2] * 15 + [1]       # ... the 16th call probes one thread
+    run._set_pace(1, 10**15)                 # several threads measured slower
+    assert calls(16) == [1] * 15 + [2]
+    assert run.pace_fs_per_mac[1] > 10**14   # a probe only moves the average halfway
+    off = type(infer)(layer, idle_ns=0)
+    off(x)
+    off._runs[0]._set_pace(1, 10**15)
+    np.testing.assert_array_equal(off(x)[0], want)
+    assert off._runs[0].last_threads == 2 and off._runs[0].pace_fs_per_mac == (1, 10**15)
+
+
 def test_packed_weights_start_on_a_cache_line():
     """The one-row kernel loads a 64-byte panel row per FMA: packed weights off a
     cache line would split every load (1.5x slower measured at H=128, 256)."""
