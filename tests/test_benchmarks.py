@@ -192,6 +192,17 @@ def test_options():
     assert run.main(["--rounds", "0"]) == 2
 
 
+def test_warm_up_calls_for_the_given_time():
+    """The worker's warm-up: at least one call, and calls until the time has passed."""
+    import time
+    calls = []
+    worker.warm_up(lambda: calls.append(time.perf_counter()), 0.0)
+    assert len(calls) == 1
+    start = time.perf_counter()
+    worker.warm_up(lambda: calls.append(time.perf_counter()) or time.sleep(0.002), 0.02)
+    assert len(calls) > 2 and calls[-1] - start >= 0.018
+
+
 def test_flops_and_memory_bound_formulas():
     assert peers.flops("lstm_fwd", 100, 32, 256, 256) == 2 * 100 * 32 * 512 * 4 * 256
     assert peers.flops("lstm_fwdbwd", 2, 3, 4, 5) == 3 * peers.flops("lstm_fwd", 2, 3, 4, 5)

@@ -39,7 +39,9 @@ Method:
    (default 7, --quick 2; ``--big-rounds``, default 5, at the shapes with >= BIG_FLOPS
    LSTM forward flops, i.e. 100,64,512,512, so that a default run fits in ~15 minutes on
    2 cores). In a round, the worker of one implementation runs all its
-   workloads: each is called once to warm up, then timed up to ``--reps`` times (default
+   workloads: each is called for ``--warmup`` seconds to warm up (default WARMUP_S, at
+   least once: a core that sat idle runs its first milliseconds slowly on a VM), then
+   timed up to ``--reps`` times (default
    5) but no longer than REP_BUDGET_S (at least once); the round's value is the best of
    those. The table shows per implementation the MEDIAN over the rounds and the best, and
    their spread (median / best - 1). Cell rows: a sample is the mean of enough calls to
@@ -100,6 +102,13 @@ QUICK_REP_BUDGET_S = 0.05
 # the same library) go idle. Between implementations there is none to wait for: each
 # one's process has ended.
 SETTLE_S = 0.05
+# Each workload's warm-up in a round: calls for at least this long (at least one).
+# Threads and memory are set up by the first call, but a core that sat idle runs its
+# first milliseconds of work slowly on a VM: on the 2-core Zen 5 KVM guest, a 2-thread
+# batch-1 inference call after single-thread workloads took ~275 us for ~15 calls in a
+# row, then ~65 (its one-thread time: ~78); ONNX Runtime's pool, which spins between
+# calls, woke its cores in its own single warm-up call.
+WARMUP_S = 0.02
 # Shapes whose LSTM forward has at least this many matmul flops (100,64,512,512: 26.8e9)
 # run --big-rounds rounds (default 5) instead of --rounds: they take most of the time of
 # a default run, which fits in ~15 minutes on 2 cores that way.
@@ -163,6 +172,9 @@ def parse_args(argv):
     parser.add_argument("--settle", type=float, default=SETTLE_S, metavar="S",
                         help="pause in a worker before each workload, so that the previous "
                              "workload's spinning threads are idle (default %(default)s s)")
+    parser.add_argument("--warmup", type=float, default=WARMUP_S, metavar="S",
+                        help="warm-up of each workload in a round: calls for at least S "
+                             "seconds, at least one (default %(default)s s)")
     parser.add_argument("--sgemm-size", type=int, default=2048,
                         help="n of the n x n x n sgemm roofline (default 2048)")
     parser.add_argument("--seed", type=int, default=0)
@@ -323,6 +335,7 @@ class Run:
                 "cell_target_s": self.cell_target, "one_core": mode == "one",
                 "num_threads": self.opts.num_threads if mode == "all" else None,
                 "memory": memory, "settle_s": self.opts.settle,
+                "warmup_s": self.opts.warmup,
                 "jax_cache_dir": os.path.join(self.cache_dir, mode) if self.cache_dir
                 else None}
 
@@ -463,7 +476,8 @@ def run(opts):
     print(f"\ntiming: each implementation in its own process per round, {bench.rounds} "
           + (f"rounds ({bench.big_rounds} at {' '.join(big)}) " if big else "rounds ")
           + f"alternating {', '.join(IMPL_TITLES[i] for i in IMPLS if i in bench.tasks)};"
-          f" per workload and round: 1 warm-up call, then up to {bench.reps} timed calls "
+          f" per workload and round: warm-up calls for {opts.warmup:g} s (at least one), "
+          f"then up to {bench.reps} timed calls "
           f"(at most {bench.budget:g} s), the best kept; MEDIAN over rounds reported (best "
           "and spread also shown)\n")
     with tempfile.TemporaryDirectory(prefix="blockrnn-bench-jax-") as cache_dir:
@@ -475,7 +489,8 @@ def run(opts):
                               for w in bench.workers if w["round"] == 0}
     return {"header": info, "roofline": bench.roofline, "rounds": bench.rounds,
             "big_rounds": bench.big_rounds, "round_seconds": bench.round_seconds,
-            "reps": bench.reps, "statistic": "median", "rows": bench.rows,
+            "reps": bench.reps, "warmup_s": opts.warmup, "statistic": "median",
+            "rows": bench.rows,
             "parity": bench.parity, "workers": bench.workers,
             "messages": found.skipped + found.notes + bench.messages,
             "failed": bench.failed}
@@ -608,8 +623,9 @@ def legend(results):
         f"  times: each implementation in its own process, {results['rounds']} rounds"
         + (f" ({results['big_rounds']} at shapes with >= {BIG_FLOPS:.0e} LSTM forward flops)"
            if results["big_rounds"] != results["rounds"] else "") + "; a "
-        f"round keeps the best of up to {results['reps']} calls after a warm-up; median "
-        "and best over the rounds, spread = median / best - 1; cell rows: mean per call",
+        f"round keeps the best of up to {results['reps']} calls after "
+        f"{results.get('warmup_s', 0):g} s of warm-up calls; median and best over the "
+        "rounds, spread = median / best - 1; cell rows: mean per call",
         "  blockrnn/peer = blockrnn median time / that peer's median time (< 1: blockrnn "
         "faster)",
         f"  sgemm share = GFLOP/s (median) / the mode's sgemm GFLOP/s ({roof}; "

@@ -64,6 +64,15 @@ def process_threads():
     return None
 
 
+def warm_up(fn, seconds):
+    """Call fn until `seconds` have passed, at least once: thread pools, JIT compilation,
+    first-touch memory, and the cores the call runs on awake (blockrnn.bench.run.WARMUP_S)."""
+    start = time.perf_counter()
+    fn()
+    while time.perf_counter() - start < seconds:
+        fn()
+
+
 def time_task(fn, reps, budget, calls=1):
     """Up to ``reps`` samples of ``calls`` calls each, stopping once the samples last
     ``budget`` seconds (at least one). Returns (per-call wall seconds, per-call process
@@ -137,7 +146,7 @@ def run_spec(spec):
                 if not impls:
                     raise RuntimeError("; ".join(messages) or "no such implementation")
                 fn = impls[0].run
-            fn()   # warm-up (thread pools, JIT compilation, first-touch memory)
+            warm_up(fn, spec.get("warmup_s", 0.0))
             calls = 1
             if workload in peers.CELL_WORKLOADS:
                 calls = measure.calibrate(fn, spec.get("cell_target_s", 0.02))
