@@ -20,16 +20,21 @@ import os as _os
 
 # GNU OpenMP reads its wait policy once, when it is loaded (by the import of
 # _kernels below, unless another module loaded it first). Its default keeps
-# the workers of a finished parallel region spinning, on the cores the
-# OpenBLAS GEMM that follows needs (measured: an sgemm of 1600x256x1024 took
-# 24.0 ms right after a 2-thread region, 14.3 ms after a serial call).
-# blockrnn's regions wait on their own barrier (include/brnn_packed.h), so a
-# passive policy costs them one wake-up per call. It is set only for the
-# load, and only if the user set neither variable: other libraries and child
-# processes see the environment as it was.
-_PASSIVE = "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ
-if _PASSIVE:
-    _os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+# the workers of a finished parallel region spinning for ~0.3 s, on the cores
+# the OpenBLAS GEMM that follows needs (measured: an sgemm of 1600x256x1024
+# took 24.0 ms right after a 2-thread region, 14.3 ms after a serial call).
+# A worker that sleeps at once instead (OMP_WAIT_POLICY=PASSIVE, the former
+# choice) is woken at every call, and Linux sometimes wakes it onto the
+# caller's CPU with the other one idle: on a 2-core KVM guest, 2-thread
+# batch-1 inference calls then ran at 1 thread's speed or 4x slower for tens
+# of ms (docs/performance.md). So its workers spin GOMP_SPINCOUNT=1000 times
+# (~30 us) after a region, then sleep: back-to-back calls find them awake,
+# and nothing is left spinning after them. Set only for the load, and only if
+# the user set neither variable: other libraries and child processes see the
+# environment as it was.
+_SPIN = "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ
+if _SPIN:
+    _os.environ["GOMP_SPINCOUNT"] = "1000"
 try:
     from blockrnn import _kernels  # noqa: F401
 except ImportError as exc:  # pragma: no cover - only when run from an unbuilt tree
@@ -38,8 +43,8 @@ except ImportError as exc:  # pragma: no cover - only when run from an unbuilt t
         "with `pip install .` (or `pip install -e .` for development), or build it in "
         f"place with `python setup.py build_ext --inplace`. Original error: {exc}") from exc
 finally:
-    if _PASSIVE:
-        del _os.environ["OMP_WAIT_POLICY"]
+    if _SPIN:
+        del _os.environ["GOMP_SPINCOUNT"]
 
 from blockrnn import raw_ops
 from blockrnn._config import build_config, show_config

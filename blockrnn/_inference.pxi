@@ -611,18 +611,22 @@ cdef class _PackedBase:
         call ended more than idle_ns ago (brnn_idle_for: its partner thread's
         core is likely halted, and waking it costs more than a second thread
         saves), else what the object's small calls measured faster, one thread
-        or `want` (brnn_pace_many; such a call is timed for brnn_pace_record)."""
+        or `want` (brnn_pace_plan; a timed call's time goes into the means)."""
         cdef CallPlan plan
+        cdef int choice
         plan.threads, plan.paced, plan.start = want, -1, 0
         if want > 1 and brnn_solo_now(&self.solo_until):
             plan.threads = 1
         elif want > 1 and self.idle_ns > 0 and work < INFER_IDLE_WORK:
             if brnn_idle_for(&self.last_end, self.idle_ns):
                 plan.threads = 1
+                brnn_pace_idle(&self.pace)
             else:
-                plan.paced = brnn_pace_many(&self.pace)
-                plan.threads = want if plan.paced else 1
                 plan.start = brnn_now_ns()
+                choice = brnn_pace_plan(&self.pace, plan.start)
+                plan.threads = want if choice & BRNN_PACE_MANY else 1
+                if choice & BRNN_PACE_TIMED:
+                    plan.paced = 1 if choice & BRNN_PACE_MANY else 0
         self.last_threads = plan.threads
         return plan
 
@@ -633,10 +637,12 @@ cdef class _PackedBase:
         (0: none yet); see brnn_pace in include/brnn_packed.h."""
         return (self.pace.fs_per_mac[0], self.pace.fs_per_mac[1])
 
-    def _set_pace(self, long long one, long long many):
-        """For the tests: set the pace's averages, restart its probe count, end
-        any solo spell."""
+    def _set_pace(self, long long one, long long many, long long retry_in_ns=10**12):
+        """For the tests: set the pace's means, restart its probe count, no run
+        of several-thread calls, the next try in retry_in_ns, no solo spell."""
         self.pace.fs_per_mac[0], self.pace.fs_per_mac[1], self.pace.calls = one, many, 0
+        self.pace.streak = 0
+        self.pace.retry_at = brnn_now_ns() + retry_in_ns
         self.solo_until = 0
 
     @property

@@ -36,8 +36,16 @@ cdef extern from "brnn_packed.h" nogil:
     long long brnn_now_ns()
     ctypedef struct brnn_pace:
         long long fs_per_mac[2]
+        long long streak
+        long long retry_at
         int calls
-    int brnn_pace_many(brnn_pace* p)
+    enum:
+        BRNN_PACE_MANY
+        BRNN_PACE_TIMED
+        BRNN_PACE_PROBE
+        BRNN_PACE_WARM_NS
+    int brnn_pace_plan(brnn_pace* p, long long now)
+    void brnn_pace_idle(brnn_pace* p)
     void brnn_pace_record(brnn_pace* p, int many, long long ns, long long macs)
     int brnn_atomic_load(const int* p)
     void brnn_atomic_add(int* p, int v)

@@ -295,8 +295,16 @@ static inline brnn_packed_fn brnn_packed_kernel(int path) {
 #include <sched.h>
 #include <time.h>
 /* count, gen: the barrier; shed, slow: brnn_barrier_wait_shed's answer and
- * its evidence (zero the whole struct before the region). */
-typedef struct { int count; int gen; int shed; int slow; } brnn_barrier;
+ * its evidence; cpus: the CPUs (bit cpu % 64) the threads arriving at this
+ * barrier run on (zero the whole struct before the region). */
+typedef struct { int count; int gen; int shed; int slow; unsigned long long cpus; } brnn_barrier;
+
+#ifdef __linux__
+int sched_getcpu(void);   /* glibc / musl (<sched.h> declares it with _GNU_SOURCE) */
+#define brnn_current_cpu() sched_getcpu()
+#else
+#define brnn_current_cpu() (-1)
+#endif
 
 #ifndef BRNN_BARRIER_SPINS
 #define BRNN_BARRIER_SPINS 100
@@ -431,30 +439,74 @@ static inline void brnn_mark_now(long long *last) {
  * scheduler), or a virtual CPU runs slower for a while. Measured on a 2-core
  * Zen 5 VM with a busy process on the other core: the reset-after GRU, T=50,
  * batch 1, H=128, 275 us a call on 2 threads (thousands of involuntary context
- * switches), against ~100 us on one. brnn_pace keeps, per object, the mean
- * time per multiply-add (femtoseconds; 0: none yet) of its small calls that
- * asked for one thread (slot 0) and for several (slot 1), each the average of
- * its last value and the new one, so that it follows a machine that changes.
- * A small call asks for several threads unless they measured slower than one;
- * every BRNN_PACE_PROBE-th call asks for the other, so that both keep being
- * measured. Concurrent callers update it without a lock (atomic loads and
- * stores: a lost update only delays the average). Which choice a call makes
- * never changes a bit (one sum per element, above). */
+ * switches), against ~80 on one. brnn_pace keeps, per object, the mean time
+ * per multiply-add (femtoseconds; 0: none yet) of its small calls that ran on
+ * one thread (slot 0) and on several (slot 1), each the average of its last
+ * value and the new one, so that it follows a machine that changes.
+ *
+ * Several threads are what a call asks for unless they measured slower; every
+ * BRNN_PACE_PROBE-th call then asks for one, to keep that mean current. While
+ * one thread is faster, a call asks for several again for BRNN_PACE_TRY_NS
+ * every BRNN_PACE_RETRY_NS. A core that sat idle is slow for its first
+ * milliseconds of work on a VM (the same GRU: ~275 us a call for ~15 calls in
+ * a row, then ~65), so a several-thread call is timed only once its run of
+ * several-thread calls (`streak`: from the first one after a one-thread call
+ * or an idle spell; a probe of one thread does not end it) has lasted
+ * BRNN_PACE_WARM_NS. Concurrent callers update it without a lock (atomic
+ * loads and stores: a lost update only delays a mean). Which choice a call
+ * makes never changes a bit (one sum per element, above). */
 #ifndef BRNN_PACE_PROBE
 #define BRNN_PACE_PROBE 16
 #endif
-typedef struct { long long fs_per_mac[2]; int calls; } brnn_pace;
+#ifndef BRNN_PACE_WARM_NS
+#define BRNN_PACE_WARM_NS 8000000
+#endif
+#ifndef BRNN_PACE_TRY_NS
+#define BRNN_PACE_TRY_NS 12000000
+#endif
+#ifndef BRNN_PACE_RETRY_NS
+#define BRNN_PACE_RETRY_NS 200000000
+#endif
+typedef struct {
+    long long fs_per_mac[2];
+    long long streak;    /* monotonic ns: start of the run of several-thread calls (0: none) */
+    long long retry_at;  /* monotonic ns: when several threads are tried again */
+    int calls;
+} brnn_pace;
 
-/* 1: the next small call asks for several threads; 0: for one. */
-static inline int brnn_pace_many(brnn_pace *p) {
+enum { BRNN_PACE_MANY = 1, BRNN_PACE_TIMED = 2 };
+
+/* The plan of the next small call at monotonic time now: BRNN_PACE_MANY if
+ * it asks for several threads, BRNN_PACE_TIMED if its time goes into the
+ * means (brnn_pace_record). */
+static inline int brnn_pace_plan(brnn_pace *p, long long now) {
     long long one = __atomic_load_n(&p->fs_per_mac[0], __ATOMIC_RELAXED);
     long long many = __atomic_load_n(&p->fs_per_mac[1], __ATOMIC_RELAXED);
+    long long streak = __atomic_load_n(&p->streak, __ATOMIC_RELAXED);
     int k = __atomic_add_fetch(&p->calls, 1, __ATOMIC_RELAXED);
-    int choice = !(one > 0 && many > one);
-    return k % BRNN_PACE_PROBE == 0 ? !choice : choice;
+    if (!(one > 0 && many > one)) {            /* several threads: not slower */
+        if (k % BRNN_PACE_PROBE == 0) return BRNN_PACE_TIMED;   /* probe one */
+    } else if (!(streak != 0 && now - streak < BRNN_PACE_TRY_NS)) {   /* no try running */
+        if (now < __atomic_load_n(&p->retry_at, __ATOMIC_RELAXED)) {
+            __atomic_store_n(&p->streak, 0, __ATOMIC_RELAXED);
+            return BRNN_PACE_TIMED;                              /* one thread */
+        }
+        __atomic_store_n(&p->retry_at, now + BRNN_PACE_RETRY_NS, __ATOMIC_RELAXED);
+        streak = 0;                                              /* a new try */
+    }
+    if (streak == 0) {
+        __atomic_store_n(&p->streak, now, __ATOMIC_RELAXED);
+        streak = now;
+    }
+    return BRNN_PACE_MANY | (now - streak >= BRNN_PACE_WARM_NS ? BRNN_PACE_TIMED : 0);
 }
 
-/* A small call that asked for several threads (many) or one took ns for macs
+/* A call that ran alone after an idle spell: the partner cores cool down. */
+static inline void brnn_pace_idle(brnn_pace *p) {
+    __atomic_store_n(&p->streak, 0, __ATOMIC_RELAXED);
+}
+
+/* A timed small call on several threads (many) or one took ns for macs
  * multiply-adds. */
 static inline void brnn_pace_record(brnn_pace *p, int many, long long ns, long long macs) {
     if (macs <= 0 || ns < 0) return;
@@ -470,13 +522,27 @@ static inline void brnn_atomic_add(int *p, int v) { __atomic_fetch_add(p, v, __A
 
 /* brnn_barrier_wait, then 1 if the call goes on with one thread (every
  * thread of the call gets the same answer), else 0. `cores`: the CPUs this
- * process may run on. */
+ * process may run on.
+ * Also a partner that is not running: two threads of the call on one CPU
+ * (marked slow, as a long wait is). Linux sometimes wakes a sleeping worker
+ * onto its waker's CPU with the other CPU idle, and leaves it there: on the
+ * 2-core Zen 5 VM, after such a wake the reset-after GRU at T=50, batch 1,
+ * H=128 took ~350 us a call on 2 threads for the next ~60 ms (each step's
+ * barrier a hand-over of the one CPU by sched_yield; CPU / wall 1.0), against
+ * ~55 apart and ~80 on one thread. */
 static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores) {
     int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
+    int cpu = brnn_current_cpu();
+    if (cpu >= 0) {
+        unsigned long long bit = 1ULL << (cpu % 64);
+        if (__atomic_fetch_or(&b->cpus, bit, __ATOMIC_RELAXED) & bit)
+            __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
+    }
     if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
         int shed = __atomic_load_n(&b->slow, __ATOMIC_RELAXED) || brnn_budget_in_use() > cores;
         if (shed) brnn_budget_give(n - 1);
         __atomic_store_n(&b->shed, shed, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->cpus, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
         return shed;

@@ -332,8 +332,10 @@ def test_a_small_call_after_an_idle_spell_runs_alone(name, make):
 def test_small_calls_ask_for_what_they_measured_faster(name, make):
     """Back-to-back small calls ask for 2 threads unless this object's calls measured 2
     slower than one per multiply-add (brnn_pace: e.g. another process holds the partner's
-    core); every 16th call asks for the other choice, so both averages keep being
-    measured. Same bits whichever the choice; idle_ns=0 turns the pace off."""
+    core): then one, with a try of 2 for 12 ms every 200 ms. While 2 are faster, every
+    16th call asks for one. A 2-thread call is timed only once its run of 2-thread calls
+    has lasted 8 ms (a core that sat idle starts slowly). Same bits whichever the choice;
+    idle_ns=0 turns the pace off."""
     assert _kernels.openmp_max_threads() >= 2, "this test needs 2 OpenMP threads"
     layer = make()
     x = np.random.default_rng(6).standard_normal((48, 1, 64)).astype(np.float32)
@@ -348,15 +350,24 @@ def test_small_calls_ask_for_what_they_measured_faster(name, make):
             np.testing.assert_array_equal(infer(x)[0], want)
             got.append(run.last_threads)
         return got
+    start = time.monotonic()
+    assert calls(15) == [2] * 15 and run.pace_fs_per_mac[1] == 0 or \
+        time.monotonic() - start > 0.008   # 2-thread calls not timed in the first 8 ms
     deadline = time.monotonic() + 10   # (a call that sheds for a busy core pauses the
     while 0 in run.pace_fs_per_mac and time.monotonic() < deadline:   # pace: solo)
         np.testing.assert_array_equal(infer(x)[0], want)
-    assert 0 not in run.pace_fs_per_mac    # both choices measured: the probes ran
+    assert 0 not in run.pace_fs_per_mac    # both choices measured
+
     run._set_pace(10**15, 1)                 # several threads measured faster
     assert calls(16) == [2] * 15 + [1]       # ... the 16th call probes one thread
     run._set_pace(1, 10**15)                 # several threads measured slower
-    assert calls(16) == [1] * 15 + [2]
-    assert run.pace_fs_per_mac[1] > 10**14   # a probe only moves the average halfway
+    assert calls(16) == [1] * 16             # ... and no try is due
+    run._set_pace(1, 10**15, retry_in_ns=0)  # a try is due: 2 threads for 12 ms
+    assert calls(2) == [2, 2]
+    time.sleep(0.015)
+    assert calls(2) == [1, 1]                # the try is over; 2 threads still slower
+    one, many = run.pace_fs_per_mac
+    assert many > one
     off = type(infer)(layer, idle_ns=0)
     off(x)
     off._runs[0]._set_pace(1, 10**15)
