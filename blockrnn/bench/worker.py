@@ -5,7 +5,8 @@
 ``blockrnn.bench.run`` starts one of these per implementation per round (and one per
 sgemm roofline measurement), so that no implementation runs after, or next to, another
 library's thread pools. The worker imports only the implementation it times (NumPy and
-the ``blockrnn`` package come with ``-m``; a peer's worker never calls a blockrnn op).
+the ``blockrnn`` package come with ``-m``; a peer's worker imports its peer first, see
+PEER_MODULES, and never calls a blockrnn op).
 
 The spec (a JSON object)::
 
@@ -205,6 +206,29 @@ def one_core_cpu():
     return max(os.sched_getaffinity(0))
 
 
+# A peer's runtime is loaded before blockrnn, as in a process that holds only that peer:
+# the first module to load GNU OpenMP sets its wait policy for the whole process
+# (blockrnn's import sets a short spin, blockrnn/__init__.py), and PyTorch's pool would
+# otherwise run on blockrnn's choice (PASSIVE, until 2026-11-26: torch's LSTM fwd+bwd at
+# 100,32,256,256 measured 52.4 ms under it, 33.9 under the spin).
+PEER_MODULES = {"torch": "torch", "tf": "tensorflow", "ort": "onnxruntime", "jax": "jax"}
+_BOOTSTRAP = ("import importlib, runpy, sys\n"
+              "name = sys.argv.pop(1)\n"
+              "try:\n    importlib.import_module(name)\n"
+              "except Exception:\n    pass   # the worker reports it as not importable\n"
+              "runpy.run_module('blockrnn.bench.worker', run_name='__main__', alter_sys=True)")
+
+
+def worker_command(spec, path):
+    """The worker's command line: ``-m blockrnn.bench.worker``, or for a peer the same
+    module after importing that peer (PEER_MODULES)."""
+    args = ["--spec", json.dumps(spec), "--out", path]
+    peer = PEER_MODULES.get(spec["impl"])
+    if peer is None:
+        return [sys.executable, "-m", "blockrnn.bench.worker", *args]
+    return [sys.executable, "-c", _BOOTSTRAP, peer, *args]
+
+
 def launch(spec, timeout=1800):
     """Run one worker on ``spec`` (one_core: pinned, ONE_CORE_ENV); returns its output
     dict, or raises RuntimeError with the end of its stderr."""
@@ -216,8 +240,8 @@ def launch(spec, timeout=1800):
     with tempfile.TemporaryDirectory(prefix="blockrnn-bench-") as tmp:
         path = os.path.join(tmp, "out.json")
         proc = subprocess.run(
-            [sys.executable, "-m", "blockrnn.bench.worker", "--spec", json.dumps(spec),
-             "--out", path], env=child_env(spec.get("one_core")), stdin=subprocess.DEVNULL,
+            worker_command(spec, path), env=child_env(spec.get("one_core")),
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
         if proc.returncode != 0 or not os.path.exists(path):
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
