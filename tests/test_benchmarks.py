@@ -192,6 +192,27 @@ def test_options():
     assert run.main(["--rounds", "0"]) == 2
 
 
+def test_a_peer_worker_imports_its_peer_before_blockrnn():
+    """The first module to load GNU OpenMP sets its wait policy for the process: a peer's
+    worker imports the peer (PEER_MODULES) before the blockrnn package, so PyTorch's pool
+    runs on its own policy; blockrnn's worker runs as -m."""
+    import subprocess
+    import sys
+    own = worker.peer_first_command("blockrnn.bench.worker", "blockrnn", ["--x"])
+    assert own[1:] == ["-m", "blockrnn.bench.worker", "--x"]
+    cmd = worker.peer_first_command("blockrnn.bench.worker", "torch", ["--x"])
+    assert cmd[1] == "-c" and cmd[3:] == ["torch", "blockrnn.bench.worker", "--x"]
+    # the bootstrap: the peer first, then the module as __main__ with the remaining args
+    probe = ("import sys; print(sorted(k for k in ('json', 'blockrnn') if k in "
+             "sys.modules), sys.argv[1:])")
+    out = subprocess.run(
+        [sys.executable, "-c", cmd[2].replace("runpy.run_module(module, run_name='__main__', "
+                                              "alter_sys=True)", probe), "json", "mod", "--x"],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['json']", "['--x']"]
+
+
 def test_warm_up_calls_for_the_given_time():
     """The worker's warm-up: at least one call, and calls until the time has passed."""
     import time

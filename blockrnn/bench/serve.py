@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from blockrnn.bench.worker import peer_first_command
+
 CELLS = ("lstm", "gru")
 IMPLS = ("blockrnn", "ort", "torch")
 TARGET = 1.3
@@ -157,9 +159,10 @@ def launch(spec, timeout=3600):
                                                   .split(os.pathsep) if p])
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "out.json")
-        proc = subprocess.run([sys.executable, "-m", "blockrnn.bench.serve", "--worker",
-                               json.dumps(spec), "--out", path], env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        command = peer_first_command("blockrnn.bench.serve", spec["impl"],
+                                     ["--worker", json.dumps(spec), "--out", path])
+        proc = subprocess.run(command, env=env, capture_output=True, text=True,
+                              timeout=timeout)
         if proc.returncode != 0 or not os.path.exists(path):
             raise RuntimeError(f"serve worker {spec['impl']} failed "
                                f"(status {proc.returncode}): {proc.stderr[-2000:]}")

@@ -213,20 +213,19 @@ def one_core_cpu():
 # 100,32,256,256 measured 52.4 ms under it, 33.9 under the spin).
 PEER_MODULES = {"torch": "torch", "tf": "tensorflow", "ort": "onnxruntime", "jax": "jax"}
 _BOOTSTRAP = ("import importlib, runpy, sys\n"
-              "name = sys.argv.pop(1)\n"
-              "try:\n    importlib.import_module(name)\n"
+              "peer, module = sys.argv.pop(1), sys.argv.pop(1)\n"
+              "try:\n    importlib.import_module(peer)\n"
               "except Exception:\n    pass   # the worker reports it as not importable\n"
-              "runpy.run_module('blockrnn.bench.worker', run_name='__main__', alter_sys=True)")
+              "runpy.run_module(module, run_name='__main__', alter_sys=True)")
 
 
-def worker_command(spec, path):
-    """The worker's command line: ``-m blockrnn.bench.worker``, or for a peer the same
-    module after importing that peer (PEER_MODULES)."""
-    args = ["--spec", json.dumps(spec), "--out", path]
-    peer = PEER_MODULES.get(spec["impl"])
+def peer_first_command(module, impl, args):
+    """``python -m module args``, or for a peer (PEER_MODULES) the same after importing
+    that peer: the command line of a bench worker (this module, blockrnn.bench.serve)."""
+    peer = PEER_MODULES.get(impl)
     if peer is None:
-        return [sys.executable, "-m", "blockrnn.bench.worker", *args]
-    return [sys.executable, "-c", _BOOTSTRAP, peer, *args]
+        return [sys.executable, "-m", module, *args]
+    return [sys.executable, "-c", _BOOTSTRAP, peer, module, *args]
 
 
 def launch(spec, timeout=1800):
@@ -240,7 +239,9 @@ def launch(spec, timeout=1800):
     with tempfile.TemporaryDirectory(prefix="blockrnn-bench-") as tmp:
         path = os.path.join(tmp, "out.json")
         proc = subprocess.run(
-            worker_command(spec, path), env=child_env(spec.get("one_core")),
+            peer_first_command("blockrnn.bench.worker", spec["impl"],
+                               ["--spec", json.dumps(spec), "--out", path]),
+            env=child_env(spec.get("one_core")),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
         if proc.returncode != 0 or not os.path.exists(path):
