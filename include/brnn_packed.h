@@ -456,7 +456,7 @@ static inline void brnn_mark_now(long long *last) {
  * loads and stores: a lost update only delays a mean). Which choice a call
  * makes never changes a bit (one sum per element, above). */
 #ifndef BRNN_PACE_PROBE
-#define BRNN_PACE_PROBE 16
+#define BRNN_PACE_PROBE 64
 #endif
 #ifndef BRNN_PACE_WARM_NS
 #define BRNN_PACE_WARM_NS 8000000
