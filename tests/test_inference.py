@@ -351,22 +351,34 @@ def test_small_calls_ask_for_what_they_measured_faster(name, make):
             np.testing.assert_array_equal(infer(x)[0], want)
             got.append(run.last_threads)
         return got
-    start = time.monotonic()
-    assert calls(15) == [2] * 15 and run.pace_fs_per_mac[1] == 0 or \
-        time.monotonic() - start > 0.008   # 2-thread calls not timed in the first 8 ms
-    deadline = time.monotonic() + 10   # (a call that sheds for a busy core pauses the
-    while 0 in run.pace_fs_per_mac and time.monotonic() < deadline:   # pace: solo)
+
+    def planned(one, many, run_calls, retry_in_ns=10**12):
+        """run_calls() after setting the pace's means; again (up to 5 times) if a call
+        shed meanwhile: a call whose 2 threads met on one CPU (brnn_barrier_wait_shed)
+        makes the object solo for 50 ms, which this test is not about."""
+        for _ in range(5):
+            run._set_pace(one, many, retry_in_ns)
+            sheds = run.sheds
+            got = run_calls()
+            if run.sheds == sheds:
+                break
+        return got
+
+    deadline = time.monotonic() + 10   # (a call that sheds pauses the pace: solo)
+    while 0 in run.pace_fs_per_mac and time.monotonic() < deadline:
         np.testing.assert_array_equal(infer(x)[0], want)
     assert 0 not in run.pace_fs_per_mac    # both choices measured
 
-    run._set_pace(10**15, 1)                 # several threads measured faster
-    assert calls(64) == [2] * 63 + [1]       # ... the 64th call probes one thread
-    run._set_pace(1, 10**15)                 # several threads measured slower
-    assert calls(16) == [1] * 16             # ... and no try is due
-    run._set_pace(1, 10**15, retry_in_ns=0)  # a try is due: 2 threads for 12 ms
-    assert calls(2) == [2, 2]
-    time.sleep(0.015)
-    assert calls(2) == [1, 1]                # the try is over; 2 threads still slower
+    # several threads measured faster: the 64th call probes one thread
+    assert planned(10**15, 1, lambda: calls(64)) == [2] * 63 + [1]
+    # several threads measured slower, no try due: one thread
+    assert planned(1, 10**15, lambda: calls(16)) == [1] * 16
+
+    def a_try():   # 2 threads for 12 ms, then one again: 2 threads still slower
+        first = calls(2)
+        time.sleep(0.015)
+        return first + calls(2)
+    assert planned(1, 10**15, a_try, retry_in_ns=0) == [2, 2, 1, 1]
     one, many = run.pace_fs_per_mac
     assert many > one
     off = type(infer)(layer, idle_ns=0)
