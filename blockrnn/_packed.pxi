@@ -29,6 +29,7 @@ cdef extern from "brnn_packed.h" nogil:
         int slow
     void brnn_barrier_wait(brnn_barrier* b, int n)
     int brnn_barrier_wait_shed(brnn_barrier* b, int n, int cores)
+    int brnn_current_cpu()
     int brnn_solo_now(const long long* until)
     void brnn_solo_start(long long* until)
     int brnn_idle_for(const long long* last, long long idle_ns)
@@ -271,14 +272,17 @@ def shed_barrier_answers(int cores, bint other_caller):
     """brnn_barrier_wait_shed at the end of one step of a 2-thread region (for
     the tests), on a budget of `cores`; with other_caller, another caller is
     granted its own thread while the region runs. Returns the two threads'
-    answers and the budget this region still holds after the barrier, or None
-    if the region got fewer than 2 threads."""
+    answers, the budget this region still holds after the barrier, and whether
+    the two threads ran on one CPU just before the barrier (which sheds too);
+    None if the region got fewer than 2 threads."""
     cdef int granted = brnn_budget_take(2, 2), tid, nt
     cdef int answers[2]
+    cdef int cpus[2]
     cdef brnn_barrier bar
     cdef int left, others = 1 if other_caller else 0
     memset(&bar, 0, sizeof(bar))
     answers[0] = answers[1] = -1
+    cpus[0] = cpus[1] = -1
     if granted == 2:
         with nogil, parallel(num_threads=2):
             tid = brnn_omp_get_thread_num()
@@ -287,6 +291,7 @@ def shed_barrier_answers(int cores, bint other_caller):
                 brnn_budget_take(1, 1)   # another caller: granted its thread beyond the budget
             brnn_omp_barrier()
             if nt == 2:
+                cpus[tid] = brnn_current_cpu()
                 answers[tid] = brnn_barrier_wait_shed(&bar, nt, cores)
     left = brnn_budget_in_use() - others
     brnn_budget_give(1 if bar.shed else granted)
@@ -294,7 +299,7 @@ def shed_barrier_answers(int cores, bint other_caller):
         brnn_budget_give(others)
     if granted != 2 or answers[1] < 0:
         return None
-    return (answers[0], answers[1]), left
+    return (answers[0], answers[1]), left, cpus[0] >= 0 and cpus[0] == cpus[1]
 
 
 def thread_budget_take(int want, int total):
