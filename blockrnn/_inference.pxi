@@ -113,10 +113,10 @@ def inference_threads_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H
 
 
 cdef inline int region_end(brnn_barrier* bar, int granted) noexcept nogil:
-    """After a call's loop: gives back its threads (one, if it shed: the
-    shedding barrier gave back the others) and returns 0, or 1 / 2 if it shed
-    for another caller / for a partner thread that was not running."""
-    brnn_budget_give(1 if bar.shed else granted)
+    """After a call's loop: gives back its threads (region_threads) and
+    returns 0, or 1 / 2 if it shed for another caller / for a partner thread
+    that was not running."""
+    brnn_budget_give(region_threads(bar, granted))
     return 0 if not bar.shed else (2 if bar.slow else 1)
 
 

@@ -502,10 +502,10 @@ cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
                                                     Py_ssize_t H, Py_ssize_t I,
                                                     bint packed) noexcept nogil:
     """Elements of block_lstm_forward_compute's workspace: one step's gates
-    [B, 4H], then for float32 (packed) W_h's four gate blocks packed
-    [4, brnn_packed_size(H, H)]; for float64, if recurrent_weights_transposed,
+    [B, 4H], then for float32 (packed) W_h's and W_x's four gate blocks packed
+    [4, brnn_packed_size(H, H) + brnn_packed_size(I, H)]; for float64, if recurrent_weights_transposed,
     the copy W_h^T [4H, H] and the step's gates transposed [4H, B]."""
-    if packed:   # (+ PACKED_ALIGN_PAD: batch 1 aligns its packed weights, align64)
+    if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start on 64 bytes, align64)
         return (B * 4 * H + 4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1
                 + PACKED_ALIGN_PAD)
     if recurrent_weights_transposed(L, B, H):
@@ -515,28 +515,31 @@ cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
 
 cdef void lstm_forward_packed_step(
         Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
-        const float* packed, const float* cs_in, const float* h_in,
+        const float* packed, bint wide, const float* cs_in, const float* h_in,
         const float* b, const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
         float* g, float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
         Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
     """Step t of the float32 forward for the cells [u0, u1): their four gate
-    columns of g = h_in @ W_h by the packed kernel, then their gates (the
-    gate outputs at t hold x[t] @ W_x already, see lstm_forward_packed)."""
+    columns of g = h_in @ W_h (recurrent_product: W_h's blocks in the wide
+    layout at batch 1, else panels), then their gates (the gate outputs at t
+    hold x[t] @ W_x already, see lstm_forward_packed)."""
     cdef Py_ssize_t q, ps = brnn_packed_size(H, H), BH = B * H
     if u1 <= u0:
         return
     for q in range(4):
-        packed_product(B, H, h_in, H, packed + q * ps, u0, u1, False, g + q * H, 4 * H)
+        recurrent_product(B, H, h_in, packed + q * ps, wide, H, u0, u1, False, g + q * H,
+                          4 * H)
     lstm_forward_block[float](B, H, off, g, b, cs_in, wci, wcf, wco, forget_bias, cell_clip,
                               use_peephole, lengths, t, True, i_ + t * BH, cs + t * BH,
                               f + t * BH, o + t * BH, ci + t * BH, co + t * BH, h + t * BH,
                               u0, u1 - u0)
 
 
-cdef void lstm_forward_packed(
+cdef int lstm_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
         const float* packed,      # IN  W_h's then W_x's four gate blocks packed
+        bint wide,                # W_h's blocks are in the wide layout (batch 1)
         const float* x, const float* cs_prev, const float* h_prev, const float* b,
         const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
@@ -552,14 +555,15 @@ cdef void lstm_forward_packed(
     all of h[t]. A thread reads back only the columns it wrote, so the hoist
     needs no barrier. No BLAS call inside. Each product element is one
     packed-kernel sum, the same as when x[t] @ W_x ran inside each step: the
-    bits depend neither on n_threads nor on the hoist."""
+    bits depend neither on n_threads nor on the hoist. At batch 1 the step
+    barrier can shed (step_barrier). Returns the threads the caller gives
+    back to the budget (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, psx = brnn_packed_size(I, H)
     cdef const float* packed_x = packed + 4 * brnn_packed_size(H, H)
-    cdef int q, tid, nt
+    cdef int q, tid, nt, cores = brnn_omp_get_num_procs()
     cdef float* dst[4]    # the gate output of W's column block q
     cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    memset(&bar, 0, sizeof(bar))
     for q in range(4):
         dst[q] = (i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f
                   else o)
@@ -567,10 +571,10 @@ cdef void lstm_forward_packed(
         packed_inputs_part(L * B, I, H, 4, x, packed_x, psx, dst, 0, H)
         for t in range(L):
             lstm_forward_packed_step(
-                t, B, H, off, packed, cs_prev if t == 0 else cs + (t - 1) * BH,
+                t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
                 h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
                 cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H)
-        return
+        return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
@@ -579,71 +583,14 @@ cdef void lstm_forward_packed(
         packed_inputs_part(L * B, I, H, 4, x, packed_x, psx, dst, u0, u1)
         for t in range(L):
             lstm_forward_packed_step(
-                t, B, H, off, packed, cs_prev if t == 0 else cs + (t - 1) * BH,
+                t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
                 h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
                 cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1)
-            brnn_barrier_wait(&bar, nt)
-
-
-cdef void lstm_forward_row1_step(
-        Py_ssize_t t, Py_ssize_t H, GateOffsets off, const float* packed,
-        const float* cs_in, const float* h_in, const float* b, const float* wci,
-        const float* wcf, const float* wco, float forget_bias, float cell_clip,
-        bint use_peephole, const int64_t* lengths, float* g, float* i_, float* cs, float* f,
-        float* o, float* ci, float* co, float* h, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Step t of the batch-1 forward for the cells [u0, u1): their four gate
-    columns of g = h_in @ W_h by the one-row kernel (step_product), then their
-    gates onto the hoisted x[t] @ W_x the gate outputs hold."""
-    cdef Py_ssize_t q, ps = brnn_packed_size(H, H)
-    if u1 <= u0:
-        return
-    for q in range(4):
-        recurrent_product(1, H, h_in, packed + q * ps, row1_wide, H, u0, u1, False, g + q * H,
-                          4 * H)
-    lstm_forward_block[float](1, H, off, g, b, cs_in, wci, wcf, wco, forget_bias, cell_clip,
-                              use_peephole, lengths, t, True, i_ + t * H, cs + t * H,
-                              f + t * H, o + t * H, ci + t * H, co + t * H, h + t * H,
-                              u0, u1 - u0)
-
-
-cdef void lstm_forward_row1(
-        Py_ssize_t L, Py_ssize_t H, GateOffsets off,
-        const float* packed,      # IN  W_h's four gate blocks packed
-        const float* cs_prev, const float* h_prev, const float* b,
-        const float* wci, const float* wcf, const float* wco,
-        float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
-        float* g,                 # workspace [4H]
-        float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
-        int n_threads) noexcept nogil:
-    """The time loop of the float32 forward at batch 1, its input projection
-    hoisted (i_, ci, f, o [:L] hold x @ W_x's gate columns): per step the
-    recurrent product by the one-row kernel, the inference forward's
-    (lstm_infer_step: the same sums and gate calls, so the same bits), on
-    n_threads threads owning whole panels (unit_start), one barrier per
-    step. The bits do not depend on n_threads."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0
-    cdef int tid, nt
-    cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
-    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        for t in range(L):
-            lstm_forward_row1_step(
-                t, H, off, packed, cs_prev if t == 0 else cs + (t - 1) * H,
-                h_prev if t == 0 else h + (t - 1) * H, b, wci, wcf, wco, forget_bias,
-                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H)
-        return
-    with parallel(num_threads=n_threads):
-        tid = brnn_omp_get_thread_num()
-        nt = brnn_omp_get_num_threads()
-        u0 = unit_start(H, tid, nt)
-        u1 = unit_start(H, tid + 1, nt)
-        for t in range(L):
-            lstm_forward_row1_step(
-                t, H, off, packed, cs_prev if t == 0 else cs + (t - 1) * H,
-                h_prev if t == 0 else h + (t - 1) * H, b, wci, wcf, wco, forget_bias,
-                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1)
-            brnn_barrier_wait(&bar, nt)
+            if nt > 1 and step_barrier(&bar, nt, cores, B == 1):
+                if tid != 0:   # shed: thread 0 runs every cell of the steps left
+                    break
+                nt, u0, u1 = 1, 0, H
+    return region_threads(&bar, n_threads)
 
 
 cdef void block_lstm_forward_compute(
@@ -684,33 +631,32 @@ cdef void block_lstm_forward_compute(
     ms at 100,32,256,256; 37.0 (34.8) vs 38.2 (36.0) ms at 200,16,128,256.
     Each g[r, j] is still one dot product over H.
 
-    That is the float64 route (gate loops on n_threads). float32 at batch 1
-    hoists the input projection too, in the packed kernel (packed_inputs),
-    and runs each step's recurrent product by the one-row kernel of
-    include/brnn_inference.h, W_h packed once per call on a 64-byte
-    boundary (lstm_forward_row1: the inference forward's sums, so its bits).
-    Against the GEMV per step it replaced (fresh processes, alternated,
-    median, one thread): 50,1,128,128 forward 0.236 -> 0.178 ms, TF GRU
-    0.144 -> 0.116, reset-after GRU 0.212 -> 0.151; at 100,1,256,600
-    (W_h beyond L2: both bound by the cache's bandwidth) the per-call
-    packing costs 4-8%. float32 from PACKED_MIN_ROWS rows on runs every
+    That is the float64 route (gate loops on n_threads). float32 runs every
     product in blockrnn's packed kernel instead (lstm_forward_packed): W_x's
-    and W_h's four gate blocks are packed once per call; in one region on up
-    to max_threads threads taken from the process's thread budget
-    (brnn_budget_take, given back after the loop) each thread computes its
-    cells' x[:L] @ W_x into the gate outputs, then at each step h[t-1] @ W_h
-    into g. Hoisting x @ W_x out of the steps (full 12-row tiles over L*B rows,
-    W_h alone in cache during the loop) against computing x[t] @ W_x in each
-    step: fresh processes alternated, 8 pairs, 9 calls each (5 at
-    100,64,512,512), median of the medians, loaded 2-core Sapphire Rapids
-    (AVX-512), forward only, 2 threads /
-    1 thread: 100,32,256,256 24.3 vs 26.9 / 22.7 vs 24.7 ms; 200,16,128,256
-    35.3 vs 36.4 / 18.5 vs 20.1; 100,64,512,512 211.5 vs 214.0 / 198.5 vs
-    210.9 (the GRUs gain 1-8%, see their forwards); in one process, 1 thread,
-    CPU time: 0.65x at 50,2,128,128, 0.83x at 100,8,256,256. No OpenBLAS call: its workers spin (sched_yield) for about 0.1 s
-    after each GEMM, on the cores the region's threads need (measured: 101 ms
-    of CPU burnt in the 200 ms after a call whose only BLAS call was the
-    hoisted input GEMM)."""
+    and W_h's four gate blocks are packed once per call, on a 64-byte
+    boundary; in one region on up to max_threads threads taken from the
+    process's thread budget (sequence_threads; brnn_budget_take, given back
+    after the loop) each thread computes its cells' x[:L] @ W_x into the gate
+    outputs, then at each step h[t-1] @ W_h into g. At batch 1 a step's
+    product is a GEMV, W_h's blocks read in the wide layout of
+    include/brnn_inference.h (the inference forward's sums, so its bits), and
+    the step barrier sheds a partner thread that stalls (step_barrier).
+    Against the GEMV per step the one-row kernel replaced (fresh processes,
+    alternated, median, one thread): 50,1,128,128 forward 0.236 -> 0.178 ms,
+    TF GRU 0.144 -> 0.116, reset-after GRU 0.212 -> 0.151; at 100,1,256,600
+    (W_h beyond L2: both bound by the cache's bandwidth) the per-call
+    packing costs 4-8%. Hoisting x @ W_x out of the steps (full 12-row
+    tiles over L*B rows, W_h alone in cache during the loop) against
+    computing x[t] @ W_x in each step: fresh processes alternated, 8 pairs,
+    9 calls each (5 at 100,64,512,512), median of the medians, loaded 2-core
+    Sapphire Rapids (AVX-512), forward only, 2 threads / 1 thread:
+    100,32,256,256 24.3 vs 26.9 / 22.7 vs 24.7 ms; 200,16,128,256 35.3 vs
+    36.4 / 18.5 vs 20.1; 100,64,512,512 211.5 vs 214.0 / 198.5 vs 210.9 (the
+    GRUs gain 1-8%, see their forwards); in one process, 1 thread, CPU time:
+    0.65x at 50,2,128,128, 0.83x at 100,8,256,256. No OpenBLAS call: its
+    workers spin (sched_yield) for about 0.1 s after each GEMM, on the cores
+    the region's threads need (measured: 101 ms of CPU burnt in the 200 ms
+    after a call whose only BLAS call was the hoisted input GEMM)."""
     cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
     cdef floating* g = ws
     cdef const floating* w_h_t = NULL  # if recurrent_weights_transposed: W_h^T [4H, H]
@@ -722,32 +668,21 @@ cdef void block_lstm_forward_compute(
     cdef Py_ssize_t tail = L * BH
     cdef int q, granted
     cdef Py_ssize_t ps = brnn_packed_size(H, H)
-    cdef float* dst[4]
     cdef float* pk
-    if floating is float and B >= PACKED_MIN_ROWS:
-        for q in range(4):   # gate block q: columns [qH, (q+1)H) of W_h and W_x
-            brnn_pack_f32(H, H, w_h + q * H * s.hn, s.hk, s.hn, ws + B * G4 + q * ps)
-            brnn_pack_f32(I, H, w_x + q * H * s.xn, s.xk, s.xn,
-                          ws + B * G4 + 4 * ps + q * brnn_packed_size(I, H))
-        granted = brnn_budget_take(packed_threads(B, I + H, G4, H, max_threads), max_threads)
-        lstm_forward_packed(L, B, I, H, off, ws + B * G4, x, cs_prev, h_prev, b, wci, wcf,
-                            wco, forget_bias, cell_clip, use_peephole, lengths, g,
-                            i_, cs, f, o, ci, co, h, granted)
-        brnn_budget_give(granted)
-    elif floating is float:   # batch 1 (or 0): W_h's and W_x's gate blocks packed, aligned
-        pk = align64(ws + B * G4)
+    cdef bint wide = B == 1 and row1_wide
+    if floating is float:
+        pk = align64(ws + B * G4)   # W_h's then W_x's gate blocks q: columns [qH, (q+1)H)
         for q in range(4):
-            pack_recurrent(H, H, w_h + q * H * s.hn, s.hk, s.hn, row1_wide, pk + q * ps)
+            pack_recurrent(H, H, w_h + q * H * s.hn, s.hk, s.hn, wide, pk + q * ps)
             brnn_pack_f32(I, H, w_x + q * H * s.xn, s.xk, s.xn,
                           pk + 4 * ps + q * brnn_packed_size(I, H))
-            dst[q] = i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f else o
-        packed_inputs(L * B, I, H, 4, x, pk + 4 * ps, dst, max_threads)
-        if B == 1:
-            granted = brnn_budget_take(packed_threads(1, H, G4, H, max_threads), max_threads)
-            lstm_forward_row1(L, H, off, pk, cs_prev, h_prev, b, wci, wcf, wco,
-                              forget_bias, cell_clip, use_peephole, lengths, g,
-                              i_, cs, f, o, ci, co, h, granted)
-            brnn_budget_give(granted)
+        # (batch 1 counts the recurrent product alone, as the inference forward)
+        granted = brnn_budget_take(sequence_threads(B, H if B == 1 else I + H, G4, H,
+                                                    max_threads), max_threads)
+        brnn_budget_give(lstm_forward_packed(L, B, I, H, off, pk, wide, x, cs_prev, h_prev, b,
+                                             wci, wcf, wco, forget_bias, cell_clip,
+                                             use_peephole, lengths, g, i_, cs, f, o, ci, co,
+                                             h, granted))
     else:
         gemm_weights(L * B, H, I, x, I, w_x + off.i * s.xn, s.xk, s.xn, i_, H)
         gemm_weights(L * B, H, I, x, I, w_x + off.c * s.xn, s.xk, s.xn, ci, H)
@@ -840,8 +775,9 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
     cdef Py_ssize_t S = max(1, backward_chunk_steps(L, B * 4 * H))
     cdef Py_ssize_t driver = (lstm_backward_gemm_threads(S, B, I, H, max_threads)
                               * lstm_backward_gemm_ws(S, B, I, H, packed))
-    if packed:
-        return S * B * 4 * H + B * H + brnn_packed_size(4 * H, H) + driver + 1
+    if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start on 64 bytes, align64)
+        return (S * B * 4 * H + B * H + brnn_packed_size(4 * H, H) + PACKED_ALIGN_PAD
+                + driver + 1)
     return S * B * 4 * H + B * H + driver + 1
 
 
@@ -888,9 +824,10 @@ cdef void lstm_backward_gemms(
     run_gemm_specs(njobs, jobs, ws, threads)
 
 
-cdef void lstm_backward_packed(
+cdef int lstm_backward_packed(
         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
-        const float* packed_t,    # IN  W_h^T [4H, H] packed
+        const float* packed_t,    # IN  W_h^T [4H, H] packed (pack_recurrent)
+        bint wide,                # ... in the wide layout (batch 1)
         const float* cs_prev, const float* i_, const float* cs, const float* f,
         const float* o, const float* ci, const float* co, const float* cs_grad,
         const float* h_grad, const float* wci, const float* wcf, const float* wco,
@@ -902,15 +839,16 @@ cdef void lstm_backward_packed(
     ONE parallel region of n_threads, each thread owning a fixed slice of
     cells [u0, u1). At step t a thread computes dG[t] for its cells (all four
     gate columns), then, after the step's one barrier (dh needs every column
-    of dG[t]), dh[:, u0:u1] = dG[t] @ W_h^T[:, u0:u1] in the packed kernel.
+    of dG[t]), dh[:, u0:u1] = dG[t] @ W_h^T[:, u0:u1] (recurrent_product).
     Its next step reads only its own cells' carries, and dG has one buffer
-    per step, so one barrier per step is enough. The bits do not depend on
-    n_threads."""
+    per step, so one barrier per step is enough. At batch 1 the barrier can
+    shed (step_barrier): thread 0 then computes dh for every cell, from this
+    step on. The bits do not depend on n_threads. Returns the threads the
+    caller gives back to the budget (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H, G4 = 4 * H
-    cdef int tid = 0, nt = 1
+    cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    memset(&bar, 0, sizeof(bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         for t in range(t1 - 1, t0 - 1, -1):
             lstm_backward_block[float](
@@ -918,9 +856,9 @@ cdef void lstm_backward_packed(
                 f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
                 h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
                 dg + (t - t0) * B * G4, cs_prev_grad)
-            packed_product(B, G4, dg + (t - t0) * B * G4, G4, packed_t, 0, H, False,
-                           h_prev_grad, H)
-        return
+            recurrent_product(B, G4, dg + (t - t0) * B * G4, packed_t, wide, H, 0, H, False,
+                              h_prev_grad, H)
+        return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
@@ -933,10 +871,14 @@ cdef void lstm_backward_packed(
                     f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
                     h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths,
                     t, dg + (t - t0) * B * G4, cs_prev_grad, u0, u1 - u0)
-            brnn_barrier_wait(&bar, nt)
+            if nt > 1 and step_barrier(&bar, nt, cores, B == 1):
+                if tid != 0:   # shed: thread 0 computes dh for every cell from here
+                    break
+                nt, u0, u1 = 1, 0, H
             if u1 > u0:
-                packed_product(B, G4, dg + (t - t0) * B * G4, G4, packed_t, u0, u1, False,
-                               h_prev_grad, H)
+                recurrent_product(B, G4, dg + (t - t0) * B * G4, packed_t, wide, H, u0, u1,
+                                  False, h_prev_grad, H)
+    return region_threads(&bar, n_threads)
 
 
 cdef void block_lstm_backward_compute(
@@ -978,9 +920,10 @@ cdef void block_lstm_backward_compute(
     h_prev_grad holds d h[t-1] while the loop runs. The weights are read, and
     their gradients written, in their layouts (WeightStrides s and gs:
     TensorFlow's w [I+H, 4H], or nn.LSTM's weight_ih [4H, I] and weight_hh
-    [4H, H]), with no transposed copy. float32 (B >= PACKED_MIN_ROWS) runs
-    the reverse loop in the packed kernel, on up to max_threads threads from
-    the thread budget (lstm_backward_packed); at batch 1 its steps are GEMVs.
+    [4H, H]), with no transposed copy. float32 runs the reverse loop in the
+    packed kernel, on up to max_threads threads from the thread budget
+    (lstm_backward_packed); at batch 1 its steps are GEMVs by the wide
+    one-row kernel (W_h^T packed in the wide layout).
     float64 keeps the per-step dgemm, with gate loops on n_threads. Both
     precisions compute the products of a chunk through blockrnn's GEMM driver
     (lstm_backward_gemms: float32 or float64 packed kernels), so no product
@@ -992,32 +935,31 @@ cdef void block_lstm_backward_compute(
     cdef const floating* cs_in
     cdef floating* dg = ws
     cdef floating* dh_t = ws + max(1, S) * B * G4     # [H, B] (BLAS route)
-    cdef floating* packed_t = dh_t + BH       # float32: W_h^T packed; then the driver's blocks
-    cdef floating* gemm_ws = (packed_t + brnn_packed_size(G4, H) if floating is float
-                              else packed_t)
+    cdef floating* packed_t = dh_t + BH   # float32: W_h^T packed; then the driver's blocks
+    cdef floating* gemm_ws = packed_t
     cdef double* acc_b = acc                  # [4H]: b_grad's sums
     cdef double* acc_p = acc + G4             # [3, H]: the peepholes' sums
-    cdef bint packed = False
+    cdef bint wide = B == 1 and row1_wide
     cdef int granted = 1
     memset(cs_prev_grad, 0, BH * sizeof(floating))
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, (G4 + 3 * H) * sizeof(double))
-    if floating is float:
-        if B >= PACKED_MIN_ROWS:
-            packed = True
-            brnn_pack_f32(G4, H, w_h, s.hn, s.hk, packed_t)   # W_h^T packed
+    if floating is float:   # W_h^T packed, from a 64-byte boundary
+        packed_t = <floating*>align64(<float*>packed_t)
+        pack_recurrent(G4, H, w_h, s.hn, s.hk, wide, packed_t)
+        gemm_ws = packed_t + brnn_packed_size(G4, H)
     if L == 0:   # no step: zero weight gradients
         lstm_backward_gemms(0, 0, B, I, H, x, h_prev, h, w_x, s, dg, False, x_grad,
                             w_x_grad, w_h_grad, gs, gemm_ws, 1)
     t1 = L
     while t1 > 0:
         t0 = max(0, t1 - S)
-        if floating is float and packed:
-            granted = brnn_budget_take(packed_threads(B, G4, H, H, max_threads), max_threads)
-            lstm_backward_packed(t0, t1, B, H, off, packed_t, cs_prev, i_, cs, f,
-                                 o, ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
-                                 lengths, dg, cs_prev_grad, h_prev_grad, granted)
-            brnn_budget_give(granted)
+        if floating is float:
+            granted = brnn_budget_take(sequence_threads(B, G4, H, H, max_threads), max_threads)
+            brnn_budget_give(lstm_backward_packed(
+                t0, t1, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o, ci, co, cs_grad,
+                h_grad, wci, wcf, wco, use_peephole, lengths, dg, cs_prev_grad, h_prev_grad,
+                granted))
         else:
             for t in range(t1 - 1, t0 - 1, -1):
                 cs_in = cs_prev if t == 0 else cs + (t - 1) * BH

@@ -261,6 +261,12 @@ def packed_threads_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H, i
     return packed_threads(B, K, N, H, limit)
 
 
+def sequence_threads_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H, int limit):
+    """sequence_threads: the threads a float32 training sequence loop asks of
+    the budget (for the tests)."""
+    return sequence_threads(B, K, N, H, limit)
+
+
 def packed_input_threads_for(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t N, Py_ssize_t H,
                              int limit):
     """packed_input_threads: the threads a batch-1 forward's input projection
@@ -350,6 +356,40 @@ cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
     inside a Cython parallel block are what makes them thread-private.)"""
     cdef Py_ssize_t panels = (H + BRNN_NR - 1) // BRNN_NR
     return min(H, tid * panels // nt * BRNN_NR)
+
+
+cdef inline int sequence_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
+                                 int limit) noexcept nogil:
+    """Threads a float32 training sequence loop asks of the budget, its steps'
+    product [B, K] @ [K, N] over H cells: packed_threads from 2 rows on; at
+    batch 1 the inference forward's rule for its one-row steps (one thread per
+    INFER_WORK_PER_THREAD multiply-adds of a step, at most one per panel),
+    whose step barrier sheds a partner thread that stalls (step_barrier)."""
+    if B != 1:
+        return packed_threads(B, K, N, H, limit)
+    return <int>max(1, min(K * N // INFER_WORK_PER_THREAD, (H + BRNN_NR - 1) // BRNN_NR,
+                           <Py_ssize_t>limit))
+
+
+cdef inline bint step_barrier(brnn_barrier* bar, int nt, int cores,
+                              bint may_shed) noexcept nogil:
+    """The barrier that ends a step of a sequence loop on nt threads: True if
+    the call goes on with thread 0 alone (brnn_barrier_wait_shed, if
+    may_shed: another caller needed a thread, or a partner thread stalled),
+    the same answer on every thread. The loops shed at batch 1, where a step
+    is ~1 us and a stall of 1 ms is hundreds of them; a larger step keeps
+    its threads (a stall costs it less, and training calls have no object
+    to remember a slow core by, as the inference objects do)."""
+    if may_shed:
+        return brnn_barrier_wait_shed(bar, nt, cores)
+    brnn_barrier_wait(bar, nt)
+    return False
+
+
+cdef inline int region_threads(brnn_barrier* bar, int granted) noexcept nogil:
+    """After a loop that took `granted` threads of the budget: how many it
+    gives back (one, if it shed: the shedding barrier gave back the others)."""
+    return 1 if bar.shed else granted
 
 
 cdef enum:

@@ -98,16 +98,26 @@ static void brnn_pack_wide_f32(ptrdiff_t K, ptrdiff_t N, const float *w, ptrdiff
         ptrdiff_t wb = N16 - n0 < BRNN_WIDE ? N16 - n0 : BRNN_WIDE;
         ptrdiff_t cols = N - n0 < wb ? N - n0 : wb;   /* the rest of the block is 0 */
         float *block = P + n0 * K;
-        for (ptrdiff_t k = 0; k < K; k++) {
-            const float *src = w + k * sk + n0 * sn;
-            float *dst = block + k * wb;
-            ptrdiff_t j = 0;
-            if (sn == 1) {
-                memcpy(dst, src, cols * sizeof(float));
-                j = cols;
+        if (sn == 1) {   /* rows of W contiguous: a block row is one copy */
+            for (ptrdiff_t k = 0; k < K; k++) {
+                memcpy(block + k * wb, w + k * sk + n0, cols * sizeof(float));
+                memset(block + k * wb + cols, 0, (wb - cols) * sizeof(float));
             }
-            for (; j < cols; j++) dst[j] = src[j * sn];
-            for (; j < wb; j++) dst[j] = 0.0f;
+            continue;
+        }
+        /* Strided columns (W stored transposed, sk == 1): 16 rows at a time,
+         * so that each column's 16 values are one cache line read once. Row
+         * by row, the block's 64 columns are 64 lines a row stride apart,
+         * which a power-of-two stride maps to a few L1 sets (measured at
+         * K x N = 512 x 128 stored transposed: the copy was ~40 us, 10% of
+         * the batch-1 LSTM backward at 50,1,128,128). */
+        for (ptrdiff_t k0 = 0; k0 < K; k0 += BRNN_NR) {
+            ptrdiff_t kn = K - k0 < BRNN_NR ? K - k0 : BRNN_NR;
+            for (ptrdiff_t j = 0; j < wb; j++) {
+                const float *src = w + k0 * sk + (n0 + j) * sn;
+                for (ptrdiff_t k = 0; k < kn; k++)
+                    block[(k0 + k) * wb + j] = j < cols ? src[k * sk] : 0.0f;
+            }
         }
     }
 }
