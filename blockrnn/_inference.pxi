@@ -569,6 +569,7 @@ ctypedef struct CallPlan:
     int threads       # what the call asks of the budget
     int paced         # -1: not timed for the pace; 0: asked for one thread; 1: for more
     long long start   # monotonic ns before the compiled call (when paced)
+    Py_ssize_t work   # the call's multiply-adds: L*B*(I+H)*G
 
 
 cdef class _PackedBase:
@@ -604,19 +605,24 @@ cdef class _PackedBase:
         not running (another process held its core) within the last 50 ms."""
         return bool(brnn_solo_now(&self.solo_until))
 
-    cdef inline CallPlan _plan(self, int want, Py_ssize_t work) noexcept nogil:
-        """The threads a call of `work` multiply-adds in all asks for, from the
-        thread rule's `want`: one while the object is solo; for a small call
-        (less than INFER_IDLE_WORK; idle_ns > 0), one when the object's last
-        call ended more than idle_ns ago (brnn_idle_for: its partner thread's
-        core is likely halted, and waking it costs more than a second thread
-        saves), else what the object's small calls measured faster, one thread
-        or `want` (brnn_pace_plan; a timed call's time goes into the means)."""
+    cdef inline CallPlan _plan(self, Py_ssize_t L, Py_ssize_t B, Py_ssize_t G,
+                               int max_threads) noexcept nogil:
+        """The threads a call of L steps, B rows and G gate columns asks for,
+        from the thread rule's `want` (inference_threads): one while the
+        object is solo; for a small call (less than INFER_IDLE_WORK
+        multiply-adds; idle_ns > 0), one when the object's last call ended
+        more than idle_ns ago (brnn_idle_for: its partner thread's core is
+        likely halted, and waking it costs more than a second thread saves),
+        else what the object's small calls measured faster, one thread or
+        `want` (brnn_pace_plan; a timed call's time goes into the means)."""
         cdef CallPlan plan
         cdef int choice
-        plan.threads, plan.paced, plan.start = want, -1, 0
+        cdef Py_ssize_t I = self.input_size, H = self.hidden_size, work = L * B * (I + H) * G
+        cdef int want = inference_threads(L, B, I, H, G, max_threads, self.work_per_thread)
+        plan.threads, plan.paced, plan.start, plan.work = want, -1, 0, work
         if want > 1 and brnn_solo_now(&self.solo_until):
             plan.threads = 1
+            brnn_pace_idle(&self.pace)   # the next several-thread call starts a run
         elif want > 1 and self.idle_ns > 0 and work < INFER_IDLE_WORK:
             if brnn_idle_for(&self.last_end, self.idle_ns):
                 plan.threads = 1
@@ -641,7 +647,7 @@ cdef class _PackedBase:
         """For the tests: set the pace's means, restart its probe count, no run
         of several-thread calls, the next try in retry_in_ns, no solo spell."""
         self.pace.fs_per_mac[0], self.pace.fs_per_mac[1], self.pace.calls = one, many, 0
-        self.pace.streak = 0
+        self.pace.streak, self.pace.after_one = 0, 0
         self.pace.retry_at = brnn_now_ns() + retry_in_ns
         self.solo_until = 0
 
@@ -652,14 +658,14 @@ cdef class _PackedBase:
         thread was not running)."""
         return brnn_atomic_load(&self.shed_calls)
 
-    cdef inline void _ran(self, CallPlan plan, Py_ssize_t work, int shed) noexcept nogil:
+    cdef inline void _ran(self, CallPlan plan, int shed) noexcept nogil:
         """After a call planned by _plan: shed is the loop's answer (0: kept its
         threads, 1: shed for another caller, 2: shed for a partner that was not
         running). A paced call's time goes into the pace, unless it shed for a
         partner (the solo rule takes over)."""
         brnn_mark_now(&self.last_end)
         if plan.paced >= 0 and shed != 2:
-            brnn_pace_record(&self.pace, plan.paced, self.last_end - plan.start, work)
+            brnn_pace_record(&self.pace, plan.paced, self.last_end - plan.start, plan.work)
         if shed:
             brnn_atomic_add(&self.shed_calls, 1)
         if shed == 2:
@@ -804,9 +810,7 @@ cdef class PackedLSTMWeights(_PackedBase):
             c_n[...] = 0 if c0a is None else c0a
             return _stored(xd, (new_f32(T, B, H), h_n, c_n))
         cdef Py_ssize_t L_ = L
-        cdef Py_ssize_t work = L_ * B * (I + H) * 4 * H
-        cdef CallPlan plan = self._plan(
-            inference_threads(L_, B, I, H, 4 * H, nt, self.work_per_thread), work)
+        cdef CallPlan plan = self._plan(L_, B, 4 * H, nt)
         cdef int want = plan.threads
         y = new_f32_rows(T, B, H, want > 1)
         cdef GateOffsets off = gate_offsets(self.layout, H)
@@ -822,7 +826,7 @@ cdef class PackedLSTMWeights(_PackedBase):
         cdef const int64_t* lp = lengths_data(lens)
         cdef const float* wide = self._wide_for(B)
         with nogil:
-            self._ran(plan, work, lstm_infer(
+            self._ran(plan, lstm_infer(
                 T, L_, B, I, H, off, &self.packed[0], wide, &self.bias[0], &self.peep_w[0],
                 &self.peep_w[H], &self.peep_w[2 * H], self.forget_bias, self.cell_clip,
                 self.use_peephole, px, ph0, pc0, lp, ws, py, phn, pcn, want, nt))
@@ -882,9 +886,7 @@ cdef class PackedGRUWeights(_PackedBase):
             h_n[...] = 0 if h0a is None else h0a
             return _stored(xd, (new_f32(T, B, H), h_n))
         cdef Py_ssize_t L_ = L
-        cdef Py_ssize_t work = L_ * B * (I + H) * 3 * H
-        cdef CallPlan plan = self._plan(
-            inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread), work)
+        cdef CallPlan plan = self._plan(L_, B, 3 * H, nt)
         cdef int want = plan.threads
         y = new_f32_rows(T, B, H, want > 1)
         cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
@@ -897,7 +899,7 @@ cdef class PackedGRUWeights(_PackedBase):
         cdef const int64_t* lp = lengths_data(lens)
         cdef const float* wide = self._wide_for(B)
         with nogil:
-            self._ran(plan, work, gru_infer(
+            self._ran(plan, gru_infer(
                 T, L_, B, I, H, &self.packed[0], wide, &self.bias[0], &self.bias_c[0], px,
                 ph0, lp, ws, py, phn, want, nt))
         PyMem_RawFree(ws_block)
@@ -943,9 +945,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
             h_n[...] = 0 if h0a is None else h0a
             return _stored(xd, (new_f32(T, B, H), h_n))
         cdef Py_ssize_t L_ = L
-        cdef Py_ssize_t work = L_ * B * (I + H) * 3 * H
-        cdef CallPlan plan = self._plan(
-            inference_threads(L_, B, I, H, 3 * H, nt, self.work_per_thread), work)
+        cdef CallPlan plan = self._plan(L_, B, 3 * H, nt)
         cdef int want = plan.threads
         y = new_f32_rows(T, B, H, want > 1)
         cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
@@ -958,7 +958,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         cdef const int64_t* lp = lengths_data(lens)
         cdef const float* wide = self._wide_for(B)
         with nogil:
-            self._ran(plan, work, gru_ra_infer(
+            self._ran(plan, gru_ra_infer(
                 T, L_, B, I, H, &self.packed[0], wide, &self.bias[0], &self.bias[3 * H], px,
                 ph0, lp, ws, py, phn, want, nt))
         PyMem_RawFree(ws_block)

@@ -40,11 +40,10 @@ cdef extern from "brnn_packed.h" nogil:
         long long streak
         long long retry_at
         int calls
+        int after_one
     enum:
         BRNN_PACE_MANY
         BRNN_PACE_TIMED
-        BRNN_PACE_PROBE
-        BRNN_PACE_WARM_NS
     int brnn_pace_plan(brnn_pace* p, long long now)
     void brnn_pace_idle(brnn_pace* p)
     void brnn_pace_record(brnn_pace* p, int many, long long ns, long long macs)

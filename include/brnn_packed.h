@@ -441,8 +441,15 @@ static inline void brnn_mark_now(long long *last) {
  * batch 1, H=128, 275 us a call on 2 threads (thousands of involuntary context
  * switches), against ~80 on one. brnn_pace keeps, per object, the mean time
  * per multiply-add (femtoseconds; 0: none yet) of its small calls that ran on
- * one thread (slot 0) and on several (slot 1), each the average of its last
- * value and the new one, so that it follows a machine that changes.
+ * one thread (slot 0) and on several (slot 1): each new time moves its mean a
+ * quarter of the way, and by at most a quarter of the mean upwards, so that
+ * it follows a machine that changes (several threads slowed 3.5x are seen
+ * as slower within 3 timed calls) while one slow call moves it little.
+ * Several threads count as slower once their mean exceeds one thread's by
+ * an eighth. (Measured on a quiet 2-core Zen 5 VM, the reset-after GRU and
+ * the LSTM at T=50, batch 1, H=128: with each new time weighing half of the
+ * mean, single calls of 1.4-2x the usual time flipped the choice, and 30% of
+ * the calls ran on one thread, 1.4x slower.)
  *
  * Several threads are what a call asks for unless they measured slower; every
  * BRNN_PACE_PROBE-th call then asks for one, to keep that mean current. While
@@ -452,7 +459,9 @@ static inline void brnn_mark_now(long long *last) {
  * a row, then ~65), so a several-thread call is timed only once its run of
  * several-thread calls (`streak`: from the first one after a one-thread call
  * or an idle spell; a probe of one thread does not end it) has lasted
- * BRNN_PACE_WARM_NS. Concurrent callers update it without a lock (atomic
+ * BRNN_PACE_WARM_NS, and not right after a one-thread call (its partner,
+ * idle for that call, went to sleep: measured 1.4-2x the usual time).
+ * Concurrent callers update it without a lock (atomic
  * loads and stores: a lost update only delays a mean). Which choice a call
  * makes never changes a bit (one sum per element, above). */
 #ifndef BRNN_PACE_PROBE
@@ -472,6 +481,7 @@ typedef struct {
     long long streak;    /* monotonic ns: start of the run of several-thread calls (0: none) */
     long long retry_at;  /* monotonic ns: when several threads are tried again */
     int calls;
+    int after_one;       /* the last call planned asked for one thread */
 } brnn_pace;
 
 enum { BRNN_PACE_MANY = 1, BRNN_PACE_TIMED = 2 };
@@ -484,11 +494,15 @@ static inline int brnn_pace_plan(brnn_pace *p, long long now) {
     long long many = __atomic_load_n(&p->fs_per_mac[1], __ATOMIC_RELAXED);
     long long streak = __atomic_load_n(&p->streak, __ATOMIC_RELAXED);
     int k = __atomic_add_fetch(&p->calls, 1, __ATOMIC_RELAXED);
-    if (!(one > 0 && many > one)) {            /* several threads: not slower */
-        if (k % BRNN_PACE_PROBE == 0) return BRNN_PACE_TIMED;   /* probe one */
+    if (!(one > 0 && many > one + one / 8)) {  /* several threads: not slower */
+        if (k % BRNN_PACE_PROBE == 0) {
+            __atomic_store_n(&p->after_one, 1, __ATOMIC_RELAXED);
+            return BRNN_PACE_TIMED;                              /* probe one */
+        }
     } else if (!(streak != 0 && now - streak < BRNN_PACE_TRY_NS)) {   /* no try running */
         if (now < __atomic_load_n(&p->retry_at, __ATOMIC_RELAXED)) {
             __atomic_store_n(&p->streak, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&p->after_one, 1, __ATOMIC_RELAXED);
             return BRNN_PACE_TIMED;                              /* one thread */
         }
         __atomic_store_n(&p->retry_at, now + BRNN_PACE_RETRY_NS, __ATOMIC_RELAXED);
@@ -498,10 +512,14 @@ static inline int brnn_pace_plan(brnn_pace *p, long long now) {
         __atomic_store_n(&p->streak, now, __ATOMIC_RELAXED);
         streak = now;
     }
-    return BRNN_PACE_MANY | (now - streak >= BRNN_PACE_WARM_NS ? BRNN_PACE_TIMED : 0);
+    int woke = __atomic_exchange_n(&p->after_one, 0, __ATOMIC_RELAXED);
+    return BRNN_PACE_MANY |
+           (now - streak >= BRNN_PACE_WARM_NS && !woke ? BRNN_PACE_TIMED : 0);
 }
 
-/* A call that ran alone after an idle spell: the partner cores cool down. */
+/* A call that ran alone for another reason than the pace (an idle spell, a
+ * solo spell): the partner cores cool down, a run of several-thread calls
+ * starts again. */
 static inline void brnn_pace_idle(brnn_pace *p) {
     __atomic_store_n(&p->streak, 0, __ATOMIC_RELAXED);
 }
@@ -514,7 +532,8 @@ static inline void brnn_pace_record(brnn_pace *p, int many, long long ns, long l
     if (v < 1) v = 1;
     long long *slot = &p->fs_per_mac[many != 0];
     long long old = __atomic_load_n(slot, __ATOMIC_RELAXED);
-    __atomic_store_n(slot, old == 0 ? v : (old + v) / 2, __ATOMIC_RELAXED);
+    if (old > 0 && v > 2 * old) v = 2 * old;   /* upwards: at most old / 4 */
+    __atomic_store_n(slot, old == 0 ? v : old + (v - old) / 4, __ATOMIC_RELAXED);
 }
 
 static inline int brnn_atomic_load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
