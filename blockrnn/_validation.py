@@ -104,6 +104,8 @@ class Arrays:
     def shape(self, name, symbolic, expected):
         """Check that ``name`` has shape ``expected``, described as ``symbolic``."""
         actual = self._arrays[name].shape
+        if actual == expected:   # (a tuple of ints: the common call, no conversion)
+            return
         expected = tuple(int(d) for d in expected)
         if actual != expected:
             raise ValueError(
@@ -128,7 +130,11 @@ class Arrays:
             else:
                 # C order and aligned: an unaligned view (data offset by a byte)
                 # is copied, since the kernels read whole floats from it.
-                array = np.require(self._arrays[n], self.compute_dtype, ("C", "A"))
+                array = self._arrays[n]
+                flags = array.flags
+                if not (array.dtype == self.compute_dtype and flags.c_contiguous
+                        and flags.aligned):   # (np.require is ~1 us even when it copies nothing)
+                    array = np.require(array, self.compute_dtype, ("C", "A"))
             out.append(array)
         return out
 
