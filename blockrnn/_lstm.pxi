@@ -536,10 +536,24 @@ cdef void lstm_forward_packed_step(
                               u0, u1 - u0)
 
 
+cdef void lstm_pack_cols(Py_ssize_t I, Py_ssize_t H, const float* w_x, const float* w_h,
+                         WeightStrides s, bint wide, Py_ssize_t u0, Py_ssize_t u1,
+                         float* packed) noexcept nogil:
+    """The columns of cells [u0, u1) of W_h's then W_x's four gate blocks
+    packed (block q: columns [qH, (q+1)H) of W; W_h's in the wide layout if
+    `wide`), as lstm_forward_packed reads them."""
+    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    for q in range(4):
+        pack_cols(H, H, w_h + q * H * s.hn, s.hk, s.hn, wide, u0, u1, packed + q * ps)
+        pack_cols(I, H, w_x + q * H * s.xn, s.xk, s.xn, False, u0, u1,
+                  packed + 4 * ps + q * psx)
+
+
 cdef int lstm_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H, GateOffsets off,
-        const float* packed,      # IN  W_h's then W_x's four gate blocks packed
-        bint wide,                # W_h's blocks are in the wide layout (batch 1)
+        const float* w_x, const float* w_h, WeightStrides s,  # IN W_x [I, 4H], W_h [H, 4H]
+        float* packed,            # OUT W_h's then W_x's four gate blocks packed
+        bint wide,                # W_h's blocks in the wide layout (batch 1)
         const float* x, const float* cs_prev, const float* h_prev, const float* b,
         const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
@@ -548,8 +562,9 @@ cdef int lstm_forward_packed(
         int n_threads) noexcept nogil:
     """The time loop of the float32 forward: ONE parallel region of n_threads
     for all L steps. Each thread owns a fixed slice of cells (unit_start: every
-    gate column of those cells). Before the loop it computes their input
-    projection of all L steps into the gate outputs, x[:L] @ W_x as one
+    gate column of those cells). Before the loop it packs those columns of
+    W_h and W_x (pack_cols) and computes their input projection of all L
+    steps into the gate outputs, x[:L] @ W_x as one
     product of L*B rows per gate (packed_inputs_part), then at each step their
     recurrent product and gates; one barrier per step, since step t+1 reads
     all of h[t]. A thread reads back only the columns it wrote, so the hoist
@@ -559,7 +574,7 @@ cdef int lstm_forward_packed(
     barrier can shed (step_barrier). Returns the threads the caller gives
     back to the budget (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, psx = brnn_packed_size(I, H)
-    cdef const float* packed_x = packed + 4 * brnn_packed_size(H, H)
+    cdef float* packed_x = packed + 4 * brnn_packed_size(H, H)
     cdef int q, tid, nt, cores = brnn_omp_get_num_procs()
     cdef float* dst[4]    # the gate output of W's column block q
     cdef brnn_barrier bar
@@ -568,6 +583,7 @@ cdef int lstm_forward_packed(
         dst[q] = (i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f
                   else o)
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        lstm_pack_cols(I, H, w_x, w_h, s, wide, 0, H, packed)
         packed_inputs_part(L * B, I, H, 4, x, packed_x, psx, dst, 0, H)
         for t in range(L):
             lstm_forward_packed_step(
@@ -580,6 +596,7 @@ cdef int lstm_forward_packed(
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
+        lstm_pack_cols(I, H, w_x, w_h, s, wide, u0, u1, packed)
         packed_inputs_part(L * B, I, H, 4, x, packed_x, psx, dst, u0, u1)
         for t in range(L):
             lstm_forward_packed_step(
@@ -632,12 +649,12 @@ cdef void block_lstm_forward_compute(
     Each g[r, j] is still one dot product over H.
 
     That is the float64 route (gate loops on n_threads). float32 runs every
-    product in blockrnn's packed kernel instead (lstm_forward_packed): W_x's
-    and W_h's four gate blocks are packed once per call, on a 64-byte
-    boundary; in one region on up to max_threads threads taken from the
-    process's thread budget (sequence_threads; brnn_budget_take, given back
-    after the loop) each thread computes its cells' x[:L] @ W_x into the gate
-    outputs, then at each step h[t-1] @ W_h into g. At batch 1 a step's
+    product in blockrnn's packed kernel instead (lstm_forward_packed): in one
+    region on up to max_threads threads taken from the process's thread
+    budget (sequence_threads; brnn_budget_take, given back after the loop)
+    each thread packs its cells' columns of W_x's and W_h's four gate blocks
+    (once per call, from a 64-byte boundary), computes their x[:L] @ W_x into
+    the gate outputs, then at each step h[t-1] @ W_h into g. At batch 1 a step's
     product is a GEMV, W_h's blocks read in the wide layout of
     include/brnn_inference.h (the inference forward's sums, so its bits), and
     the step barrier sheds a partner thread that stalls (step_barrier).
@@ -666,23 +683,16 @@ cdef void block_lstm_forward_compute(
     cdef const floating* cs_in
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH
-    cdef int q, granted
-    cdef Py_ssize_t ps = brnn_packed_size(H, H)
-    cdef float* pk
+    cdef int granted
     cdef bint wide = B == 1 and row1_wide
     if floating is float:
-        pk = align64(ws + B * G4)   # W_h's then W_x's gate blocks q: columns [qH, (q+1)H)
-        for q in range(4):
-            pack_recurrent(H, H, w_h + q * H * s.hn, s.hk, s.hn, wide, pk + q * ps)
-            brnn_pack_f32(I, H, w_x + q * H * s.xn, s.xk, s.xn,
-                          pk + 4 * ps + q * brnn_packed_size(I, H))
         # (batch 1 counts the recurrent product alone, as the inference forward)
         granted = brnn_budget_take(sequence_threads(B, H if B == 1 else I + H, G4, H,
                                                     max_threads), max_threads)
-        brnn_budget_give(lstm_forward_packed(L, B, I, H, off, pk, wide, x, cs_prev, h_prev, b,
-                                             wci, wcf, wco, forget_bias, cell_clip,
-                                             use_peephole, lengths, g, i_, cs, f, o, ci, co,
-                                             h, granted))
+        brnn_budget_give(lstm_forward_packed(
+            L, B, I, H, off, w_x, w_h, s, align64(ws + B * G4), wide, x, cs_prev, h_prev, b,
+            wci, wcf, wco, forget_bias, cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci,
+            co, h, granted))
     else:
         gemm_weights(L * B, H, I, x, I, w_x + off.i * s.xn, s.xk, s.xn, i_, H)
         gemm_weights(L * B, H, I, x, I, w_x + off.c * s.xn, s.xk, s.xn, ci, H)
@@ -826,8 +836,9 @@ cdef void lstm_backward_gemms(
 
 cdef int lstm_backward_packed(
         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
-        const float* packed_t,    # IN  W_h^T [4H, H] packed (pack_recurrent)
-        bint wide,                # ... in the wide layout (batch 1)
+        const float* w_h, WeightStrides s,  # IN W_h [H, 4H]: packed here if `pack`
+        float* packed_t,          # IN/OUT W_h^T [4H, H] packed (pack_cols)
+        bint wide, bint pack,     # ... in the wide layout (batch 1); pack it first
         const float* cs_prev, const float* i_, const float* cs, const float* f,
         const float* o, const float* ci, const float* co, const float* cs_grad,
         const float* h_grad, const float* wci, const float* wcf, const float* wco,
@@ -837,7 +848,8 @@ cdef int lstm_backward_packed(
         int n_threads) noexcept nogil:
     """The reverse time loop of the float32 backward over the steps [t0, t1):
     ONE parallel region of n_threads, each thread owning a fixed slice of
-    cells [u0, u1). At step t a thread computes dG[t] for its cells (all four
+    cells [u0, u1) (and, if `pack`, packing their columns of W_h^T first:
+    the first chunk's region). At step t a thread computes dG[t] for its cells (all four
     gate columns), then, after the step's one barrier (dh needs every column
     of dG[t]), dh[:, u0:u1] = dG[t] @ W_h^T[:, u0:u1] (recurrent_product).
     Its next step reads only its own cells' carries, and dG has one buffer
@@ -850,6 +862,8 @@ cdef int lstm_backward_packed(
     cdef brnn_barrier bar
     memset(&bar, 0, sizeof(bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        if pack:
+            pack_cols(G4, H, w_h, s.hn, s.hk, wide, 0, H, packed_t)
         for t in range(t1 - 1, t0 - 1, -1):
             lstm_backward_block[float](
                 B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
@@ -864,6 +878,8 @@ cdef int lstm_backward_packed(
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
+        if pack:
+            pack_cols(G4, H, w_h, s.hn, s.hk, wide, u0, u1, packed_t)
         for t in range(t1 - 1, t0 - 1, -1):
             if u1 > u0:
                 lstm_backward_block[float](
@@ -944,9 +960,8 @@ cdef void block_lstm_backward_compute(
     memset(cs_prev_grad, 0, BH * sizeof(floating))
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, (G4 + 3 * H) * sizeof(double))
-    if floating is float:   # W_h^T packed, from a 64-byte boundary
+    if floating is float:   # W_h^T packed (by the first chunk's region), from 64 bytes on
         packed_t = <floating*>align64(<float*>packed_t)
-        pack_recurrent(G4, H, w_h, s.hn, s.hk, wide, packed_t)
         gemm_ws = packed_t + brnn_packed_size(G4, H)
     if L == 0:   # no step: zero weight gradients
         lstm_backward_gemms(0, 0, B, I, H, x, h_prev, h, w_x, s, dg, False, x_grad,
@@ -957,7 +972,7 @@ cdef void block_lstm_backward_compute(
         if floating is float:
             granted = brnn_budget_take(sequence_threads(B, G4, H, H, max_threads), max_threads)
             brnn_budget_give(lstm_backward_packed(
-                t0, t1, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o, ci, co, cs_grad,
+                t0, t1, B, H, off, w_h, s, packed_t, wide, t1 == L, cs_prev, i_, cs, f, o, ci, co, cs_grad,
                 h_grad, wci, wcf, wco, use_peephole, lengths, dg, cs_prev_grad, h_prev_grad,
                 granted))
         else:

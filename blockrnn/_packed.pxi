@@ -137,6 +137,8 @@ cdef extern from "brnn_inference.h" nogil:
                                        Py_ssize_t N, Py_ssize_t n0, Py_ssize_t n1,
                                        int accumulate, float* c)
     brnn_row1_wide_fn brnn_row1_wide_kernel(int path)
+    void brnn_pack_wide_cols_f32(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
+                                 Py_ssize_t sn, Py_ssize_t c0, Py_ssize_t c1, float* P)
     void brnn_pack_wide_f32(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
                             Py_ssize_t sn, float* P)
 
@@ -183,6 +185,20 @@ cdef inline void pack_recurrent(Py_ssize_t K, Py_ssize_t N, const float* w, Py_s
         brnn_pack_wide_f32(K, N, w, sk, sn, P)
     else:
         brnn_pack_f32(K, N, w, sk, sn, P)
+
+
+cdef inline void pack_cols(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
+                           Py_ssize_t sn, bint wide, Py_ssize_t n0, Py_ssize_t n1,
+                           float* P) noexcept nogil:
+    """The columns [n0, n1) of pack_recurrent's copy P of W [K, N] (n0 a
+    multiple of 16, n1 too or N): what the thread owning cells [n0, n1)
+    reads, packed by that thread in the region (unit_start's split)."""
+    if n1 <= n0:
+        return
+    if wide:
+        brnn_pack_wide_cols_f32(K, N, w, sk, sn, n0, n1, P)
+    else:
+        brnn_pack_f32(K, n1 - n0, w + n0 * sn, sk, sn, P + n0 * K)
 
 
 cdef inline void recurrent_product(Py_ssize_t rows, Py_ssize_t K, const float* A,

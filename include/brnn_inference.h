@@ -91,17 +91,23 @@ static void brnn_row1_avx2(ptrdiff_t K, const float *a, const float *P, ptrdiff_
  * the layout changes no bit. n0 must be a multiple of 16. */
 #define BRNN_WIDE 64
 
-static void brnn_pack_wide_f32(ptrdiff_t K, ptrdiff_t N, const float *w, ptrdiff_t sk,
-                               ptrdiff_t sn, float *P) {
+/* The columns [c0, c1) of the wide copy (c0 a multiple of 16; c1 a multiple
+ * of 16 or N): what a thread owning those cells reads, so that the threads of
+ * a region can each pack their own. */
+static void brnn_pack_wide_cols_f32(ptrdiff_t K, ptrdiff_t N, const float *w, ptrdiff_t sk,
+                                    ptrdiff_t sn, ptrdiff_t c0, ptrdiff_t c1, float *P) {
     ptrdiff_t N16 = (N + BRNN_NR - 1) / BRNN_NR * BRNN_NR;
-    for (ptrdiff_t n0 = 0; n0 < N16; n0 += BRNN_WIDE) {
+    if (c1 >= N) c1 = N16;   /* the zero columns past N belong to the last cells */
+    for (ptrdiff_t n0 = c0 / BRNN_WIDE * BRNN_WIDE; n0 < c1; n0 += BRNN_WIDE) {
         ptrdiff_t wb = N16 - n0 < BRNN_WIDE ? N16 - n0 : BRNN_WIDE;
-        ptrdiff_t cols = N - n0 < wb ? N - n0 : wb;   /* the rest of the block is 0 */
+        ptrdiff_t j0 = c0 > n0 ? c0 - n0 : 0, j1 = c1 - n0 < wb ? c1 - n0 : wb;
+        ptrdiff_t cols = N - n0 < j1 ? N - n0 : j1;   /* columns [cols, j1) are 0 */
         float *block = P + n0 * K;
         if (sn == 1) {   /* rows of W contiguous: a block row is one copy */
             for (ptrdiff_t k = 0; k < K; k++) {
-                memcpy(block + k * wb, w + k * sk + n0, cols * sizeof(float));
-                memset(block + k * wb + cols, 0, (wb - cols) * sizeof(float));
+                if (cols > j0)
+                    memcpy(block + k * wb + j0, w + k * sk + n0 + j0, (cols - j0) * sizeof(float));
+                for (ptrdiff_t j = cols > j0 ? cols : j0; j < j1; j++) block[k * wb + j] = 0.0f;
             }
             continue;
         }
@@ -113,13 +119,18 @@ static void brnn_pack_wide_f32(ptrdiff_t K, ptrdiff_t N, const float *w, ptrdiff
          * the batch-1 LSTM backward at 50,1,128,128). */
         for (ptrdiff_t k0 = 0; k0 < K; k0 += BRNN_NR) {
             ptrdiff_t kn = K - k0 < BRNN_NR ? K - k0 : BRNN_NR;
-            for (ptrdiff_t j = 0; j < wb; j++) {
+            for (ptrdiff_t j = j0; j < j1; j++) {
                 const float *src = w + k0 * sk + (n0 + j) * sn;
                 for (ptrdiff_t k = 0; k < kn; k++)
                     block[(k0 + k) * wb + j] = j < cols ? src[k * sk] : 0.0f;
             }
         }
     }
+}
+
+static void brnn_pack_wide_f32(ptrdiff_t K, ptrdiff_t N, const float *w, ptrdiff_t sk,
+                               ptrdiff_t sn, float *P) {
+    brnn_pack_wide_cols_f32(K, N, w, sk, sn, 0, N, P);
 }
 
 typedef void (*brnn_row1_wide_fn)(ptrdiff_t K, const float *a, const float *P, ptrdiff_t N,
