@@ -5,9 +5,10 @@
 stored; the compiled code reads them, and writes their gradients, through strides
 (WeightStrides in _lstm.pxi), the same code that reads TensorFlow's w (I+H, 4H). Oracle:
 ``block_lstm_v2`` / ``block_lstm_grad_v2`` on w = [weight_ih.T; weight_hh.T]. The float32
-packed route (2 rows on) packs the same values and its GEMM driver sums each element in
-the same order: the bits are equal. The BLAS route (float64, float32 batch 1) multiplies
-by the other orientation of the weights (a gemm transpose flag): equal to rounding.
+packed route (every batch size; batch 1 packs W_h in the wide layout) packs the same
+values and its GEMM driver sums each element in the same order: the bits are equal. The
+BLAS route (float64) multiplies by the other orientation of the weights (a gemm transpose
+flag): equal to rounding.
 """
 import numpy as np
 import pytest
@@ -17,9 +18,9 @@ import blockrnn
 from blockrnn import _kernels
 from blockrnn.lstm import _block_lstm_nn, _block_lstm_nn_grad
 
-# (T, B, I, H): float32 packed route (B >= 2, odd sizes, I = 1, H = 1), batch 1
-# (GEMV steps), B = 3 (gemm steps), B >= 4 with H <= T*B (the recurrent product by
-# W_h^T, stored as weight_hh) and H > T*B (plain gemm).
+# (T, B, I, H): float32 packed route (odd sizes, I = 1, H = 1, batch 1: one-row steps);
+# float64: batch 1 (GEMV steps), B = 3 (gemm steps), B >= 4 with H <= T*B (the recurrent
+# product by W_h^T, stored as weight_hh) and H > T*B (plain gemm).
 SHAPES = [(7, 5, 13, 37), (4, 2, 1, 17), (5, 3, 6, 1), (9, 1, 11, 20), (6, 3, 8, 24),
           (6, 6, 10, 20), (1, 4, 9, 40)]
 
@@ -55,7 +56,7 @@ def test_nn_layout_matches_tf_layout(shape, dtype, peephole, with_lengths):
                                  p["b"], **kw)
     got = _block_lstm_nn(T, p["x"], p["cs_prev"], p["h_prev"], p["w_ih"], p["w_hh"],
                          *p["peeps"], p["b"], **kw)
-    exact = dtype == np.float32 and B >= 2   # the packed route: the same bits
+    exact = dtype == np.float32   # the packed route: the same bits
     for name in ref._fields:
         _assert_matches(getattr(got, name), getattr(ref, name), exact, dtype, name)
 
@@ -108,7 +109,7 @@ import sys, numpy as np, blockrnn
 from blockrnn.lstm import _block_lstm_nn, _block_lstm_nn_grad
 assert blockrnn._kernels.packed_kernel_name() == sys.argv[1]
 rng = np.random.default_rng(0)
-for T, B, I, H in [(5, 3, 40, 37), (6, 8, 16, 130)]:
+for T, B, I, H in [(5, 3, 40, 37), (6, 8, 16, 130), (7, 1, 24, 130)]:
     r = lambda *s: (rng.standard_normal(s) * 0.3).astype(np.float32)
     x, c0, h0, w_ih, w_hh, b, dcs, dh = (r(T, B, I), r(B, H), r(B, H), r(4 * H, I),
                                           r(4 * H, H), r(4 * H), r(T, B, H), r(T, B, H))
@@ -118,6 +119,9 @@ for T, B, I, H in [(5, 3, 40, 37), (6, 8, 16, 130)]:
     got = _block_lstm_nn(T, x, c0, h0, w_ih, w_hh, *p, b)
     for a, e in zip(got, ref):
         np.testing.assert_array_equal(a, e)
+    f64 = lambda a: a.astype(np.float64)
+    want = blockrnn.block_lstm_v2(T, f64(x), f64(c0), f64(h0), f64(w), *map(f64, p), f64(b))
+    np.testing.assert_allclose(got.h, want.h, rtol=1e-4, atol=1e-5)
     gates = [ref.i, ref.cs, ref.f, ref.o, ref.ci, ref.co, ref.h]
     gr = blockrnn.block_lstm_grad_v2(T, x, c0, h0, w, *p, b, *gates, dcs, dh,
                                      use_peephole=False)
@@ -133,7 +137,8 @@ print("ok")
 
 @pytest.mark.parametrize("variant", ["avx512", "avx2", "portable"])
 def test_nn_layout_same_bits_under_every_kernel_variant(variant):
-    """Packing either layout gives the same panels, and the GEMM driver sums a gradient
+    """Packing either layout gives the same panels (and, at batch 1, the same wide
+    blocks: 130 cells on 2 threads split a block), and the GEMM driver sums a gradient
     element in the same order whichever way round its C is stored (gspec_c), under each
-    packed-kernel variant this CPU runs (float32, 2 rows on)."""
+    packed-kernel variant this CPU runs (float32, every batch size)."""
     check_kernel_variant(variant, _VARIANT_CHECK)
