@@ -44,11 +44,12 @@ calls, and on a virtual machine waking it after an idle spell took ~300 us (a
 batch-1 request at H = 128 is ~100 us on one thread), so the first call of a
 burst runs alone and the next ones on every core. Back-to-back small calls ask for
 every core unless the object's own small calls measured that slower per multiply-add
-than one thread (``pace_fs_per_mac`` of each packed object: the two means; e.g.
-another process busy on the partner's core): then every core is tried for 12 ms every
-200 ms; while every core is faster, every 64th call asks for one thread. A call on
-every core is timed once such calls have run for 8 ms (a core that sat idle starts
-slowly). ``idle_ns=0``: neither rule, never alone. A call whose threads find themselves
+than one thread, by more than an eighth (``pace_fs_per_mac`` of each packed object:
+the two means, each moved a quarter of the way by a new time; e.g. another process
+busy on the partner's core): then every core is tried for 12 ms every 200 ms; while
+every core is faster, every 64th call asks for one thread. A call on every core is
+timed once such calls have run for 8 ms, and not right after a one-thread call (a core
+that sat idle starts slowly). ``idle_ns=0``: neither rule, never alone. A call whose threads find themselves
 on one CPU finishes on one thread (and the object runs on one for 50 ms).
 Pass ``work_per_thread=2**20`` to keep small requests on one thread.
 """
