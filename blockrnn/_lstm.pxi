@@ -503,8 +503,9 @@ cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
                                                     bint packed) noexcept nogil:
     """Elements of block_lstm_forward_compute's workspace: one step's gates
     [B, 4H], then for float32 (packed) W_h's and W_x's four gate blocks packed
-    [4, brnn_packed_size(H, H) + brnn_packed_size(I, H)]; for float64, if recurrent_weights_transposed,
-    the copy W_h^T [4H, H] and the step's gates transposed [4H, B]."""
+    [4, brnn_packed_size(H, H) + brnn_packed_size(I, H)]; for float64, if
+    recurrent_weights_transposed, the copy W_h^T [4H, H] and the step's gates
+    transposed [4H, B]."""
     if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start on 64 bytes, align64)
         return (B * 4 * H + 4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1
                 + PACKED_ALIGN_PAD)
@@ -972,9 +973,9 @@ cdef void block_lstm_backward_compute(
         if floating is float:
             granted = brnn_budget_take(sequence_threads(B, G4, H, H, max_threads), max_threads)
             brnn_budget_give(lstm_backward_packed(
-                t0, t1, B, H, off, w_h, s, packed_t, wide, t1 == L, cs_prev, i_, cs, f, o, ci, co, cs_grad,
-                h_grad, wci, wcf, wco, use_peephole, lengths, dg, cs_prev_grad, h_prev_grad,
-                granted))
+                t0, t1, B, H, off, w_h, s, packed_t, wide, t1 == L, cs_prev, i_, cs, f, o,
+                ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole, lengths, dg,
+                cs_prev_grad, h_prev_grad, granted))
         else:
             for t in range(t1 - 1, t0 - 1, -1):
                 cs_in = cs_prev if t == 0 else cs + (t - 1) * BH

@@ -177,16 +177,6 @@ cdef inline void step_product(Py_ssize_t rows, Py_ssize_t K, const float* A, Py_
         packed_product(rows, K, A, lda, P, n0, n1, accumulate, C, ldc)
 
 
-cdef inline void pack_recurrent(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
-                                Py_ssize_t sn, bint wide, float* P) noexcept nogil:
-    """Pack a recurrent weight block W [K, N] (W(k, n) = w[k*sk + n*sn]) for
-    recurrent_product: in the wide layout if `wide`, else as panels."""
-    if wide:
-        brnn_pack_wide_f32(K, N, w, sk, sn, P)
-    else:
-        brnn_pack_f32(K, N, w, sk, sn, P)
-
-
 cdef inline void pack_cols(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
                            Py_ssize_t sn, bint wide, Py_ssize_t n0, Py_ssize_t n1,
                            float* P) noexcept nogil:
@@ -199,6 +189,14 @@ cdef inline void pack_cols(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_
         brnn_pack_wide_cols_f32(K, N, w, sk, sn, n0, n1, P)
     else:
         brnn_pack_f32(K, n1 - n0, w + n0 * sn, sk, sn, P + n0 * K)
+
+
+cdef inline void pack_recurrent(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
+                                Py_ssize_t sn, bint wide, float* P) noexcept nogil:
+    """Pack a recurrent weight block W [K, N] (W(k, n) = w[k*sk + n*sn]) for
+    recurrent_product: in the wide layout if `wide`, else as panels (every
+    column: pack_cols over [0, N))."""
+    pack_cols(K, N, w, sk, sn, wide, 0, N, P)
 
 
 cdef inline void recurrent_product(Py_ssize_t rows, Py_ssize_t K, const float* A,
@@ -350,9 +348,10 @@ cdef enum:
     # tile is one FMA chain per panel (a GEMV per step beat it: 0.60 vs 0.82 ms
     # for the LSTM forward at 50,1,128,128, GRU 0.32 vs 0.41, LSTM backward
     # 0.54 vs 0.70; at two rows the packed kernel won, LSTM forward 1.0 vs
-    # 11 ms, GRU 0.7 vs 10.8, on a loaded machine). The float32 forwards run
-    # batch 1 on the one-row kernel instead (step_product), the backwards on
-    # BLAS.
+    # 11 ms, GRU 0.7 vs 10.8, on a loaded machine). The float32 GRU forwards
+    # run batch 1 on the one-row kernel instead (step_product), their
+    # backwards on BLAS; the LSTM's run every batch size on the packed loops
+    # (batch 1 on the wide one-row kernel, _lstm.pxi).
     PACKED_MIN_ROWS = 2
 
 
