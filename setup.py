@@ -102,6 +102,7 @@ def extensions():
         sources=["blockrnn/_kernels.pyx"],
         include_dirs=[os.path.join(HERE, "include"), numpy.get_include()],
         depends=[
+            "include/brnn_alloc.h",
             "include/brnn_math.h",
             "include/brnn_gru.h",
             "include/brnn_gru_reset_after.h",

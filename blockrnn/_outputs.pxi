@@ -79,6 +79,56 @@ cdef extern from "Python.h":
     unsigned long Py_TPFLAGS_TUPLE_SUBCLASS
 
 
+cdef extern from "brnn_alloc.h" nogil:
+    void* brnn_big_alloc(size_t nbytes)
+    void brnn_big_free(void* p, size_t nbytes)
+
+
+cdef extern from "Python.h":
+    int PyTraceMalloc_Track(unsigned int domain, uintptr_t ptr, size_t size)
+    int PyTraceMalloc_Untrack(unsigned int domain, uintptr_t ptr)
+
+
+# tracemalloc's domain for the blocks of big_empty: NumPy's own (NPY_TRACE_DOMAIN), so
+# that they count where NumPy's arrays do.
+cdef enum:
+    BIG_BLOCK_DOMAIN = 389047
+cdef const char* BIG_BLOCK_NAME = b"blockrnn big block"
+
+
+cdef void free_big_block(object capsule) noexcept:
+    """The destructor of a big_empty array's base: unmaps its block."""
+    cdef void* p = PyCapsule_GetPointer(capsule, BIG_BLOCK_NAME)
+    PyTraceMalloc_Untrack(BIG_BLOCK_DOMAIN, <uintptr_t>p)
+    brnn_big_free(p, <size_t>PyCapsule_GetContext(capsule))
+
+
+cdef cnp.ndarray big_empty(int ndim, cnp.npy_intp* dims, int typenum, Py_ssize_t nbytes):
+    """A new C-contiguous array of nbytes (> 0) bytes on a block of brnn_big_alloc
+    (include/brnn_alloc.h: huge pages, faulted in at once, before the kernel's
+    threads write it), or NumPy's empty array where no such block can be mapped.
+    The block is the array's base (a capsule) and is unmapped with it."""
+    cdef void* p
+    with nogil:
+        p = brnn_big_alloc(nbytes)
+    if p == NULL:
+        return cnp.PyArray_EMPTY(ndim, dims, typenum, 0)
+    try:
+        base = PyCapsule_New(p, BIG_BLOCK_NAME, NULL)
+        PyCapsule_SetContext(base, <void*>nbytes)
+    except BaseException:
+        brnn_big_free(p, nbytes)
+        raise
+    PyCapsule_SetDestructor(base, free_big_block)   # from here on the base owns the block
+    PyTraceMalloc_Track(BIG_BLOCK_DOMAIN, <uintptr_t>p, nbytes)
+    cdef cnp.dtype descr = cnp.PyArray_DescrFromType(typenum)
+    Py_INCREF(descr)     # PyArray_NewFromDescr steals it
+    arr = PyArray_NewFromDescr(cnp.ndarray, descr, ndim, dims, NULL, p,
+                               cnp.NPY_ARRAY_CARRAY, NULL)
+    cnp.set_array_base(arr, base)
+    return arr
+
+
 # Outputs smaller than this (each) are the views of one block (see new_outputs).
 cdef enum:
     SHARED_BLOCK_BYTES_C = 1 << 22
@@ -100,7 +150,13 @@ def output_buffers(int count, tuple shape, dtype):
         bytes_each *= n
     if shares_block(bytes_each):
         return list(np.empty((count,) + shape, dtype=dtype))
-    return [np.empty(shape, dtype=dtype) for _ in range(count)]
+    cdef cnp.npy_intp dims[3]
+    cdef int ndim = len(shape)
+    if ndim > 3:
+        raise ValueError(f"output_buffers: at most 3 dimensions, got shape {shape}")
+    for k in range(ndim):
+        dims[k] = shape[k]
+    return [big_empty(ndim, dims, dtype.num, bytes_each) for _ in range(count)]
 
 
 cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
@@ -120,7 +176,8 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     24.3 ms). Arrays of 4 MB or more are separate: each gets huge pages by
     itself, and their block would be above 32 MB, which glibc always maps
     afresh (measured at 100,64,512,512 between the benchmark's peers, median
-    of 7, six runs: 209-255 ms separate, 240-278 ms as one block).
+    of 7, six runs: 209-255 ms separate, 240-278 ms as one block); they are
+    big_empty's blocks, on huge pages and faulted in before the kernel runs.
     The tuple is built the way tuple.__new__ builds a subclass instance
     (tp_alloc, then the items), without its method call, argument list and
     temporary tuple."""
@@ -148,7 +205,7 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     Py_DECREF(outs)
     for k in range(count):   # a failure here frees outs and the arrays made so far
         if block is None:
-            arr = cnp.PyArray_EMPTY(ndim, &dims[1], typenum, 0)
+            arr = big_empty(ndim, &dims[1], typenum, nbytes)
             ptr[k] = data(arr)
         else:
             ptr[k] = <char*>cnp.PyArray_DATA(block) + k * nbytes

@@ -87,3 +87,28 @@ def test_sequence_ops_stay_within_one_workspace(dtype):
     driver = _driver_blocks(dtype, 3, [(T * B, I, 2 * H), (I, 2 * H, T * B),
                                        (H, 2 * H, T * B)])
     assert outputs <= peak <= outputs + workspace + driver + SLACK, (peak, outputs, workspace)
+
+
+def test_outputs_of_4_mb_or_more_are_traced_and_freed():
+    """Outputs of SHARED_BLOCK_BYTES or more each are blocks blockrnn maps itself
+    (include/brnn_alloc.h, on Linux): tracemalloc counts them, and their memory goes
+    back when the arrays are freed."""
+    rng = np.random.default_rng(0)
+    rand = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)  # noqa: E731
+    h = 8
+    b = _kernels.SHARED_BLOCK_BYTES // (h * 4)
+    args = (1, rand(1, b, 4), rand(b, h), rand(b, h), rand(4 + h, 4 * h), rand(h), rand(h),
+            rand(h), rand(4 * h))
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        fwd = blockrnn.block_lstm_v2(*args, use_peephole=True)
+        outputs = sum(a.nbytes for a in fwd)
+        held = tracemalloc.get_traced_memory()[0] - start
+        del fwd
+        left = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert outputs >= 7 * _kernels.SHARED_BLOCK_BYTES
+    assert outputs <= held <= outputs + SLACK, (held, outputs)
+    assert left <= SLACK, left
