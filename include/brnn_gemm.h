@@ -166,10 +166,20 @@ static inline void brnn_gemm_pack_a(ptrdiff_t mc, ptrdiff_t kc, const float *a, 
     if (sak == 1) {
         for (ptrdiff_t r = 0; r < mc; r++)
             memcpy(ap + r * lda, a + r * sam, (size_t)kc * sizeof(float));
-    } else {
-        for (ptrdiff_t k = 0; k < kc; k++)
-            for (ptrdiff_t r = 0; r < mc; r++) ap[r * lda + k] = a[r * sam + k * sak];
+        return;
     }
+    ptrdiff_t k = 0;
+    if (sam == 1) { /* A stored transposed, a[k * sak + r] (x^T, h^T): 4 x 4 blocks */
+        ptrdiff_t r4 = mc / 4 * 4;
+        for (; k + 4 <= kc; k += 4) {
+            for (ptrdiff_t r = 0; r < r4; r += 4)
+                brnn_transpose4(a + k * sak + r, sak, ap + r * lda + k, lda);
+            for (ptrdiff_t r = r4; r < mc; r++)
+                for (ptrdiff_t i = k; i < k + 4; i++) ap[r * lda + i] = a[r + i * sak];
+        }
+    }
+    for (; k < kc; k++)
+        for (ptrdiff_t r = 0; r < mc; r++) ap[r * lda + k] = a[r * sam + k * sak];
 }
 
 /* Thread tid of nt's part of job j (see the top of this file); ws: this

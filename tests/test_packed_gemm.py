@@ -41,6 +41,21 @@ def test_driver_matches_float64(path, shape, trans_a, trans_b):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("shape", SHAPES)
+def test_transposed_operands_give_the_bits_of_their_copies(path, shape):
+    """Packing a transposed A or B (4 x 4 blocks transposed, include/brnn_packed.h's
+    brnn_transpose4, and scalar edges) is a copy: the bits of the contiguous copy."""
+    for trans_a, trans_b in [(True, False), (False, True), (True, True)]:
+        a, b = _operands(*shape, trans_a=trans_a, trans_b=trans_b)
+        c = np.empty((shape[0], shape[1]), np.float32)
+        _kernels.packed_gemm_memview(a, b, False, c, path)
+        want = np.empty_like(c)
+        _kernels.packed_gemm_memview(np.ascontiguousarray(a), np.ascontiguousarray(b), False,
+                                     want, path)
+        np.testing.assert_array_equal(c, want, err_msg=f"{trans_a=} {trans_b=}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", SHAPES)
 def test_every_thread_split_gives_the_same_bits(path, shape):
     """parts = nt thread parts run one after another: every split of rows or panels."""
     a, b = _operands(*shape, trans_a=True, trans_b=False)
