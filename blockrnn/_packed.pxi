@@ -28,7 +28,7 @@ cdef extern from "brnn_packed.h" nogil:
         int shed
         int slow
     void brnn_barrier_wait(brnn_barrier* b, int n)
-    int brnn_barrier_wait_shed(brnn_barrier* b, int n, int cores)
+    int brnn_barrier_wait_shed(brnn_barrier* b, int n, int cores, int stalls)
     int brnn_current_cpu()
     int brnn_solo_now(const long long* until)
     void brnn_solo_start(long long* until)
@@ -287,13 +287,13 @@ def packed_input_threads_for(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t N, Py_ssi
     return packed_input_threads(rows, I, N, H, limit)
 
 
-def shed_barrier_answers(int cores, bint other_caller):
+def shed_barrier_answers(int cores, bint other_caller, int stalls=1):
     """brnn_barrier_wait_shed at the end of one step of a 2-thread region (for
     the tests), on a budget of `cores`; with other_caller, another caller is
     granted its own thread while the region runs. Returns the two threads'
     answers, the budget this region still holds after the barrier, and whether
-    the two threads ran on one CPU just before the barrier (which sheds too);
-    None if the region got fewer than 2 threads."""
+    the two threads ran on one CPU just before the barrier (a stall: it sheds
+    too if `stalls` is 1); None if the region got fewer than 2 threads."""
     cdef int granted = brnn_budget_take(2, 2), tid, nt
     cdef int answers[2]
     cdef int cpus[2]
@@ -311,7 +311,7 @@ def shed_barrier_answers(int cores, bint other_caller):
             brnn_omp_barrier()
             if nt == 2:
                 cpus[tid] = brnn_current_cpu()
-                answers[tid] = brnn_barrier_wait_shed(&bar, nt, cores)
+                answers[tid] = brnn_barrier_wait_shed(&bar, nt, cores, stalls)
     left = brnn_budget_in_use() - others
     brnn_budget_give(1 if bar.shed else granted)
     if others > 0:
@@ -395,7 +395,7 @@ cdef inline bint step_barrier(brnn_barrier* bar, int nt, int cores,
     its threads (a stall costs it less, and training calls have no object
     to remember a slow core by, as the inference objects do)."""
     if may_shed:
-        return brnn_barrier_wait_shed(bar, nt, cores)
+        return brnn_barrier_wait_shed(bar, nt, cores, 1)
     brnn_barrier_wait(bar, nt)
     return False
 

@@ -322,9 +322,14 @@ static inline brnn_packed_fn brnn_packed_kernel(int path) {
 #include <sched.h>
 #include <time.h>
 /* count, gen: the barrier; shed, slow: brnn_barrier_wait_shed's answer and
- * its evidence; cpus: the CPUs (bit cpu % 64) the threads arriving at this
- * barrier run on (zero the whole struct before the region). */
-typedef struct { int count; int gen; int shed; int slow; unsigned long long cpus; } brnn_barrier;
+ * whether a stalled partner decided it; stalled: a thread saw its partner
+ * stall at this barrier, stalls: at how many barriers of the region; cpus:
+ * the CPUs (bit cpu % 64) the threads arriving at this barrier run on (zero
+ * the whole struct before the region). */
+typedef struct {
+    int count; int gen; int shed; int slow; int stalled; int stalls;
+    unsigned long long cpus;
+} brnn_barrier;
 
 #ifdef __linux__
 int sched_getcpu(void);   /* glibc / musl (<sched.h> declares it with _GNU_SOURCE) */
@@ -344,7 +349,7 @@ static inline long long brnn_now_ns(void) {
 }
 
 /* Wait until the barrier's generation moves on from gen: spin, then yield at
- * every check. With slow_ns > 0, a wait past slow_ns sets b->slow (see
+ * every check. With slow_ns > 0, a wait past slow_ns sets b->stalled (see
  * brnn_barrier_wait_shed); the clock is read only once yielding began. */
 static inline void brnn_barrier_await(brnn_barrier *b, int gen, long long slow_ns) {
     long long start = 0;
@@ -359,7 +364,7 @@ static inline void brnn_barrier_await(brnn_barrier *b, int gen, long long slow_n
             if (start == 0)
                 start = brnn_now_ns();
             else if (brnn_now_ns() - start > slow_ns)
-                __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
+                __atomic_store_n(&b->stalled, 1, __ATOMIC_RELAXED);
         }
         sched_yield();
     }
@@ -409,12 +414,14 @@ static inline int brnn_budget_in_use(void) {
  *     another caller was granted its own thread beyond the budget, so the
  *     cores now hold more of blockrnn's threads than they run at once;
  *   - a thread of the call waited more than BRNN_SHED_WAIT_NS at this or an
- *     earlier barrier: its partner was not running (another process holds
- *     that core), and every further step would wait for the scheduler again.
- *     A quiet machine's steps wait far less (2-core Zen 5 VM, batch 1-8:
- *     ~0.16 ms at most within a call; a thread's start-up, the first barrier,
- *     up to ~3 ms in rare calls); one that shares its cores with a busy
- *     process, 2-4 ms (the scheduler's time slice).
+ *     earlier barrier (at `stalls` of them: see brnn_barrier_wait_shed): its
+ *     partner was not running (another process holds that core), and every
+ *     further step would wait for the scheduler again. A quiet machine's
+ *     steps wait far less (2-core Zen 5 VM, batch 1-8: ~0.16 ms at most
+ *     within a call; a thread's start-up, the first barrier, up to ~3 ms in
+ *     rare calls; at 100,64,512,512 a wait over 1 ms in ~1 call of 10); one
+ *     that shares its cores with a busy process, 2-4 ms (the scheduler's
+ *     time slice).
  * The last thread to arrive decides and stores the answer before releasing the
  * others, so every thread returns the same one; on shedding it gives n - 1
  * threads back to the budget (the caller gives back the last one). The step
@@ -570,21 +577,30 @@ static inline void brnn_atomic_add(int *p, int v) { __atomic_fetch_add(p, v, __A
  * thread of the call gets the same answer), else 0. `cores`: the CPUs this
  * process may run on.
  * Also a partner that is not running: two threads of the call on one CPU
- * (marked slow, as a long wait is). Linux sometimes wakes a sleeping worker
+ * (a stall, as a long wait is). Linux sometimes wakes a sleeping worker
  * onto its waker's CPU with the other CPU idle, and leaves it there: on the
  * 2-core Zen 5 VM, after such a wake the reset-after GRU at T=50, batch 1,
  * H=128 took ~350 us a call on 2 threads for the next ~60 ms (each step's
  * barrier a hand-over of the one CPU by sched_yield; CPU / wall 1.0), against
- * ~55 apart and ~80 on one thread. */
-static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores) {
+ * ~55 apart and ~80 on one thread.
+ * A stalled partner sheds once `stalls` barriers of the region saw one (0:
+ * never): 1 where a step is short, 2 where it is long enough that one stall
+ * (a VM's or the kernel's moment) costs less than finishing on one thread,
+ * while a busy process on the partner's core stalls it again within a time
+ * slice (see INFER_SHORT_STEP_WORK in blockrnn/_inference.pxi). Over-commit
+ * sheds at once either way. */
+static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores, int stalls) {
     int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
-    int cpu = brnn_current_cpu();
+    int cpu = stalls > 0 ? brnn_current_cpu() : -1;
     if (cpu >= 0) {
         unsigned long long bit = 1ULL << (cpu % 64);
         if (__atomic_fetch_or(&b->cpus, bit, __ATOMIC_RELAXED) & bit)
-            __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
+            __atomic_store_n(&b->stalled, 1, __ATOMIC_RELAXED);
     }
     if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
+        if (stalls > 0 && __atomic_exchange_n(&b->stalled, 0, __ATOMIC_RELAXED) &&
+            ++b->stalls >= stalls)
+            __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
         int shed = __atomic_load_n(&b->slow, __ATOMIC_RELAXED) || brnn_budget_in_use() > cores;
         if (shed) brnn_budget_give(n - 1);
         __atomic_store_n(&b->shed, shed, __ATOMIC_RELAXED);
@@ -593,7 +609,7 @@ static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores) {
         __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
         return shed;
     }
-    brnn_barrier_await(b, gen, BRNN_SHED_WAIT_NS);
+    brnn_barrier_await(b, gen, stalls > 0 ? BRNN_SHED_WAIT_NS : 0);
     return __atomic_load_n(&b->shed, __ATOMIC_RELAXED);
 }
 

@@ -613,6 +613,32 @@ def test_the_shedding_barrier_sheds_only_for_another_caller_or_a_shared_cpu():
     assert _kernels.thread_budget_in_use() == 0
 
 
+def test_the_barrier_sheds_for_a_stalled_partner_at_the_stall_it_is_told():
+    """brnn_barrier_wait_shed(stalls=2), a call of long steps: one barrier with its two
+    threads on one CPU (a stall) does not shed; stalls=0 never sheds for one; another
+    caller beyond the budget sheds at once with either."""
+    for stalls in (0, 2):
+        for other in (False, True):
+            for _ in range(50):
+                answers, left, same_cpu = _kernels.shed_barrier_answers(2, other, stalls)
+                assert (answers, left) == (((1, 1), 1) if other else ((0, 0), 2)), same_cpu
+    assert _kernels.thread_budget_in_use() == 0
+
+
+def test_calls_of_long_steps_shed_at_a_second_stall():
+    """infer_stalls: a call sheds at its partner's first stall while a step gives each
+    thread at most 2^20 multiply-adds (batch 1 and the serving batches), else at the
+    second: an LSTM at 100,64,512,512 on 2 threads (2^25 a thread) rides out one. A
+    step counts B x H x G once the input projection is hoisted (B < 12)."""
+    stalls = _kernels.inference_stalls_for
+    assert stalls(50, 1, 128, 128, 4 * 128, 2) == 1
+    assert stalls(64, 8, 256, 256, 4 * 256, 2) == 1        # 8*256*1024 = 2 * 2^20
+    assert stalls(64, 8, 256, 256, 4 * 256, 1) == 2
+    assert stalls(100, 64, 512, 512, 4 * 512, 2) == 2
+    assert stalls(100, 32, 256, 256, 3 * 256, 2) == 2
+    assert stalls(100, 16, 32, 32, 3 * 32, 2) == 1          # not hoisted: 16*(32+32)*96
+
+
 @pytest.mark.parametrize("name,make", SHED_LAYERS)
 def test_a_call_on_several_threads_writes_y_from_a_cache_line(name, make):
     """The threads of a call write neighbouring 16-cell panels of every row of y: y
