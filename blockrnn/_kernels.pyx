@@ -47,7 +47,8 @@ from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_New
+from cpython.pycapsule cimport (PyCapsule_GetContext, PyCapsule_GetPointer, PyCapsule_New,
+                                 PyCapsule_SetContext, PyCapsule_SetDestructor)
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_SET_ITEM
 

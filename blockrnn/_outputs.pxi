@@ -81,6 +81,7 @@ cdef extern from "Python.h":
 
 cdef extern from "brnn_alloc.h" nogil:
     void* brnn_big_alloc(size_t nbytes)
+    void brnn_big_free(void* p, size_t nbytes)
 
 
 cdef extern from "Python.h":
@@ -96,27 +97,29 @@ cdef const char* BIG_BLOCK_NAME = b"blockrnn big block"
 
 
 cdef void free_big_block(object capsule) noexcept:
-    """The destructor of a big_empty array's base: frees its block."""
+    """The destructor of a big_empty array's base: unmaps its block."""
     cdef void* p = PyCapsule_GetPointer(capsule, BIG_BLOCK_NAME)
     PyTraceMalloc_Untrack(BIG_BLOCK_DOMAIN, <uintptr_t>p)
-    free(p)
+    brnn_big_free(p, <size_t>PyCapsule_GetContext(capsule))
 
 
 cdef cnp.ndarray big_empty(int ndim, cnp.npy_intp* dims, int typenum, Py_ssize_t nbytes):
     """A new C-contiguous array of nbytes (> 0) bytes on a block of brnn_big_alloc
-    (include/brnn_alloc.h: 2 MB-aligned, on huge pages, faulted in at once before
-    the kernel's threads write it), or NumPy's empty array where there is no
-    such block. The block is the array's base (a capsule) and is freed with it."""
+    (include/brnn_alloc.h: huge pages, faulted in at once, before the kernel's
+    threads write it), or NumPy's empty array where no such block can be mapped.
+    The block is the array's base (a capsule) and is unmapped with it."""
     cdef void* p
     with nogil:
         p = brnn_big_alloc(nbytes)
     if p == NULL:
         return cnp.PyArray_EMPTY(ndim, dims, typenum, 0)
     try:
-        base = PyCapsule_New(p, BIG_BLOCK_NAME, free_big_block)   # owns the block
+        base = PyCapsule_New(p, BIG_BLOCK_NAME, NULL)
+        PyCapsule_SetContext(base, <void*>nbytes)
     except BaseException:
-        free(p)
+        brnn_big_free(p, nbytes)
         raise
+    PyCapsule_SetDestructor(base, free_big_block)   # from here on the base owns the block
     PyTraceMalloc_Track(BIG_BLOCK_DOMAIN, <uintptr_t>p, nbytes)
     cdef cnp.dtype descr = cnp.PyArray_DescrFromType(typenum)
     Py_INCREF(descr)     # PyArray_NewFromDescr steals it

@@ -90,9 +90,9 @@ def test_sequence_ops_stay_within_one_workspace(dtype):
 
 
 def test_outputs_of_4_mb_or_more_are_traced_and_freed():
-    """Outputs of SHARED_BLOCK_BYTES or more each are blocks of blockrnn's own
-    (include/brnn_alloc.h: 2 MB-aligned, faulted in at once): tracemalloc counts
-    them, and they are freed with the arrays."""
+    """Outputs of SHARED_BLOCK_BYTES or more each are blocks blockrnn maps itself
+    (include/brnn_alloc.h, on Linux): tracemalloc counts them, and their memory goes
+    back when the arrays are freed."""
     rng = np.random.default_rng(0)
     rand = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)  # noqa: E731
     h = 8
