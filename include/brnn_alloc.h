@@ -5,8 +5,7 @@
  * its first touch. NumPy's own allocation asks for huge pages, but a block of
  * glibc's starts anywhere: of a 13 MB output a few MB fall outside the 2 MB
  * frames and fault in 4 KB at a time, and the threads of a parallel region,
- * writing the same rows, fault the same pages at once (both zero a huge page,
- * one is thrown away). Measured (100,64,512,512 forward, 7 x 13 MB, Zen 5):
+ * writing the same rows, fault the same pages at once. Measured (100,64,512,512 forward, 7 x 13 MB, Zen 5):
  * 4200-5700 faults per call, 12 ms of system time on one thread and 20-49 ms
  * on two, in a 57-78 ms call.
  *
@@ -24,7 +23,6 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
-#define BRNN_BIG_ALLOC 1
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -57,7 +55,6 @@ static void *brnn_big_alloc(size_t nbytes) {
 static void brnn_big_free(void *p, size_t nbytes) { munmap(p, brnn_big_len(nbytes)); }
 
 #else /* not Linux: the callers use NumPy's allocation */
-#define BRNN_BIG_ALLOC 0
 static void *brnn_big_alloc(size_t nbytes) { (void)nbytes; return NULL; }
 static void brnn_big_free(void *p, size_t nbytes) { (void)p; (void)nbytes; }
 #endif
