@@ -106,13 +106,20 @@ cdef enum:
     INFER_SHORT_STEP_WORK = 1 << 20
 
 
+cdef inline Py_ssize_t infer_step_work(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                       Py_ssize_t H, Py_ssize_t G) noexcept nogil:
+    """Multiply-adds of one step of an inference call over G gate columns:
+    B x (H, + I unless the input projection is hoisted) x G."""
+    return B * (H + (0 if infer_hoisted(L, B, G) else I)) * G
+
+
 cdef inline int infer_stalls(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
                              Py_ssize_t G, int threads) noexcept nogil:
     """At which stall of a partner thread a call on `threads` threads sheds
     (brnn_barrier_wait_shed's `stalls`): the first while a step gives each of
-    them at most INFER_SHORT_STEP_WORK multiply-adds (as inference_threads
-    counts a step: B x (H, + I unless hoisted) x G), else the second."""
-    cdef Py_ssize_t work = B * (H + (0 if infer_hoisted(L, B, G) else I)) * G
+    them at most INFER_SHORT_STEP_WORK multiply-adds (infer_step_work), else
+    the second."""
+    cdef Py_ssize_t work = infer_step_work(L, B, I, H, G)
     return 1 if work <= INFER_SHORT_STEP_WORK * <Py_ssize_t>threads else 2
 
 
@@ -129,9 +136,8 @@ cdef inline int inference_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_s
     of a step (B x (H, + I unless hoisted) x G; 0: no limit), at most one per
     16-cell panel, at most max_threads, at least 1."""
     cdef Py_ssize_t n = (H + BRNN_NR - 1) // BRNN_NR
-    cdef Py_ssize_t work = B * (H + (0 if infer_hoisted(L, B, G) else I)) * G
     if work_per_thread > 0:
-        n = min(n, work // work_per_thread)
+        n = min(n, infer_step_work(L, B, I, H, G) // work_per_thread)
     return <int>max(1, min(n, <Py_ssize_t>max_threads))
 
 

@@ -293,7 +293,10 @@ def shed_barrier_answers(int cores, bint other_caller, int stalls=1):
     granted its own thread while the region runs. Returns the two threads'
     answers, the budget this region still holds after the barrier, and whether
     the two threads ran on one CPU just before the barrier (a stall: it sheds
-    too if `stalls` is 1); None if the region got fewer than 2 threads."""
+    too if `stalls` is 1; `stalls` >= 1); None if the region got fewer than 2
+    threads."""
+    if stalls < 1:
+        raise ValueError(f"shed_barrier_answers: stalls must be >= 1, got {stalls}")
     cdef int granted = brnn_budget_take(2, 2), tid, nt
     cdef int answers[2]
     cdef int cpus[2]

@@ -5,9 +5,9 @@
  * its first touch. NumPy's own allocation asks for huge pages, but a block of
  * glibc's starts anywhere: of a 13 MB output a few MB fall outside the 2 MB
  * frames and fault in 4 KB at a time, and the threads of a parallel region,
- * writing the same rows, fault the same pages at once. Measured (100,64,512,512 forward, 7 x 13 MB, Zen 5):
- * 4200-5700 faults per call, 12 ms of system time on one thread and 20-49 ms
- * on two, in a 57-78 ms call.
+ * writing the same rows, fault the same pages at once. Measured
+ * (100,64,512,512 forward, 7 x 13 MB, Zen 5): 4200-5700 faults per call, 12 ms
+ * of system time on one thread and 20-49 ms on two, in a 57-78 ms call.
  *
  * brnn_big_alloc maps the block itself, starting on a 2 MB frame, asks for
  * huge pages and faults it all in at once (MADV_POPULATE_WRITE, Linux 5.14):

@@ -583,23 +583,22 @@ static inline void brnn_atomic_add(int *p, int v) { __atomic_fetch_add(p, v, __A
  * H=128 took ~350 us a call on 2 threads for the next ~60 ms (each step's
  * barrier a hand-over of the one CPU by sched_yield; CPU / wall 1.0), against
  * ~55 apart and ~80 on one thread.
- * A stalled partner sheds once `stalls` barriers of the region saw one (0:
- * never): 1 where a step is short, 2 where it is long enough that one stall
+ * A stalled partner sheds once `stalls` (>= 1) barriers of the region saw
+ * one: 1 where a step is short, 2 where it is long enough that one stall
  * (a VM's or the kernel's moment) costs less than finishing on one thread,
  * while a busy process on the partner's core stalls it again within a time
  * slice (see INFER_SHORT_STEP_WORK in blockrnn/_inference.pxi). Over-commit
  * sheds at once either way. */
 static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores, int stalls) {
     int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
-    int cpu = stalls > 0 ? brnn_current_cpu() : -1;
+    int cpu = brnn_current_cpu();
     if (cpu >= 0) {
         unsigned long long bit = 1ULL << (cpu % 64);
         if (__atomic_fetch_or(&b->cpus, bit, __ATOMIC_RELAXED) & bit)
             __atomic_store_n(&b->stalled, 1, __ATOMIC_RELAXED);
     }
     if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
-        if (stalls > 0 && __atomic_exchange_n(&b->stalled, 0, __ATOMIC_RELAXED) &&
-            ++b->stalls >= stalls)
+        if (__atomic_exchange_n(&b->stalled, 0, __ATOMIC_RELAXED) && ++b->stalls >= stalls)
             __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
         int shed = __atomic_load_n(&b->slow, __ATOMIC_RELAXED) || brnn_budget_in_use() > cores;
         if (shed) brnn_budget_give(n - 1);
@@ -609,7 +608,7 @@ static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores, int 
         __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
         return shed;
     }
-    brnn_barrier_await(b, gen, stalls > 0 ? BRNN_SHED_WAIT_NS : 0);
+    brnn_barrier_await(b, gen, BRNN_SHED_WAIT_NS);
     return __atomic_load_n(&b->shed, __ATOMIC_RELAXED);
 }
 
