@@ -28,8 +28,9 @@
 # its own CPU (in a call of long steps: twice, INFER_SHORT_STEP_WORK), the
 # call gives its extra threads back and thread 0 runs every cell of the
 # remaining steps;
-# after the latter, the object runs its calls on one thread for 50 ms
-# (_PackedBase.solo). The split of cells never changes a bit, so neither
+# after the latter, the object runs its calls on one thread for a spell
+# (_PackedBase.solo; brnn_solo_start: 4 ms, doubled up to 50 ms while stalls
+# recur right after one). The split of cells never changes a bit, so neither
 # does shedding.
 #
 # Conventions as the sequence ops + the layers' _last: row b of y is zero
@@ -96,7 +97,7 @@ cdef enum:
     # one CPU: brnn_barrier_wait_shed) only at its second stall, not its
     # first; it still sheds for another caller at once. One stall in a long
     # call is a VM's or the kernel's moment, and finishing on one thread (then
-    # 50 ms solo) costs more: LSTM at 100,64,512,512, 2-core Zen 5 VM,
+    # a solo spell) costs more: LSTM at 100,64,512,512, 2-core Zen 5 VM,
     # nothing else running, ~48 calls in 3 s, three processes: 3-6 calls shed
     # at their first stall (70-97 ms) and the next one, solo, took 109-115 ms,
     # against 55-57 ms for the rest. A busy process on the partner's core
@@ -628,9 +629,10 @@ cdef class _PackedBase:
     cdef float[::1] wide
     cdef float[::1] bias
     cdef readonly Py_ssize_t work_per_thread   # see inference_threads
-    # Until then (monotonic ns; 0: never) calls run on one thread: set when a
-    # call shed because a partner thread was not running (brnn_barrier_wait_shed).
-    cdef long long solo_until
+    # Calls run on one thread until solo_spell.until (monotonic ns; 0: never): a spell
+    # set when a call shed because a partner thread was not running
+    # (brnn_barrier_wait_shed; brnn_solo_start sets its length).
+    cdef brnn_solo solo_spell
     cdef int shed_calls
     # Monotonic ns of the end of the last call (0: none), and how long after it
     # a small call runs on one thread (0: never, and no pace); see _plan.
@@ -645,8 +647,9 @@ cdef class _PackedBase:
     @property
     def solo(self):
         """Whether calls run on one thread now: a call found a partner thread
-        not running (another process held its core) within the last 50 ms."""
-        return bool(brnn_solo_now(&self.solo_until))
+        not running (another process held its core) within the last spell
+        (4 ms, doubled up to 50 ms while it happens again right after one)."""
+        return bool(brnn_solo_now(&self.solo_spell))
 
     cdef inline CallPlan _plan(self, Py_ssize_t L, Py_ssize_t B, Py_ssize_t G,
                                int max_threads) noexcept nogil:
@@ -663,7 +666,7 @@ cdef class _PackedBase:
         cdef Py_ssize_t I = self.input_size, H = self.hidden_size, work = L * B * (I + H) * G
         cdef int want = inference_threads(L, B, I, H, G, max_threads, self.work_per_thread)
         plan.threads, plan.paced, plan.start, plan.work = want, -1, 0, work
-        if want > 1 and brnn_solo_now(&self.solo_until):
+        if want > 1 and brnn_solo_now(&self.solo_spell):
             plan.threads = 1
             brnn_pace_idle(&self.pace)   # the next several-thread call starts a run
         elif want > 1 and self.idle_ns > 0 and work < INFER_IDLE_WORK:
@@ -692,7 +695,7 @@ cdef class _PackedBase:
         self.pace.fs_per_mac[0], self.pace.fs_per_mac[1], self.pace.calls = one, many, 0
         self.pace.streak, self.pace.after_one = 0, 0
         self.pace.retry_at = brnn_now_ns() + retry_in_ns
-        self.solo_until = 0
+        self.solo_spell.until, self.solo_spell.spell = 0, 0
 
     @property
     def sheds(self):
@@ -712,7 +715,7 @@ cdef class _PackedBase:
         if shed:
             brnn_atomic_add(&self.shed_calls, 1)
         if shed == 2:
-            brnn_solo_start(&self.solo_until)
+            brnn_solo_start(&self.solo_spell)
 
     @property
     def nbytes(self):

@@ -30,8 +30,12 @@ cdef extern from "brnn_packed.h" nogil:
     void brnn_barrier_wait(brnn_barrier* b, int n)
     int brnn_barrier_wait_shed(brnn_barrier* b, int n, int cores, int stalls)
     int brnn_current_cpu()
-    int brnn_solo_now(const long long* until)
-    void brnn_solo_start(long long* until)
+    ctypedef struct brnn_solo:
+        long long until
+        long long spell
+    int brnn_solo_now(const brnn_solo* s)
+    void brnn_solo_start(brnn_solo* s)
+    void brnn_solo_start_at(brnn_solo* s, long long now)
     int brnn_idle_for(const long long* last, long long idle_ns)
     void brnn_mark_now(long long* last)
     long long brnn_now_ns()
@@ -322,6 +326,18 @@ def shed_barrier_answers(int cores, bint other_caller, int stalls=1):
     if granted != 2 or answers[1] < 0:
         return None
     return (answers[0], answers[1]), left, cpus[0] >= 0 and cpus[0] == cpus[1]
+
+
+def solo_spells_for(shed_times_ns):
+    """The one-thread spell (ns) each of a series of sheds starts, at these
+    monotonic times, on one object (brnn_solo_start_at; for the tests)."""
+    cdef brnn_solo s
+    s.until, s.spell = 0, 0
+    spells = []
+    for t in shed_times_ns:
+        brnn_solo_start_at(&s, t)
+        spells.append(s.spell)
+    return spells
 
 
 def thread_budget_take(int want, int total):

@@ -36,8 +36,9 @@ of a step (``work_per_thread``; 0: one per 16-cell panel), at most
 from H = 64 (0.44-0.82x the time of one thread at T = 64 on a quiet 2-core
 Zen 5). A call gives its extra threads back at the end of a step when another
 caller needs one, or when a partner thread waited for over 1 ms (another process
-holds its core); after the latter the object runs its calls on one thread for
-50 ms, then tries again (``sheds`` counts the calls that shed). A call of fewer
+holds its core); after the latter the object runs its calls on one thread for a
+spell, then tries again (``sheds`` counts the calls that shed): 4 ms, doubled up
+to 50 ms each time the partner stalls again within 20 ms of a spell's end. A call of fewer
 than 3 * 2**25 multiply-adds in all runs on one thread when the object's last
 call ended over ``idle_ns`` = 200 us ago: the partner thread sleeps between
 calls, and on a virtual machine waking it after an idle spell took ~300 us (a
@@ -47,10 +48,11 @@ every core unless the object's own small calls measured that slower per multiply
 than one thread, by more than an eighth (``pace_fs_per_mac`` of each packed object:
 the two means, each moved a quarter of the way by a new time; e.g. another process
 busy on the partner's core): then every core is tried for 12 ms every 200 ms; while
-every core is faster, every 64th call asks for one thread. A call on every core is
+every core is faster, every 64th call asks for one thread (every 256th while one
+thread measured over twice as slow). A call on every core is
 timed once such calls have run for 8 ms, and not right after a one-thread call (a core
 that sat idle starts slowly). ``idle_ns=0``: neither rule, never alone. A call whose threads find themselves
-on one CPU finishes on one thread (and the object runs on one for 50 ms).
+on one CPU finishes on one thread (and the object runs on one for a spell).
 Pass ``work_per_thread=2**20`` to keep small requests on one thread.
 """
 import numpy as np

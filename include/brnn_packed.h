@@ -434,21 +434,49 @@ static inline int brnn_budget_in_use(void) {
 
 /* After a call shed because a partner thread was not running, the object it
  * ran for (an inference object's packed weights) runs its calls on one thread
- * for BRNN_SOLO_NS: on a machine whose cores other processes keep busy, every
- * call would otherwise pay the wait again. `until` is that object's deadline
- * (0: none), read and written atomically by concurrent callers. */
+ * for a spell: on a machine whose cores other processes keep busy, every call
+ * would otherwise pay the wait again. The spell starts at BRNN_SOLO_MIN_NS
+ * and doubles, up to BRNN_SOLO_NS, each time a call sheds again within
+ * BRNN_SOLO_RECUR_NS of the last spell's end (the cause is still there: a
+ * busy process stalls the partner again within a time slice); a shed long
+ * after one starts at the minimum again. A quiet VM's stalls are isolated
+ * (the host held a virtual CPU for over 1 ms): on the 2-core Zen 5 VM, 3-4 a
+ * second in a loop of LSTM batch-1 H=256 calls, and a fixed 50 ms spell
+ * each ran 4-7% of the calls on one thread (2.4x slower), ~10% of the wall
+ * time. Fields are read and written atomically by concurrent callers (a
+ * lost update only changes one spell's length); zero it for none. */
 #ifndef BRNN_SOLO_NS
 #define BRNN_SOLO_NS 50000000
 #endif
+#ifndef BRNN_SOLO_MIN_NS
+#define BRNN_SOLO_MIN_NS 4000000
+#endif
+#ifndef BRNN_SOLO_RECUR_NS
+#define BRNN_SOLO_RECUR_NS 20000000
+#endif
+typedef struct {
+    long long until;  /* monotonic ns: the end of the spell (0: none) */
+    long long spell;  /* its length */
+} brnn_solo;
 
-static inline int brnn_solo_now(const long long *until) {
-    long long u = __atomic_load_n(until, __ATOMIC_RELAXED);
+static inline int brnn_solo_now(const brnn_solo *s) {
+    long long u = __atomic_load_n(&s->until, __ATOMIC_RELAXED);
     return u != 0 && brnn_now_ns() < u;
 }
 
-static inline void brnn_solo_start(long long *until) {
-    __atomic_store_n(until, brnn_now_ns() + BRNN_SOLO_NS, __ATOMIC_RELAXED);
+/* A spell from monotonic time now on (brnn_solo_start: now is the clock's). */
+static inline void brnn_solo_start_at(brnn_solo *s, long long now) {
+    long long u = __atomic_load_n(&s->until, __ATOMIC_RELAXED);
+    long long spell = __atomic_load_n(&s->spell, __ATOMIC_RELAXED);
+    if (u != 0 && now - u < BRNN_SOLO_RECUR_NS && spell > 0)   /* again, right after */
+        spell = 2 * spell < BRNN_SOLO_NS ? 2 * spell : BRNN_SOLO_NS;
+    else
+        spell = BRNN_SOLO_MIN_NS;
+    __atomic_store_n(&s->spell, spell, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->until, now + spell, __ATOMIC_RELAXED);
 }
+
+static inline void brnn_solo_start(brnn_solo *s) { brnn_solo_start_at(s, brnn_now_ns()); }
 
 /* ---- idle objects ----
  * A call's partner threads sleep between calls (libgomp's passive wait). On a
@@ -486,7 +514,12 @@ static inline void brnn_mark_now(long long *last) {
  * the calls ran on one thread, 1.4x slower.)
  *
  * Several threads are what a call asks for unless they measured slower; every
- * BRNN_PACE_PROBE-th call then asks for one, to keep that mean current. While
+ * BRNN_PACE_PROBE-th call then asks for one, to keep that mean current, or
+ * every BRNN_PACE_PROBE_FAR-th while one thread measured over twice as slow
+ * (a probe then costs more than a whole several-thread call, and a stale
+ * one-thread mean only delays noticing that one thread became faster: LSTM batch 1
+ * H=256 on the quiet 2-core Zen 5 VM, one thread 2.4x slower, the probes
+ * every 64th call took ~2% of the wall time). While
  * one thread is faster, a call asks for several again for BRNN_PACE_TRY_NS
  * every BRNN_PACE_RETRY_NS. A core that sat idle is slow for its first
  * milliseconds of work on a VM (the same GRU: ~275 us a call for ~15 calls in
@@ -500,6 +533,9 @@ static inline void brnn_mark_now(long long *last) {
  * makes never changes a bit (one sum per element, above). */
 #ifndef BRNN_PACE_PROBE
 #define BRNN_PACE_PROBE 64
+#endif
+#ifndef BRNN_PACE_PROBE_FAR
+#define BRNN_PACE_PROBE_FAR 256
 #endif
 #ifndef BRNN_PACE_WARM_NS
 #define BRNN_PACE_WARM_NS 8000000
@@ -529,7 +565,8 @@ static inline int brnn_pace_plan(brnn_pace *p, long long now) {
     long long streak = __atomic_load_n(&p->streak, __ATOMIC_RELAXED);
     int k = __atomic_add_fetch(&p->calls, 1, __ATOMIC_RELAXED);
     if (!(one > 0 && many > one + one / 8)) {  /* several threads: not slower */
-        if (k % BRNN_PACE_PROBE == 0) {
+        int every = one > 2 * many ? BRNN_PACE_PROBE_FAR : BRNN_PACE_PROBE;
+        if (k % every == 0) {
             __atomic_store_n(&p->after_one, 1, __ATOMIC_RELAXED);
             return BRNN_PACE_TIMED;                              /* probe one */
         }

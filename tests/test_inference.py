@@ -334,7 +334,7 @@ def test_small_calls_ask_for_what_they_measured_faster(name, make):
     """Back-to-back small calls ask for 2 threads unless this object's calls measured 2
     slower than one per multiply-add (brnn_pace: e.g. another process holds the partner's
     core): then one, with a try of 2 for 12 ms every 200 ms. While 2 are faster, every
-    64th call asks for one. A 2-thread call is timed only once its run of 2-thread calls
+    64th call asks for one (every 256th while one measured over twice as slow). A 2-thread call is timed only once its run of 2-thread calls
     has lasted 8 ms (a core that sat idle starts slowly). Same bits whichever the choice;
     idle_ns=0 turns the pace off."""
     assert _kernels.openmp_max_threads() >= 2, "this test needs 2 OpenMP threads"
@@ -355,7 +355,7 @@ def test_small_calls_ask_for_what_they_measured_faster(name, make):
     def planned(one, many, run_calls, retry_in_ns=10**12):
         """run_calls() after setting the pace's means; again (up to 5 times) if a call
         shed meanwhile: a call whose 2 threads met on one CPU (brnn_barrier_wait_shed)
-        makes the object solo for 50 ms, which this test is not about."""
+        makes the object solo for a spell, which this test is not about."""
         for _ in range(5):
             run._set_pace(one, many, retry_in_ns)
             sheds = run.sheds
@@ -369,8 +369,10 @@ def test_small_calls_ask_for_what_they_measured_faster(name, make):
         np.testing.assert_array_equal(infer(x)[0], want)
     assert 0 not in run.pace_fs_per_mac    # both choices measured
 
-    # several threads measured faster: the 64th call probes one thread
-    assert planned(10**15, 1, lambda: calls(64)) == [2] * 63 + [1]
+    # several threads measured faster: the 64th call probes one thread, the 256th
+    # while one thread measured over twice as slow
+    assert planned(3, 2, lambda: calls(64)) == [2] * 63 + [1]
+    assert planned(10**15, 1, lambda: calls(256)) == [2] * 255 + [1]
     # several threads measured slower, no try due: one thread
     assert planned(1, 10**15, lambda: calls(16)) == [1] * 16
 
@@ -622,6 +624,22 @@ def test_the_barrier_sheds_for_a_stalled_partner_at_the_stall_it_is_told():
             answers, left, same_cpu = _kernels.shed_barrier_answers(2, other, stalls=2)
             assert (answers, left) == (((1, 1), 1) if other else ((0, 0), 2)), same_cpu
     assert _kernels.thread_budget_in_use() == 0
+
+
+def test_solo_spells_double_while_stalls_recur_and_start_short_again():
+    """brnn_solo_start: a shed for a stalled partner runs its object's calls on one
+    thread for 4 ms; a shed again within 20 ms of a spell's end (a busy process on the
+    partner's core stalls it again at the next try) doubles the spell, up to 50 ms; a
+    shed later than that (an isolated stall: the VM held a CPU) starts at 4 ms again."""
+    ms = 1_000_000
+    t, times = 10**12, []
+    for spell in (4, 8, 16, 32, 50, 50):       # each shed 1 ms after the last spell's end
+        times.append(t)
+        t += (spell + 1) * ms
+    times.append(t + 20 * ms)                  # 21 ms after the end of the last spell
+    times.append(times[-1] + 4 * ms + 19 * ms)  # 19 ms after: doubles again
+    spells = _kernels.solo_spells_for(times)
+    assert [v // ms for v in spells] == [4, 8, 16, 32, 50, 50, 4, 8]
 
 
 def test_calls_of_long_steps_shed_at_a_second_stall():
