@@ -340,6 +340,18 @@ def solo_spells_for(shed_times_ns):
     return spells
 
 
+def pace_plans_for(long long one, long long many, int n):
+    """What brnn_pace_plan asks n calls in a row for (2: several threads, 1:
+    one), on a fresh pace holding these means (femtoseconds per multiply-add),
+    at one instant, no try of several threads due (for the tests)."""
+    cdef brnn_pace p
+    memset(&p, 0, sizeof(p))
+    p.fs_per_mac[0], p.fs_per_mac[1] = one, many
+    cdef long long now = brnn_now_ns()
+    p.retry_at = now + 10**12
+    return [2 if brnn_pace_plan(&p, now) & BRNN_PACE_MANY else 1 for _ in range(n)]
+
+
 def thread_budget_take(int want, int total):
     """brnn_budget_take (for the thread-budget tests; give the grant back)."""
     return brnn_budget_take(want, total)

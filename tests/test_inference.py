@@ -334,7 +334,8 @@ def test_small_calls_ask_for_what_they_measured_faster(name, make):
     """Back-to-back small calls ask for 2 threads unless this object's calls measured 2
     slower than one per multiply-add (brnn_pace: e.g. another process holds the partner's
     core): then one, with a try of 2 for 12 ms every 200 ms. While 2 are faster, every
-    64th call asks for one (every 256th while one measured over twice as slow). A 2-thread call is timed only once its run of 2-thread calls
+    64th call asks for one (every 256th while one measured over twice as slow: tested
+    on the pace itself, below). A 2-thread call is timed only once its run of 2-thread calls
     has lasted 8 ms (a core that sat idle starts slowly). Same bits whichever the choice;
     idle_ns=0 turns the pace off."""
     assert _kernels.openmp_max_threads() >= 2, "this test needs 2 OpenMP threads"
@@ -369,10 +370,9 @@ def test_small_calls_ask_for_what_they_measured_faster(name, make):
         np.testing.assert_array_equal(infer(x)[0], want)
     assert 0 not in run.pace_fs_per_mac    # both choices measured
 
-    # several threads measured faster: the 64th call probes one thread, the 256th
-    # while one thread measured over twice as slow
+    # several threads measured faster: the 64th call probes one thread (the 256th
+    # while one thread measured over twice as slow: test_the_probe_is_rarer_...)
     assert planned(3, 2, lambda: calls(64)) == [2] * 63 + [1]
-    assert planned(10**15, 1, lambda: calls(256)) == [2] * 255 + [1]
     # several threads measured slower, no try due: one thread
     assert planned(1, 10**15, lambda: calls(16)) == [1] * 16
 
@@ -624,6 +624,20 @@ def test_the_barrier_sheds_for_a_stalled_partner_at_the_stall_it_is_told():
             answers, left, same_cpu = _kernels.shed_barrier_answers(2, other, stalls=2)
             assert (answers, left) == (((1, 1), 1) if other else ((0, 0), 2)), same_cpu
     assert _kernels.thread_budget_in_use() == 0
+
+
+def test_the_probe_is_rarer_while_one_thread_measured_over_twice_as_slow():
+    """brnn_pace_plan: while several threads are not slower, every 64th call probes one
+    thread; every 256th while one thread's mean is over twice several threads' (a
+    probe then costs more than a whole call). Several threads slower by more than an
+    eighth: one thread (no try due)."""
+    plans = _kernels.pace_plans_for
+    assert plans(3, 2, 128) == ([2] * 63 + [1]) * 2
+    assert plans(0, 0, 64) == [2] * 63 + [1]                 # nothing measured yet
+    assert plans(10**6, 10**6 // 2 - 1, 512) == ([2] * 255 + [1]) * 2
+    assert plans(2 * 10**6, 10**6, 64) == [2] * 63 + [1]     # exactly twice: not over
+    assert plans(100, 112, 64) == [2] * 63 + [1]             # within an eighth
+    assert plans(100, 113, 8) == [1] * 8
 
 
 def test_solo_spells_double_while_stalls_recur_and_start_short_again():
