@@ -16,7 +16,15 @@
 # (include/brnn_inference.h: the packed kernel's one row is one FMA chain per
 # panel, latency-bound). Measured at T=64, B=1, I=H=256, 1 thread, loaded
 # 2-core Zen 4: LSTM 7.6 -> 1.2 ms (the layer's forward 2.1 ms), reset-after
-# GRU 5.0 -> 0.83 ms (1.2 ms).
+# GRU 5.0 -> 0.83 ms (1.2 ms). The batch-1 steps of the LSTM and the
+# reset-after GRU go panel by panel (W_h gate-interleaved:
+# brnn_pack_gates_f32): a 16-cell panel's gate columns in one pass, then its
+# gate math right away, which overlaps the next panel's reads of W_h from L2
+# (the step is bound by that stream; the TF GRU, whose c product reads every
+# cell's r * h, keeps the wide layout). Measured at 50,1,128,128, 2-core
+# Zen 5, back-to-back calls, median per process, alternated with the build
+# before: LSTM with peepholes 77-80 -> 66-68 us on 2 threads, 116-118 ->
+# 110-113 on one; reset-after GRU 55-56 -> 51-53 on 2, 81-83 -> 78-81 on one.
 #
 # Threads: ONE parallel region per call on up to max_threads threads from the
 # thread budget (brnn_budget_take), also at batch 1: each thread owns whole
@@ -176,27 +184,47 @@ cdef void lstm_infer_step(
         const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint peep, const int64_t* lengths,
         const float* x, const float* h_in, const float* c_in, bint hoisted,
-        const float* wide, float* xg, float* g, float* c_out, float* y,
+        const float* gates, float* xg, float* g, float* c_out, float* y,
         float* h_n, float* c_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
     """Step t for the cells [u0, u1): xg = x[t] @ W_x (unless hoisted: then xg
     already holds it) and g = h_in @ W_h (gate columns in W's layout, [B, 4H]
-    each; from `wide`, W_h's blocks in the wide layout, unless NULL), then
-    brnn_lstm_infer_row_f32 (the training forward's gate math with acc, pre =
-    (xg + g) + b, writing c_out and h = y[t] only); a row's last step also
-    writes its final state."""
-    cdef Py_ssize_t q, r, k, nu = u1 - u0, G4 = 4 * H
+    each), then brnn_lstm_infer_row_f32 (the training forward's gate math with
+    acc, pre = (xg + g) + b, writing c_out and h = y[t] only); a row's last
+    step also writes its final state. With `gates` (batch 1: W_h in the
+    gate-interleaved layout of brnn_inference.h), panel by panel: a 16-cell
+    panel's four gate columns in one product, then its gate math at once."""
+    cdef Py_ssize_t q, r, k, p, c0, nu = u1 - u0, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* xr
     cdef float* gr
     cdef float* yt = y + t * B * H
+    cdef float gp[64]   # one panel's gate columns: [4, 16], W's gate order
     if nu <= 0:
+        return
+    if gates != NULL and not finished(lengths, 0, t):
+        if not hoisted:
+            for q in range(4):
+                step_product(1, I, x + t * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+                             xg + q * H, G4)
+        for p in range(u0 // BRNN_NR, (u1 + BRNN_NR - 1) // BRNN_NR):
+            c0 = p * BRNN_NR
+            row1_gates_product(H, h_in, gates + p * H * 4 * BRNN_NR, 4, gp)
+            brnn_lstm_infer_row_f32(
+                min(<Py_ssize_t>BRNN_NR, H - c0), gp + off.i // H * BRNN_NR,
+                gp + off.c // H * BRNN_NR, gp + off.f // H * BRNN_NR,
+                gp + off.o // H * BRNN_NR, xg + off.i + c0, xg + off.c + c0,
+                xg + off.f + c0, xg + off.o + c0, b + off.i + c0, b + off.c + c0,
+                b + off.f + c0, b + off.o + c0, wci + c0, wcf + c0, wco + c0, forget_bias,
+                cell_clip, peep, c_in + c0, c_out + c0, yt + c0)
+        if last_step(lengths, 0, t, L):
+            memcpy(h_n + u0, yt + u0, nu * sizeof(float))
+            memcpy(c_n + u0, c_out + u0, nu * sizeof(float))
         return
     for q in range(4):
         if not hoisted:
             step_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
                          xg + q * H, G4)
-        recurrent_product(B, H, h_in, packed + q * ps if wide == NULL else wide + q * ps,
-                          wide != NULL, H, u0, u1, False, g + q * H, G4)
+        recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H, G4)
     for r in range(B):
         k = r * H + u0
         if finished(lengths, r, t):   # as lstm_forward_block: zeros
@@ -226,7 +254,7 @@ cdef int lstm_infer(
         Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         GateOffsets off,
         const float* packed,      # IN  W_h's then W_x's four gate blocks packed
-        const float* wide,        # IN  W_h's blocks in the wide layout, or NULL
+        const float* gates,       # IN  W_h gate-interleaved (batch 1), or NULL
         const float* b, const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint peep,
         const float* x,           # IN  [T, B, I]
@@ -260,7 +288,7 @@ cdef int lstm_infer(
             lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
                             cell_clip, peep, lengths, x, h0 if t == 0 else y + (t - 1) * BH,
                             c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
-                            wide, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n, 0, H)
+                            gates, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n, 0, H)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
@@ -274,7 +302,7 @@ cdef int lstm_infer(
                                 cell_clip, peep, lengths, x,
                                 h0 if t == 0 else y + (t - 1) * BH,
                                 c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
-                                wide, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n,
+                                gates, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n,
                                 u0, u1)
                 if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, stalls):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
@@ -407,25 +435,41 @@ cdef int gru_infer(
 cdef void gru_ra_infer_step(
         Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed, const float* b_ih, const float* b_hh, const int64_t* lengths,
-        const float* x, const float* h_in, bint hoisted, const float* wide, float* xg,
+        const float* x, const float* h_in, bint hoisted, const float* gates, float* xg,
         float* g, float* hn, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
     """Step t for the cells [u0, u1): xg = x[t] @ w_ih^T (unless hoisted),
-    g = h_in @ w_hh^T ([B, 3H] each, blocks r, z, n; from `wide`, w_hh's
-    blocks in the wide layout, unless NULL), then brnn_gru_ra_forward_row_f32
-    into y[t]."""
-    cdef Py_ssize_t q, row, k, nu = u1 - u0, H3 = 3 * H
+    g = h_in @ w_hh^T ([B, 3H] each, blocks r, z, n), then
+    brnn_gru_ra_forward_row_f32 into y[t]. With `gates` (batch 1: w_hh^T
+    gate-interleaved, brnn_inference.h), panel by panel as lstm_infer_step."""
+    cdef Py_ssize_t q, row, k, p, c0, nu = u1 - u0, H3 = 3 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* xr
     cdef float* gr
     cdef float* yt = y + t * B * H
+    cdef float gp[48]   # one panel's gate columns: [3, 16], r, z, n
     if nu <= 0:
+        return
+    if gates != NULL and not finished(lengths, 0, t):
+        if not hoisted:
+            for q in range(3):
+                step_product(1, I, x + t * I, I, packed + 3 * ps + q * psx, u0, u1, False,
+                             xg + q * H, H3)
+        for p in range(u0 // BRNN_NR, (u1 + BRNN_NR - 1) // BRNN_NR):
+            c0 = p * BRNN_NR
+            row1_gates_product(H, h_in, gates + p * H * 3 * BRNN_NR, 3, gp)
+            brnn_gru_ra_forward_row_f32(
+                min(<Py_ssize_t>BRNN_NR, H - c0), gp, gp + BRNN_NR, gp + 2 * BRNN_NR,
+                b_ih + c0, b_ih + H + c0, b_ih + 2 * H + c0, b_hh + c0, b_hh + H + c0,
+                b_hh + 2 * H + c0, h_in + c0, xg + c0, xg + H + c0, xg + 2 * H + c0,
+                hn + c0, yt + c0)
+        if last_step(lengths, 0, t, L):
+            memcpy(h_n + u0, yt + u0, nu * sizeof(float))
         return
     for q in range(3):
         if not hoisted:
             step_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
                          xg + q * H, H3)
-        recurrent_product(B, H, h_in, packed + q * ps if wide == NULL else wide + q * ps,
-                          wide != NULL, H, u0, u1, False, g + q * H, H3)
+        recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H, H3)
     for row in range(B):
         k = row * H + u0
         if finished(lengths, row, t):
@@ -444,7 +488,7 @@ cdef void gru_ra_infer_step(
 cdef int gru_ra_infer(
         Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
-        const float* wide,        # IN  w_hh's blocks in the wide layout, or NULL
+        const float* gates,       # IN  w_hh^T gate-interleaved (batch 1), or NULL
         const float* b_ih, const float* b_hh,
         const float* x, const float* h0, const int64_t* lengths,
         float* ws,                # workspace [gru_infer_workspace(L, B, H)]
@@ -470,7 +514,7 @@ cdef int gru_ra_infer(
             infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, 0, H)
         for t in range(L):
             gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
-                              h0 if t == 0 else y + (t - 1) * BH, hoisted, wide,
+                              h0 if t == 0 else y + (t - 1) * BH, hoisted, gates,
                               xg + t * xstep, g, hn, y, h_n, 0, H)
     else:
         with parallel(num_threads=granted):
@@ -482,7 +526,7 @@ cdef int gru_ra_infer(
                 infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, u0, u1)
             for t in range(L):
                 gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
-                                  h0 if t == 0 else y + (t - 1) * BH, hoisted, wide,
+                                  h0 if t == 0 else y + (t - 1) * BH, hoisted, gates,
                                   xg + t * xstep, g, hn, y, h_n, u0, u1)
                 if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, stalls):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
@@ -623,9 +667,11 @@ cdef class _PackedBase:
     cdef readonly Py_ssize_t input_size, hidden_size
     cdef readonly int packings
     cdef float[::1] packed
-    # The recurrent weight's gate blocks once more, in the wide layout of the
-    # one-row kernel (include/brnn_inference.h): what batch-1 calls read
-    # (where the kernel exists: row1_wide; else one unused float).
+    # The recurrent weight once more, in the layout batch-1 calls read
+    # (include/brnn_inference.h): its gate blocks in the wide layout of the
+    # one-row kernel (GRU objects), or gate-interleaved for the fused step
+    # (PackedLSTMWeights). Where this CPU has no such kernel (portable), one
+    # unused float.
     cdef float[::1] wide
     cdef float[::1] bias
     cdef readonly Py_ssize_t work_per_thread   # see inference_threads
@@ -720,7 +766,7 @@ cdef class _PackedBase:
     @property
     def nbytes(self):
         """Bytes of the packed weights (panels, and the recurrent weight again
-        in the wide layout for batch 1) and bias this object holds."""
+        in batch 1's layout) and bias this object holds."""
         return (self.packed.shape[0] + self.wide.shape[0] + self.bias.shape[0]) * 4
 
     cdef void _pack_wide(self, Py_ssize_t nq, const float[:, :] w_h, bint rows_are_gates):
@@ -732,9 +778,23 @@ cdef class _PackedBase:
             with nogil:
                 pack_blocks(H, H, <int>nq, w_h, rows_are_gates, &self.wide[0], True)
 
+    cdef void _pack_gates(self, int nq, const float[:, :] w_h, bint rows_are_gates):
+        """self.wide: W_h [H, nq*H] (or its transpose if rows_are_gates)
+        gate-interleaved for the fused batch-1 step (brnn_pack_gates_f32), if
+        this CPU has its kernel."""
+        cdef Py_ssize_t H = self.hidden_size
+        cdef Py_ssize_t sk = w_h.strides[1 if rows_are_gates else 0] // 4
+        cdef Py_ssize_t sn = w_h.strides[0 if rows_are_gates else 1] // 4
+        self.wide = _aligned_floats(nq * brnn_packed_size(H, H) + 1
+                                    if row1_gates_product != NULL else 1)
+        if row1_gates_product != NULL:
+            with nogil:
+                brnn_pack_gates_f32(H, H, nq, &w_h[0, 0], sk, sn, &self.wide[0])
+
     cdef inline const float* _wide_for(self, Py_ssize_t B) noexcept:
-        """The wide copy for a call of B rows (batch 1 only), or NULL."""
-        return &self.wide[0] if B == 1 and row1_wide else NULL
+        """Batch 1's copy of W_h for a call of B rows (batch 1 only, where this
+        CPU has its kernel), or NULL."""
+        return &self.wide[0] if B == 1 and self.wide.shape[0] > 1 else NULL
 
     @property
     def packed_address(self):
@@ -836,7 +896,7 @@ cdef class PackedLSTMWeights(_PackedBase):
         with nogil:
             pack_blocks(H, H, 4, vh, gates_in_rows, &self.packed[0])
             pack_blocks(I, H, 4, vx, gates_in_rows, &self.packed[4 * brnn_packed_size(H, H)])
-        self._pack_wide(4, vh, gates_in_rows)
+        self._pack_gates(4, vh, gates_in_rows)   # batch 1's copy: lstm_infer_step
         self.packings = 1
         self.work_per_thread = work_per_thread
         self.idle_ns = idle_ns
@@ -974,7 +1034,7 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         with nogil:
             pack_blocks(H, H, 3, vhh, True, &self.packed[0])
             pack_blocks(I, H, 3, vih, True, &self.packed[3 * brnn_packed_size(H, H)])
-        self._pack_wide(3, vhh, True)
+        self._pack_gates(3, vhh, True)   # batch 1's copy: gru_ra_infer_step
         self.packings = 1
         self.work_per_thread = work_per_thread
         self.idle_ns = idle_ns

@@ -145,6 +145,11 @@ cdef extern from "brnn_inference.h" nogil:
                                  Py_ssize_t sn, Py_ssize_t c0, Py_ssize_t c1, float* P)
     void brnn_pack_wide_f32(Py_ssize_t K, Py_ssize_t N, const float* w, Py_ssize_t sk,
                             Py_ssize_t sn, float* P)
+    ctypedef void (*brnn_row1_gates_fn)(Py_ssize_t K, const float* a, const float* Pp, int nq,
+                                        float* out)
+    brnn_row1_gates_fn brnn_row1_gates_kernel(int path)
+    void brnn_pack_gates_f32(Py_ssize_t K, Py_ssize_t H, int nq, const float* w, Py_ssize_t sk,
+                             Py_ssize_t sn, float* P)
 
 
 # The one-row kernel of this process's packed variant (NULL: portable), fixed at import.
@@ -153,6 +158,9 @@ cdef brnn_row1_fn row1_product = brnn_row1_kernel(packed_path)
 # the wide layout (brnn_inference.h), else as panels through step_product.
 cdef brnn_row1_wide_fn row1_wide_product = brnn_row1_wide_kernel(packed_path)
 cdef bint row1_wide = row1_wide_product != NULL
+# The fused batch-1 step's kernel (NULL: portable), on the gate-interleaved
+# layout (brnn_inference.h): the LSTM inference forward at batch 1.
+cdef brnn_row1_gates_fn row1_gates_product = brnn_row1_gates_kernel(packed_path)
 
 
 cdef enum:
@@ -237,6 +245,35 @@ def row1_wide_memview(const float[::1] a, const float[:, :] w, bint accumulate,
             brnn_pack_wide_f32(K, N, &w[0, 0], sk, sn, &packed[0])
         fn(K, &a[0] if K > 0 else NULL, &packed[0], N, n0, n1, accumulate,
            &c[0] if N > 0 else NULL)
+
+
+def row1_gates_memview(const float[::1] a, const float[:, :] w, int nq, str path=None):
+    """a @ W through the fused batch-1 step's kernel (for its tests): W [K, nq*H]
+    (any strides, gate q in columns [q*H, q*H + H)) packed gate-interleaved
+    (brnn_pack_gates_f32), then variant `path`'s kernel (avx512 or avx2; this
+    process's by default) on each 16-cell panel; returns [nq*H] in W's column
+    order."""
+    cdef Py_ssize_t K = a.shape[0], H = w.shape[1] // nq if nq > 0 else 0
+    cdef int p = packed_path if path is None else PACKED_PATHS.get(path, -1)
+    cdef brnn_row1_gates_fn fn = brnn_row1_gates_kernel(p) if p >= 0 else NULL
+    if p < 0 or not brnn_packed_path_supported(p) or fn == NULL:
+        raise ValueError(f"row1_gates_memview: path {path!r} has no fused-step kernel here")
+    if nq not in (3, 4) or w.shape[0] != K or H == 0 or w.shape[1] != nq * H:
+        raise ValueError("row1_gates_memview: W must be [K, nq*H], nq 3 or 4, H > 0")
+    cdef Py_ssize_t panels = (H + BRNN_NR - 1) // BRNN_NR, q, j, n
+    cdef float[::1] packed = np.empty(panels * BRNN_NR * nq * K + 1, dtype=np.float32)
+    cdef float[:, ::1] out = np.empty((panels, nq * BRNN_NR), dtype=np.float32)
+    cdef Py_ssize_t sk = w.strides[0] // 4, sn = w.strides[1] // 4
+    with nogil:
+        if K > 0:
+            brnn_pack_gates_f32(K, H, nq, &w[0, 0], sk, sn, &packed[0])
+        for n in range(panels):
+            fn(K, &a[0] if K > 0 else NULL, &packed[n * BRNN_NR * nq * K], nq, &out[n, 0])
+    res = np.empty(nq * H, dtype=np.float32)
+    for q in range(nq):
+        for j in range(H):
+            res[q * H + j] = out[j // BRNN_NR, q * BRNN_NR + j % BRNN_NR]
+    return res
 
 
 def packed_kernel_name():

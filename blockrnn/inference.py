@@ -27,7 +27,10 @@ The weights are a COPY: an update of the layer after ``.inference()`` (in
 place or by assigning new arrays) is not seen by the object; build a new one
 with ``.inference()`` to serve the new weights. ``nbytes`` is the memory of
 the copy (on x86 with AVX2 or AVX-512 the recurrent weights are held twice: as
-the panels of the batched products and in the wide layout batch 1 reads). Objects may be called from several Python threads at once: each
+the panels of the batched products and in the layout batch 1 reads: for the LSTM and
+the reset-after GRU, each 16-cell panel's gate columns side by side, so that a batch-1
+step computes a panel's gates in one pass and applies their gate math at once). Objects
+may be called from several Python threads at once: each
 call takes its threads from blockrnn's thread budget (README, Threads), so
 concurrent callers never oversubscribe the cores, and the bits do not depend
 on the number of threads. A call asks for one thread per 12288 multiply-adds

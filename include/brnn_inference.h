@@ -230,4 +230,83 @@ static inline brnn_row1_fn brnn_row1_kernel(int path) {
     return NULL;
 }
 
+
+/* ---- the gate-interleaved layout, for a fused batch-1 step ----
+ * At batch 1 the LSTM and reset-after GRU inference forwards compute a
+ * 16-cell panel's gate columns together and apply the gate math to them right
+ * away, so that the gate math of one panel overlaps the reads of the next
+ * one's weights (a step's product streams W_h from L2; in perf, the LSTM's
+ * gate math was 12% of a call at 50,1,128,128, its product 59%, the step
+ * barrier ~11%). W [K, nq*H] holds gate q in columns [q*H, q*H + H); panel
+ * p (cells [16p, 16p + 16)) is one block of nq * 16 columns stored k-major:
+ *   P[p*K*nq*16 + k*nq*16 + q*16 + j] = W(k, q*H + 16p + j), 0 past cell H,
+ * H16 * nq * K floats in all (H16: H rounded up to 16). Each element is one
+ * FMA chain over k in order from 0, as in the kernels above: the same bits as
+ * brnn_row1_wide_* / brnn_packed_* of the same ISA. */
+static void brnn_pack_gates_f32(ptrdiff_t K, ptrdiff_t H, int nq, const float *w,
+                                ptrdiff_t sk, ptrdiff_t sn, float *P) {
+    ptrdiff_t panels = (H + BRNN_NR - 1) / BRNN_NR, width = nq * BRNN_NR;
+    for (ptrdiff_t p = 0; p < panels; p++) {
+        float *block = P + p * K * width;
+        for (ptrdiff_t k = 0; k < K; k++)
+            for (int q = 0; q < nq; q++)
+                for (ptrdiff_t j = 0; j < BRNN_NR; j++) {
+                    ptrdiff_t n = p * BRNN_NR + j;
+                    block[k * width + q * BRNN_NR + j] =
+                        n < H ? w[k * sk + (q * H + n) * sn] : 0.0f;
+                }
+    }
+}
+
+/* out[q*16 + j] = a[0:K] . (gate q, cell 16p + j) for one panel block Pp. */
+typedef void (*brnn_row1_gates_fn)(ptrdiff_t K, const float *a, const float *Pp, int nq,
+                                   float *out);
+
+#define BRNN_ROW1_GATES(V, VW, ZERO, SET1, FMADD, LOADU, STOREU, M)                 \
+    {                                                                               \
+        V acc[M];                                                                   \
+        for (int q = 0; q < M; q++) acc[q] = ZERO();                                \
+        for (ptrdiff_t k = 0; k < K; k++) {                                         \
+            V ak = SET1(a[k]);                                                      \
+            _Pragma("GCC unroll 8")                                                 \
+            for (int q = 0; q < M; q++)                                             \
+                acc[q] = FMADD(ak, LOADU(Pp + k * (M) * (VW) + q * (VW)), acc[q]);  \
+        }                                                                           \
+        for (int q = 0; q < M; q++) STOREU(out + q * (VW), acc[q]);                \
+    }
+
+#if BRNN_PACKED_X86
+BRNN_AVX512
+static void brnn_row1_gates_avx512(ptrdiff_t K, const float *a, const float *Pp, int nq,
+                                   float *out) {
+    if (nq == 4)
+        BRNN_ROW1_GATES(__m512, 16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps,
+                        _mm512_loadu_ps, _mm512_storeu_ps, 4)
+    else
+        BRNN_ROW1_GATES(__m512, 16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps,
+                        _mm512_loadu_ps, _mm512_storeu_ps, 3)
+}
+
+BRNN_AVX2
+static void brnn_row1_gates_avx2(ptrdiff_t K, const float *a, const float *Pp, int nq,
+                                 float *out) {
+    if (nq == 4)
+        BRNN_ROW1_GATES(__m256, 8, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps,
+                        _mm256_loadu_ps, _mm256_storeu_ps, 8)
+    else
+        BRNN_ROW1_GATES(__m256, 8, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps,
+                        _mm256_loadu_ps, _mm256_storeu_ps, 6)
+}
+#endif
+
+/* The fused-step kernel matching packed variant `path`, or NULL (portable). */
+static inline brnn_row1_gates_fn brnn_row1_gates_kernel(int path) {
+#if BRNN_PACKED_X86
+    if (path == BRNN_PACKED_AVX512) return brnn_row1_gates_avx512;
+    if (path == BRNN_PACKED_AVX2) return brnn_row1_gates_avx2;
+#endif
+    (void)path;
+    return NULL;
+}
+
 #endif /* BRNN_INFERENCE_H */

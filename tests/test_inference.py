@@ -130,12 +130,30 @@ def test_lstm_nn_layout_packs_the_same_weights():
     """nn.LSTM's weight_ih [4H, I], weight_hh [4H, H] (gates i, f, g, o = IFCO),
     packed from their strides, give TF's layout's answer [I+H, 4H] = their
     transposes stacked."""
-    case = _lstm_case(np.float32)
-    w_ih, w_hh = np.ascontiguousarray(case["w"][:I].T), np.ascontiguousarray(case["w"][I:].T)
-    tf = _lstm_packed(case, IFCO, False, 0.0)
-    nn = _kernels.PackedLSTMWeights(w_ih, w_hh, case["b"], gates_in_rows=True)
-    _equal(nn.forward(case["x"], case["h0"], case["c0"]),
-           tf.forward(case["x"], case["h0"], case["c0"]))
+    for B in (3, 1):   # batch 1: W_h gate-interleaved from either layout
+        case = _lstm_case(np.float32, B=B)
+        w_ih = np.ascontiguousarray(case["w"][:I].T)
+        w_hh = np.ascontiguousarray(case["w"][I:].T)
+        tf = _lstm_packed(case, IFCO, False, 0.0)
+        nn = _kernels.PackedLSTMWeights(w_ih, w_hh, case["b"], gates_in_rows=True)
+        _equal(nn.forward(case["x"], case["h0"], case["c0"]),
+               tf.forward(case["x"], case["h0"], case["c0"]))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batch_one_without_the_hoisted_projection_keeps_the_bits(threads):
+    """At batch 1 a sequence whose input projection of all steps exceeds the hoisting
+    buffer (L * G floats over 2**22, G = 4H / 3H) computes x[t] @ W_x inside each step,
+    before the panels of the fused step: the training forward's bits still."""
+    I_, H_ = 3, 130
+    rng = np.random.default_rng(22)
+    for layer, T_ in ((blockrnn.LSTM(I_, H_, seed=3, use_peephole=True), 8200),
+                      (blockrnn.GRU(I_, H_, seed=3), 10800)):
+        x = _rand(rng, (T_, 1, I_))
+        with threadpool_limits(threads, user_api="openmp"):
+            y, s, _ = layer.forward(x)
+            y2, s2 = layer.inference()(x)
+        _equal((y2, *_states(s2)), (y, *_states(s)))
 
 
 LAYERS = [

@@ -116,6 +116,26 @@ def test_blockrnn_kernel_variable(kernel):
 WIDE_PATHS = [p for p in PATHS if p != "portable"]
 
 
+@pytest.mark.skipif(not WIDE_PATHS, reason="no x86 packed variant on this CPU: the fused "
+                    "batch-1 step's kernel exists only for AVX2 and AVX-512")
+@pytest.mark.parametrize("path", WIDE_PATHS)
+@pytest.mark.parametrize("K", [0, 1, 7, 130])
+@pytest.mark.parametrize("H", [1, 15, 16, 17, 37, 64])
+@pytest.mark.parametrize("nq", [3, 4])
+def test_gate_interleaved_kernel_gives_the_panel_kernels_bits(path, K, H, nq):
+    """The fused batch-1 step's kernel on the gate-interleaved layout (each 16-cell
+    panel's nq gate columns side by side, k-major) computes every element as the
+    panels' kernel of the same variant: the same bits, with W given either way round
+    (nn.LSTM's weight_hh is W^T) and H not a multiple of 16."""
+    rng = np.random.default_rng(K * 100 + H * 10 + nq)
+    a = rng.standard_normal(K).astype(np.float32)
+    w = rng.standard_normal((K, nq * H)).astype(np.float32)
+    panels = np.zeros((1, nq * H), np.float32)
+    _kernels.packed_product_memview(a[None], w, False, panels, path)
+    for wv in (w, np.ascontiguousarray(w.T).T):
+        np.testing.assert_array_equal(_kernels.row1_gates_memview(a, wv, nq, path), panels[0])
+
+
 @pytest.mark.skipif(not WIDE_PATHS, reason="no x86 packed variant on this CPU: the wide "
                     "one-row kernel exists only for AVX2 and AVX-512")
 @pytest.mark.parametrize("path", WIDE_PATHS)
