@@ -201,11 +201,11 @@ cdef void lstm_infer_step(
     cdef float gp[64]   # one panel's gate columns: [4, 16], W's gate order
     if nu <= 0:
         return
-    if gates != NULL and not finished(lengths, 0, t):
-        if not hoisted:
-            for q in range(4):
-                step_product(1, I, x + t * I, I, packed + 4 * ps + q * psx, u0, u1, False,
-                             xg + q * H, G4)
+    if not hoisted:
+        for q in range(4):
+            step_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+                         xg + q * H, G4)
+    if gates != NULL:   # batch 1: every step t < L = lengths[0] is valid
         for p in range(u0 // BRNN_NR, (u1 + BRNN_NR - 1) // BRNN_NR):
             c0 = p * BRNN_NR
             row1_gates_product(H, h_in, gates + p * H * 4 * BRNN_NR, 4, gp)
@@ -221,9 +221,6 @@ cdef void lstm_infer_step(
             memcpy(c_n + u0, c_out + u0, nu * sizeof(float))
         return
     for q in range(4):
-        if not hoisted:
-            step_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
-                         xg + q * H, G4)
         recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H, G4)
     for r in range(B):
         k = r * H + u0
@@ -449,11 +446,11 @@ cdef void gru_ra_infer_step(
     cdef float gp[48]   # one panel's gate columns: [3, 16], r, z, n
     if nu <= 0:
         return
-    if gates != NULL and not finished(lengths, 0, t):
-        if not hoisted:
-            for q in range(3):
-                step_product(1, I, x + t * I, I, packed + 3 * ps + q * psx, u0, u1, False,
-                             xg + q * H, H3)
+    if not hoisted:
+        for q in range(3):
+            step_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
+                         xg + q * H, H3)
+    if gates != NULL:   # batch 1: every step t < L = lengths[0] is valid
         for p in range(u0 // BRNN_NR, (u1 + BRNN_NR - 1) // BRNN_NR):
             c0 = p * BRNN_NR
             row1_gates_product(H, h_in, gates + p * H * 3 * BRNN_NR, 3, gp)
@@ -466,9 +463,6 @@ cdef void gru_ra_infer_step(
             memcpy(h_n + u0, yt + u0, nu * sizeof(float))
         return
     for q in range(3):
-        if not hoisted:
-            step_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
-                         xg + q * H, H3)
         recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H, H3)
     for row in range(B):
         k = row * H + u0

@@ -159,7 +159,8 @@ cdef brnn_row1_fn row1_product = brnn_row1_kernel(packed_path)
 cdef brnn_row1_wide_fn row1_wide_product = brnn_row1_wide_kernel(packed_path)
 cdef bint row1_wide = row1_wide_product != NULL
 # The fused batch-1 step's kernel (NULL: portable), on the gate-interleaved
-# layout (brnn_inference.h): the LSTM inference forward at batch 1.
+# layout (brnn_inference.h): the LSTM and reset-after GRU inference forwards at
+# batch 1.
 cdef brnn_row1_gates_fn row1_gates_product = brnn_row1_gates_kernel(packed_path)
 
 

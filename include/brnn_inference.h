@@ -262,40 +262,34 @@ static void brnn_pack_gates_f32(ptrdiff_t K, ptrdiff_t H, int nq, const float *w
 typedef void (*brnn_row1_gates_fn)(ptrdiff_t K, const float *a, const float *Pp, int nq,
                                    float *out);
 
-#define BRNN_ROW1_GATES(V, VW, ZERO, SET1, FMADD, LOADU, STOREU, M)                 \
-    {                                                                               \
-        V acc[M];                                                                   \
-        for (int q = 0; q < M; q++) acc[q] = ZERO();                                \
-        for (ptrdiff_t k = 0; k < K; k++) {                                         \
-            V ak = SET1(a[k]);                                                      \
-            _Pragma("GCC unroll 8")                                                 \
-            for (int q = 0; q < M; q++)                                             \
-                acc[q] = FMADD(ak, LOADU(Pp + k * (M) * (VW) + q * (VW)), acc[q]);  \
-        }                                                                           \
-        for (int q = 0; q < M; q++) STOREU(out + q * (VW), acc[q]);                \
-    }
-
 #if BRNN_PACKED_X86
+/* A panel block is a wide-layout block of nq * 16 columns, all of them the
+ * panel's (wb = cols = nq * 16, no accumulation): the wide kernels' row body
+ * (BRNN_ROW1_WIDE_ROW) computes it, so each element is the same FMA chain. */
 BRNN_AVX512
 static void brnn_row1_gates_avx512(ptrdiff_t K, const float *a, const float *Pp, int nq,
                                    float *out) {
+    const float *p = Pp;
+    float *cn = out;
+    const int accumulate = 0;
+    const ptrdiff_t wb = nq * BRNN_NR, cols = wb;
     if (nq == 4)
-        BRNN_ROW1_GATES(__m512, 16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps,
-                        _mm512_loadu_ps, _mm512_storeu_ps, 4)
+        BRNN_ROW1_WIDE_512(4)
     else
-        BRNN_ROW1_GATES(__m512, 16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps,
-                        _mm512_loadu_ps, _mm512_storeu_ps, 3)
+        BRNN_ROW1_WIDE_512(3)
 }
 
 BRNN_AVX2
 static void brnn_row1_gates_avx2(ptrdiff_t K, const float *a, const float *Pp, int nq,
                                  float *out) {
+    const float *p = Pp;
+    float *cn = out;
+    const int accumulate = 0;
+    const ptrdiff_t wb = nq * BRNN_NR, cols = wb;
     if (nq == 4)
-        BRNN_ROW1_GATES(__m256, 8, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps,
-                        _mm256_loadu_ps, _mm256_storeu_ps, 8)
+        BRNN_ROW1_WIDE_256(8)
     else
-        BRNN_ROW1_GATES(__m256, 8, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps,
-                        _mm256_loadu_ps, _mm256_storeu_ps, 6)
+        BRNN_ROW1_WIDE_256(6)
 }
 #endif
 
