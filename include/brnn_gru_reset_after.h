@@ -1,7 +1,8 @@
 /* The reset-after GRU's gate kernels (nn.GRU, Keras reset_after=True, ONNX
  * linear_before_reset=1; SPEC section 13) for one batch row, forward and
- * backward, fused like brnn_lstm.h's: one vectorised loop per kernel,
- * activations inlined (brnn_math.h). Gate order r, z, n.
+ * backward, fused like brnn_lstm.h's: vectorised loops, activations inlined
+ * (brnn_math.h); the forward in two passes over the row (r and z, then n
+ * and h: each one activation deep, as BRNN_LSTM_CELLS). Gate order r, z, n.
  *
  * Forward, per cell j. On entry r, z, n hold the input projections
  * x @ W_ir^T, x @ W_iz^T, x @ W_in^T of the row (no bias); gr, gz, gn the
@@ -35,16 +36,16 @@
                      T *restrict r, T *restrict z, T *restrict n, T *restrict hn,    \
                      T *restrict h)                                                  \
     {                                                                                \
+        for (ptrdiff_t j = 0; j < H; j++) { /* two passes: see BRNN_LSTM_CELLS */    \
+            r[j] = SIGMOID((r[j] + b_ir[j]) + (gr[j] + b_hr[j]));                    \
+            z[j] = SIGMOID((z[j] + b_iz[j]) + (gz[j] + b_hz[j]));                    \
+        }                                                                            \
         for (ptrdiff_t j = 0; j < H; j++) {                                          \
-            T vr = SIGMOID((r[j] + b_ir[j]) + (gr[j] + b_hr[j]));                    \
-            T vz = SIGMOID((z[j] + b_iz[j]) + (gz[j] + b_hz[j]));                    \
             T vhn = gn[j] + b_hn[j];                                                 \
-            T vn = TANH((n[j] + b_in[j]) + vr * vhn);                                \
-            r[j] = vr;                                                               \
-            z[j] = vz;                                                               \
+            T vn = TANH((n[j] + b_in[j]) + r[j] * vhn);                              \
             hn[j] = vhn;                                                             \
             n[j] = vn;                                                               \
-            h[j] = (1 - vz) * vn + vz * h_prev[j];                                   \
+            h[j] = (1 - z[j]) * vn + z[j] * h_prev[j];                               \
         }                                                                            \
     }
 

@@ -1,6 +1,7 @@
 /* The LSTM gate kernels for one batch row, forward (SPEC section 3) and
- * backward (section 4), each fused: one loop reads each input once and writes
- * every output, with the activations inlined (brnn_math.h), so the compiler
+ * backward (section 4), each fused: the backward's one loop and the
+ * forward's two passes (BRNN_LSTM_CELLS) read each input once and write each
+ * output once, with the activations inlined (brnn_math.h), so the compiler
  * vectorises the whole step of a row. (Written in C for `restrict`: without
  * it, a loop that writes seven arrays and reads twelve is not vectorised.)
  *
@@ -21,11 +22,20 @@
 
 #include "brnn_math.h"
 
-/* One cell j from its pre-activations pi, pc, pf, po (biases added) and
- * cs_prev[j], in the order above; STORE(vi, vc, vf, vo, c, tc) writes what the
- * caller keeps (h = vo * tc). */
-#define BRNN_LSTM_CELL(T, SIGMOID, TANH, CLIP, PEEP, STORE)                          \
-    {                                                                                \
+/* A row's cells in two passes over j, each one activation deep: the state
+ * pass computes i, f, ci and the new cs of every cell (pre_i, pre_c, pre_f
+ * from PRE_STATE, which declares pi, pc, pf), the output pass o, co and h
+ * from that cs (pre_o from PRE_O, which declares po). The arithmetic of each
+ * cell is the order above, so the bits are those of one pass; two passes let
+ * the CPU overlap many cells' exps where one pass was bound by the latency of
+ * the chain sigmoid -> cs -> tanh(cs) (one EPYC core, AVX-512, in L1: 1.6 ->
+ * 1.1 ns a cell with brnn_math.h's exp shortcut). STORE_STATE(vi, vc, vf, c)
+ * writes cs[j] = c and what else the caller keeps; STORE_OUT(vo, tc) h = vo *
+ * tc and what else. */
+#define BRNN_LSTM_CELLS(T, SIGMOID, TANH, CLIP, PEEP, PRE_STATE, STORE_STATE,       \
+                        PRE_O, STORE_OUT)                                            \
+    for (ptrdiff_t j = 0; j < H; j++) {                                              \
+        PRE_STATE                                                                    \
         T cp = cs_prev[j];                                                           \
         pf = add_forget_bias ? pf + forget_bias : pf;                                \
         if (PEEP) {                                                                  \
@@ -35,31 +45,40 @@
         T vi = SIGMOID(pi), vf = SIGMOID(pf), vc = TANH(pc);                         \
         T c = vi * vc + vf * cp;                                                     \
         c = clip ? CLIP(c, cell_clip) : c;                                           \
+        STORE_STATE(vi, vc, vf, c)                                                   \
+    }                                                                                \
+    for (ptrdiff_t j = 0; j < H; j++) {                                              \
+        PRE_O                                                                        \
+        T c = cs[j];                                                                 \
         if (PEEP) po = po + wco[j] * c;                                              \
         T vo = SIGMOID(po), tc = TANH(c);                                            \
-        STORE(vi, vc, vf, vo, c, tc)                                                 \
+        STORE_OUT(vo, tc)                                                            \
     }
 
-/* The training forward keeps all seven outputs. */
-#define BRNN_LSTM_STORE_ALL(vi, vc, vf, vo, c, tc)                                   \
+/* The training forward keeps all seven outputs; with ACC, i_, ci, f, o hold
+ * x @ W_x's gate columns on entry. */
+#define BRNN_LSTM_PRE_STATE_ALL(T, ACC)                                              \
+    T pi = ACC ? (i_[j] + gi[j]) + bi[j] : gi[j] + bi[j];                            \
+    T pc = ACC ? (ci[j] + gc[j]) + bc[j] : gc[j] + bc[j];                            \
+    T pf = ACC ? (f[j] + gf[j]) + bf[j] : gf[j] + bf[j];
+#define BRNN_LSTM_STORE_STATE_ALL(vi, vc, vf, c)                                     \
     i_[j] = vi;                                                                      \
     ci[j] = vc;                                                                      \
     f[j] = vf;                                                                       \
+    cs[j] = c;
+#define BRNN_LSTM_PRE_O_ALL(T, ACC)                                                  \
+    T po = ACC ? (o[j] + go[j]) + bo[j] : go[j] + bo[j];
+#define BRNN_LSTM_STORE_OUT_ALL(vo, tc)                                              \
     o[j] = vo;                                                                       \
-    cs[j] = c;                                                                       \
     co[j] = tc;                                                                      \
     h[j] = vo * tc;
 
 /* The loop, for element type T; PEEP and ACC are compile-time constants in
  * each of the four copies the dispatcher below instantiates. */
 #define BRNN_LSTM_FORWARD_LOOP(T, SIGMOID, TANH, CLIP, PEEP, ACC)                    \
-    for (ptrdiff_t j = 0; j < H; j++) {                                              \
-        T pi = ACC ? (i_[j] + gi[j]) + bi[j] : gi[j] + bi[j];                        \
-        T pc = ACC ? (ci[j] + gc[j]) + bc[j] : gc[j] + bc[j];                        \
-        T pf = ACC ? (f[j] + gf[j]) + bf[j] : gf[j] + bf[j];                         \
-        T po = ACC ? (o[j] + go[j]) + bo[j] : go[j] + bo[j];                         \
-        BRNN_LSTM_CELL(T, SIGMOID, TANH, CLIP, PEEP, BRNN_LSTM_STORE_ALL)            \
-    }
+    BRNN_LSTM_CELLS(T, SIGMOID, TANH, CLIP, PEEP, BRNN_LSTM_PRE_STATE_ALL(T, ACC),   \
+                    BRNN_LSTM_STORE_STATE_ALL, BRNN_LSTM_PRE_O_ALL(T, ACC),          \
+                    BRNN_LSTM_STORE_OUT_ALL)
 
 #define BRNN_LSTM_FORWARD_ROW(NAME, T, SIGMOID, TANH, CLIP)                          \
     BRNN_MULTIVERSION                                                                \
@@ -88,22 +107,21 @@ BRNN_LSTM_FORWARD_ROW(brnn_lstm_forward_row_f32, float, brnn_sigmoidf, brnn_tanh
 BRNN_LSTM_FORWARD_ROW(brnn_lstm_forward_row_f64, double, brnn_sigmoid, brnn_tanh, brnn_clip)
 
 /* The inference forward's step of a row (blockrnn/_inference.pxi): the same
- * cell (BRNN_LSTM_CELL) as the forward above with acc (pre = (x_g + g_g) +
+ * cells (BRNN_LSTM_CELLS) as the forward above with acc (pre = (x_g + g_g) +
  * b_g), so the same bits, but it writes only what inference keeps: the new
  * cell state cs and h. x_i, x_c, x_f, x_o hold x[t] @ W_x's gate columns,
  * g_i .. g_o h[t-1] @ W_h's. */
-#define BRNN_LSTM_STORE_STATE(vi, vc, vf, vo, c, tc)                                 \
-    cs[j] = c;                                                                       \
-    h[j] = vo * tc;
+#define BRNN_LSTM_PRE_STATE_INFER                                                    \
+    float pi = (xi[j] + gi[j]) + bi[j];                                              \
+    float pc = (xc[j] + gc[j]) + bc[j];                                              \
+    float pf = (xf[j] + gf[j]) + bf[j];
+#define BRNN_LSTM_STORE_STATE_INFER(vi, vc, vf, c) cs[j] = c;
+#define BRNN_LSTM_PRE_O_INFER float po = (xo[j] + go[j]) + bo[j];
+#define BRNN_LSTM_STORE_OUT_INFER(vo, tc) h[j] = vo * tc;
 #define BRNN_LSTM_INFER_LOOP(PEEP)                                                   \
-    for (ptrdiff_t j = 0; j < H; j++) {                                              \
-        float pi = (xi[j] + gi[j]) + bi[j];                                          \
-        float pc = (xc[j] + gc[j]) + bc[j];                                          \
-        float pf = (xf[j] + gf[j]) + bf[j];                                          \
-        float po = (xo[j] + go[j]) + bo[j];                                          \
-        BRNN_LSTM_CELL(float, brnn_sigmoidf, brnn_tanhf, brnn_clipf, PEEP,            \
-                       BRNN_LSTM_STORE_STATE)                                        \
-    }
+    BRNN_LSTM_CELLS(float, brnn_sigmoidf, brnn_tanhf, brnn_clipf, PEEP,              \
+                    BRNN_LSTM_PRE_STATE_INFER, BRNN_LSTM_STORE_STATE_INFER,          \
+                    BRNN_LSTM_PRE_O_INFER, BRNN_LSTM_STORE_OUT_INFER)
 
 BRNN_MULTIVERSION
 static void brnn_lstm_infer_row_f32(
