@@ -860,6 +860,43 @@ def test_inf_preactivation_clips_cs():
     np.testing.assert_allclose(out.h, np.tanh(out.cs), rtol=1e-14)
 
 
+def test_float32_activations_over_their_whole_range():
+    """The float32 sigmoid and tanh (include/brnn_math.h) against float64, through
+    lstm_block_cell with every pre-activation equal to x (w = 1 on x, b = 0,
+    forget_bias = 0): within 3 ulp wherever the result is a normal float,
+    including both ends of exp's clamp (rint(z log2e) = -125 and 127, where
+    2^n is built in the exponent field) and tanh's switch at |z| = 0.625;
+    sigmoid below z = -88.3 within 5e-39 of its value (TensorFlow flushes it to
+    0); the infinities saturate and NaN propagates."""
+    edges = [-88.3, -88.29, -87.4, -86.9, -86.89, 86.9, 88.29, 88.3, 0.625, -0.625,
+             np.nextafter(np.float32(0.625), np.float32(0)), 1e-30, -1e-30, 0.0]
+    z = np.concatenate([np.linspace(-100, 100, 200001), edges]).astype(np.float32)
+    z = np.concatenate([z, [np.inf, -np.inf, np.nan]]).astype(np.float32)
+    B = z.size
+    zero = np.zeros((B, 1), np.float32)
+    p0 = np.zeros(1, np.float32)
+    w = np.array([[1, 1, 1, 1], [0, 0, 0, 0]], np.float32)
+    out = blockrnn.lstm_block_cell(z[:, None], zero, zero, w, p0, p0, p0,
+                                   np.zeros(4, np.float32), forget_bias=0.0, cell_clip=0.0)
+    fin = np.isfinite(z)
+    with np.errstate(over="ignore"):
+        zd = z[fin].astype(np.float64)
+        refs = {"i": 1 / (1 + np.exp(-zd)), "ci": np.tanh(zd)}
+    tiny = np.finfo(np.float32).tiny
+    for name, ref in refs.items():
+        got = getattr(out, name)[fin, 0].astype(np.float64)
+        normal = np.abs(ref) >= tiny
+        ulp = np.spacing(np.abs(ref[normal]).astype(np.float32)).astype(np.float64)
+        err = np.abs(got[normal] - ref[normal]) / ulp
+        assert err.max() <= 3, (name, err.max(), z[fin][normal][err.argmax()])
+        assert np.abs(got[~normal] - ref[~normal]).max(initial=0) <= 5e-39, name
+    for name in ("i", "f", "o"):
+        g = getattr(out, name)[~fin, 0]
+        assert g[0] == 1 and 0 <= g[1] <= 5e-39 and np.isnan(g[2]), (name, g)
+    np.testing.assert_array_equal(out.ci[~fin, 0][:2], [1, -1])
+    assert np.isnan(out.ci[~fin, 0][2]) and np.isnan(out.h[-1, 0])
+
+
 def test_nan_inf_in_grads_do_not_crash():
     op = "block_lstm_grad"
     args = base_args(op, np.float64)
