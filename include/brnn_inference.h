@@ -265,31 +265,30 @@ typedef void (*brnn_row1_gates_fn)(ptrdiff_t K, const float *a, const float *Pp,
 #if BRNN_PACKED_X86
 /* A panel block is a wide-layout block of nq * 16 columns, all of them the
  * panel's (wb = cols = nq * 16, no accumulation): the wide kernels' row body
- * (BRNN_ROW1_WIDE_ROW) computes it, so each element is the same FMA chain. */
+ * (BRNN_ROW1_WIDE_ROW, through ROW(M) of M vectors) computes it, so each
+ * element is the same FMA chain. M4 / M3: the vectors of 4 / 3 panels. */
+#define BRNN_ROW1_GATES(ROW, M4, M3)                                                \
+    {                                                                               \
+        const float *p = Pp;                                                        \
+        float *cn = out;                                                            \
+        const int accumulate = 0;                                                   \
+        const ptrdiff_t wb = nq * BRNN_NR, cols = wb;                               \
+        if (nq == 4)                                                                \
+            ROW(M4)                                                                 \
+        else                                                                        \
+            ROW(M3)                                                                 \
+    }
+
 BRNN_AVX512
 static void brnn_row1_gates_avx512(ptrdiff_t K, const float *a, const float *Pp, int nq,
                                    float *out) {
-    const float *p = Pp;
-    float *cn = out;
-    const int accumulate = 0;
-    const ptrdiff_t wb = nq * BRNN_NR, cols = wb;
-    if (nq == 4)
-        BRNN_ROW1_WIDE_512(4)
-    else
-        BRNN_ROW1_WIDE_512(3)
+    BRNN_ROW1_GATES(BRNN_ROW1_WIDE_512, 4, 3)
 }
 
 BRNN_AVX2
 static void brnn_row1_gates_avx2(ptrdiff_t K, const float *a, const float *Pp, int nq,
                                  float *out) {
-    const float *p = Pp;
-    float *cn = out;
-    const int accumulate = 0;
-    const ptrdiff_t wb = nq * BRNN_NR, cols = wb;
-    if (nq == 4)
-        BRNN_ROW1_WIDE_256(8)
-    else
-        BRNN_ROW1_WIDE_256(6)
+    BRNN_ROW1_GATES(BRNN_ROW1_WIDE_256, 8, 6)
 }
 #endif
 

@@ -29,9 +29,9 @@
  * cell is the order above, so the bits are those of one pass; two passes let
  * the CPU overlap many cells' exps where one pass was bound by the latency of
  * the chain sigmoid -> cs -> tanh(cs) (one EPYC core, AVX-512, in L1: 1.6 ->
- * 1.1 ns a cell with brnn_math.h's exp shortcut). STORE_STATE(vi, vc, vf, c)
- * writes cs[j] = c and what else the caller keeps; STORE_OUT(vo, tc) h = vo *
- * tc and what else. */
+ * 1.1 ns a cell with brnn_math.h's exp shortcut). The state pass writes cs,
+ * which the output pass reads back; STORE_STATE(vi, vc, vf) writes what else
+ * the caller keeps of it, STORE_OUT(vo, tc) h = vo * tc and what else. */
 #define BRNN_LSTM_CELLS(T, SIGMOID, TANH, CLIP, PEEP, PRE_STATE, STORE_STATE,       \
                         PRE_O, STORE_OUT)                                            \
     for (ptrdiff_t j = 0; j < H; j++) {                                              \
@@ -45,7 +45,8 @@
         T vi = SIGMOID(pi), vf = SIGMOID(pf), vc = TANH(pc);                         \
         T c = vi * vc + vf * cp;                                                     \
         c = clip ? CLIP(c, cell_clip) : c;                                           \
-        STORE_STATE(vi, vc, vf, c)                                                   \
+        cs[j] = c;                                                                   \
+        STORE_STATE(vi, vc, vf)                                                      \
     }                                                                                \
     for (ptrdiff_t j = 0; j < H; j++) {                                              \
         PRE_O                                                                        \
@@ -61,11 +62,10 @@
     T pi = ACC ? (i_[j] + gi[j]) + bi[j] : gi[j] + bi[j];                            \
     T pc = ACC ? (ci[j] + gc[j]) + bc[j] : gc[j] + bc[j];                            \
     T pf = ACC ? (f[j] + gf[j]) + bf[j] : gf[j] + bf[j];
-#define BRNN_LSTM_STORE_STATE_ALL(vi, vc, vf, c)                                     \
+#define BRNN_LSTM_STORE_STATE_ALL(vi, vc, vf)                                        \
     i_[j] = vi;                                                                      \
     ci[j] = vc;                                                                      \
-    f[j] = vf;                                                                       \
-    cs[j] = c;
+    f[j] = vf;
 #define BRNN_LSTM_PRE_O_ALL(T, ACC)                                                  \
     T po = ACC ? (o[j] + go[j]) + bo[j] : go[j] + bo[j];
 #define BRNN_LSTM_STORE_OUT_ALL(vo, tc)                                              \
@@ -115,7 +115,7 @@ BRNN_LSTM_FORWARD_ROW(brnn_lstm_forward_row_f64, double, brnn_sigmoid, brnn_tanh
     float pi = (xi[j] + gi[j]) + bi[j];                                              \
     float pc = (xc[j] + gc[j]) + bc[j];                                              \
     float pf = (xf[j] + gf[j]) + bf[j];
-#define BRNN_LSTM_STORE_STATE_INFER(vi, vc, vf, c) cs[j] = c;
+#define BRNN_LSTM_STORE_STATE_INFER(vi, vc, vf)
 #define BRNN_LSTM_PRE_O_INFER float po = (xo[j] + go[j]) + bo[j];
 #define BRNN_LSTM_STORE_OUT_INFER(vo, tc) h[j] = vo * tc;
 #define BRNN_LSTM_INFER_LOOP(PEEP)                                                   \
