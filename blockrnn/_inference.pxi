@@ -33,9 +33,9 @@
 # can shed (brnn_barrier_wait_shed in include/brnn_packed.h): when another
 # caller had to be granted a thread beyond the budget, or a thread waited
 # over 1 ms for its partner (another process held that core) or found it on
-# its own CPU (in a call of long steps: twice, INFER_SHORT_STEP_WORK), the
-# call gives its extra threads back and thread 0 runs every cell of the
-# remaining steps;
+# its own CPU (in a call of long steps: once the waits add up to a third of
+# the call's time, INFER_SHORT_STEP_WORK), the call gives its extra threads
+# back and thread 0 runs every cell of the remaining steps;
 # after the latter, the object runs its calls on one thread for a spell
 # (_PackedBase.solo; brnn_solo_start: 4 ms, doubled up to 50 ms while stalls
 # recur right after one). The split of cells never changes a bit, so neither
@@ -101,17 +101,21 @@ cdef enum:
     INFER_IDLE_WORK = 3 << 25
     INFER_IDLE_NS = 200000
     # A call whose step gives each thread more multiply-adds than this (~10 us
-    # of work) sheds for a stalled partner thread (a wait over 1 ms, or both on
-    # one CPU: brnn_barrier_wait_shed) only at its second stall, not its
-    # first; it still sheds for another caller at once. One stall in a long
-    # call is a VM's or the kernel's moment, and finishing on one thread (then
-    # a solo spell) costs more: LSTM at 100,64,512,512, 2-core Zen 5 VM,
-    # nothing else running, ~48 calls in 3 s, three processes: 3-6 calls shed
-    # at their first stall (70-97 ms) and the next one, solo, took 109-115 ms,
-    # against 55-57 ms for the rest. A busy process on the partner's core
-    # stalls it again within a time slice, and there one thread is faster
-    # (same call: 113-114 ms shedding, 133-189 ms never shedding). At batch 1
-    # a step is ~1 us: its first stall sheds.
+    # of work) is patient (brnn_barrier_wait_shed): it sheds for its partner
+    # threads only once their waits at its barriers add up to a third of its
+    # time, at least 20 ms of it (brnn_patient_sheds), not at a first stall (a
+    # wait over 1 ms, or both on one CPU); it still sheds for another caller
+    # at once. A stall in a long call is mostly a VM's or the kernel's moment,
+    # and finishing on one thread (then a solo spell) costs more: LSTM at
+    # 100,64,512,512, 2-core Zen 5 VM, nothing else running, ~48 calls in 3 s,
+    # three processes: 3-6 calls shed at their first stall (70-97 ms) and the
+    # next one, solo, took 109-115 ms, against 55-57 ms for the rest; on a
+    # 2-core Zen 4 VM shedding at the second stall, then at a third within 30
+    # ms, still ran 4-6 and 1-2 calls of ~25 on one thread (the bench's median
+    # 1.7x ONNX Runtime's). A busy process on the partner's core makes it wait
+    # about half the time, and there one thread is faster (Zen 5, same call:
+    # 113-114 ms shedding at the second stall, 133-189 ms never shedding). At
+    # batch 1 a step is ~1 us: its first stall sheds.
     INFER_SHORT_STEP_WORK = 1 << 20
 
 
@@ -122,20 +126,20 @@ cdef inline Py_ssize_t infer_step_work(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
     return B * (H + (0 if infer_hoisted(L, B, G) else I)) * G
 
 
-cdef inline int infer_stalls(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
-                             Py_ssize_t G, int threads) noexcept nogil:
-    """At which stall of a partner thread a call on `threads` threads sheds
-    (brnn_barrier_wait_shed's `stalls`): the first while a step gives each of
-    them at most INFER_SHORT_STEP_WORK multiply-adds (infer_step_work), else
-    the second."""
+cdef inline bint infer_patient(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+                               Py_ssize_t G, int threads) noexcept nogil:
+    """Whether a call on `threads` threads is patient with a stalled partner
+    (brnn_barrier_wait_shed): while a step gives each of them at most
+    INFER_SHORT_STEP_WORK multiply-adds (infer_step_work) it sheds at the
+    first stall, else only once the waits add up (brnn_patient_sheds)."""
     cdef Py_ssize_t work = infer_step_work(L, B, I, H, G)
-    return 1 if work <= INFER_SHORT_STEP_WORK * <Py_ssize_t>threads else 2
+    return work > INFER_SHORT_STEP_WORK * <Py_ssize_t>threads
 
 
-def inference_stalls_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
-                         Py_ssize_t G, int threads):
-    """infer_stalls (for the tests)."""
-    return infer_stalls(L, B, I, H, G, threads)
+def inference_patient_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+                          Py_ssize_t G, int threads):
+    """infer_patient (for the tests)."""
+    return infer_patient(L, B, I, H, G, threads)
 
 
 cdef inline int inference_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
@@ -270,14 +274,14 @@ cdef int lstm_infer(
     cdef float* xg = cbuf + 2 * BH
     cdef bint hoisted = infer_hoisted(L, B, G4)
     cdef Py_ssize_t xstep = B * G4 if hoisted else 0
-    cdef int stalls
+    cdef bint patient
     cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar
     memset(&bar, 0, sizeof(bar))
     memcpy(h_n, h0, BH * sizeof(float))
     memcpy(c_n, c0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
-    stalls = infer_stalls(L, B, I, H, 4 * H, granted)
+    patient = infer_patient(L, B, I, H, 4 * H, granted)
     if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
         if hoisted:
             infer_inputs(L * B, I, H, 4, x, packed + 4 * ps, psx, xg, 0, H)
@@ -301,7 +305,7 @@ cdef int lstm_infer(
                                 c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
                                 gates, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n,
                                 u0, u1)
-                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, stalls):
+                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, patient):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
                         break
                     nt, u0, u1 = 1, 0, H
@@ -383,13 +387,13 @@ cdef int gru_infer(
     cdef float* xg = rh + 2 * BH
     cdef bint hoisted = infer_hoisted(L, B, 3 * H)
     cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
-    cdef int stalls
+    cdef bint patient
     cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar
     memset(&bar, 0, sizeof(bar))
     memcpy(h_n, h0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
-    stalls = infer_stalls(L, B, I, H, 3 * H, granted)
+    patient = infer_patient(L, B, I, H, 3 * H, granted)
     if granted == 1:
         if hoisted:
             infer_inputs(L * B, I, H, 3, x, packed, ps, xg, 0, H)
@@ -417,7 +421,7 @@ cdef int gru_infer(
                 gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
                                h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
                                ru, rh, y, h_n, u0, u1)
-                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, stalls):
+                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, patient):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
                         break
                     nt, u0, u1 = 1, 0, H
@@ -496,13 +500,13 @@ cdef int gru_ra_infer(
     cdef float* xg = hn + BH
     cdef bint hoisted = infer_hoisted(L, B, 3 * H)
     cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
-    cdef int stalls
+    cdef bint patient
     cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar
     memset(&bar, 0, sizeof(bar))
     memcpy(h_n, h0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
-    stalls = infer_stalls(L, B, I, H, 3 * H, granted)
+    patient = infer_patient(L, B, I, H, 3 * H, granted)
     if granted == 1:
         if hoisted:
             infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, 0, H)
@@ -522,7 +526,7 @@ cdef int gru_ra_infer(
                 gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
                                   h0 if t == 0 else y + (t - 1) * BH, hoisted, gates,
                                   xg + t * xstep, g, hn, y, h_n, u0, u1)
-                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, stalls):
+                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, patient):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
                         break
                     nt, u0, u1 = 1, 0, H

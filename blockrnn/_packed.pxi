@@ -28,7 +28,8 @@ cdef extern from "brnn_packed.h" nogil:
         int shed
         int slow
     void brnn_barrier_wait(brnn_barrier* b, int n)
-    int brnn_barrier_wait_shed(brnn_barrier* b, int n, int cores, int stalls)
+    int brnn_barrier_wait_shed(brnn_barrier* b, int n, int cores, int patient)
+    int brnn_patient_sheds(long long waited_ns, long long elapsed_ns)
     int brnn_current_cpu()
     ctypedef struct brnn_solo:
         long long until
@@ -329,16 +330,13 @@ def packed_input_threads_for(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t N, Py_ssi
     return packed_input_threads(rows, I, N, H, limit)
 
 
-def shed_barrier_answers(int cores, bint other_caller, int stalls=1):
+def shed_barrier_answers(int cores, bint other_caller, bint patient=False):
     """brnn_barrier_wait_shed at the end of one step of a 2-thread region (for
     the tests), on a budget of `cores`; with other_caller, another caller is
     granted its own thread while the region runs. Returns the two threads'
     answers, the budget this region still holds after the barrier, and whether
     the two threads ran on one CPU just before the barrier (a stall: it sheds
-    too if `stalls` is 1; `stalls` >= 1); None if the region got fewer than 2
-    threads."""
-    if stalls < 1:
-        raise ValueError(f"shed_barrier_answers: stalls must be >= 1, got {stalls}")
+    too unless `patient`); None if the region got fewer than 2 threads."""
     cdef int granted = brnn_budget_take(2, 2), tid, nt
     cdef int answers[2]
     cdef int cpus[2]
@@ -356,7 +354,7 @@ def shed_barrier_answers(int cores, bint other_caller, int stalls=1):
             brnn_omp_barrier()
             if nt == 2:
                 cpus[tid] = brnn_current_cpu()
-                answers[tid] = brnn_barrier_wait_shed(&bar, nt, cores, stalls)
+                answers[tid] = brnn_barrier_wait_shed(&bar, nt, cores, patient)
     left = brnn_budget_in_use() - others
     brnn_budget_give(1 if bar.shed else granted)
     if others > 0:
@@ -364,6 +362,12 @@ def shed_barrier_answers(int cores, bint other_caller, int stalls=1):
     if granted != 2 or answers[1] < 0:
         return None
     return (answers[0], answers[1]), left, cpus[0] >= 0 and cpus[0] == cpus[1]
+
+
+def patient_sheds_for(long long waited_ns, long long elapsed_ns):
+    """brnn_patient_sheds (for the tests): whether a patient region whose
+    partners waited waited_ns of the elapsed_ns since its first barrier sheds."""
+    return bool(brnn_patient_sheds(waited_ns, elapsed_ns))
 
 
 def solo_spells_for(shed_times_ns):

@@ -323,12 +323,15 @@ static inline brnn_packed_fn brnn_packed_kernel(int path) {
 #include <time.h>
 /* count, gen: the barrier; shed, slow: brnn_barrier_wait_shed's answer and
  * whether a stalled partner decided it; stalled: a thread saw its partner
- * stall at this barrier, stalls: at how many barriers of the region; cpus:
- * the CPUs (bit cpu % 64) the threads arriving at this barrier run on (zero
- * the whole struct before the region). */
+ * stall at this barrier; cpus: the CPUs (bit cpu % 64) the threads arriving
+ * at this barrier run on; start_ns: monotonic time of the region's first
+ * barrier, waited_ns: the ns its threads spent yielding at its barriers (both
+ * kept by a patient region only: see brnn_barrier_wait_shed). Zero the whole
+ * struct before the region. */
 typedef struct {
-    int count; int gen; int shed; int slow; int stalled; int stalls;
+    int count; int gen; int shed; int slow; int stalled;
     unsigned long long cpus;
+    long long start_ns, waited_ns;
 } brnn_barrier;
 
 #ifdef __linux__
@@ -349,8 +352,9 @@ static inline long long brnn_now_ns(void) {
 }
 
 /* Wait until the barrier's generation moves on from gen: spin, then yield at
- * every check. With slow_ns > 0, a wait past slow_ns sets b->stalled (see
- * brnn_barrier_wait_shed); the clock is read only once yielding began. */
+ * every check. With slow_ns > 0, a wait past slow_ns sets b->stalled and the
+ * time spent yielding is added to b->waited_ns (see brnn_barrier_wait_shed);
+ * the clock is read only once yielding began. */
 static inline void brnn_barrier_await(brnn_barrier *b, int gen, long long slow_ns) {
     long long start = 0;
     for (int spin = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; spin++) {
@@ -368,6 +372,8 @@ static inline void brnn_barrier_await(brnn_barrier *b, int gen, long long slow_n
         }
         sched_yield();
     }
+    if (start != 0)
+        __atomic_fetch_add(&b->waited_ns, brnn_now_ns() - start, __ATOMIC_RELAXED);
 }
 
 static inline void brnn_barrier_wait(brnn_barrier *b, int n) {
@@ -413,15 +419,17 @@ static inline int brnn_budget_in_use(void) {
  *   - the budget is over-committed (in use > the CPUs the process may use):
  *     another caller was granted its own thread beyond the budget, so the
  *     cores now hold more of blockrnn's threads than they run at once;
- *   - a thread of the call waited more than BRNN_SHED_WAIT_NS at this or an
- *     earlier barrier (at `stalls` of them: see brnn_barrier_wait_shed): its
- *     partner was not running (another process holds that core), and every
- *     further step would wait for the scheduler again. A quiet machine's
- *     steps wait far less (2-core Zen 5 VM, batch 1-8: ~0.16 ms at most
- *     within a call; a thread's start-up, the first barrier, up to ~3 ms in
- *     rare calls; at 100,64,512,512 a wait over 1 ms in ~1 call of 10); one
- *     that shares its cores with a busy process, 2-4 ms (the scheduler's
- *     time slice).
+ *   - a thread of the call waited more than BRNN_SHED_WAIT_NS at this
+ *     barrier (in a call of long steps: a third of the call's time at its
+ *     barriers, see brnn_barrier_wait_shed): its partner was not running
+ *     (another process holds that core), and every further step would wait
+ *     for the scheduler again. A quiet machine's steps wait far less (2-core
+ *     Zen 5 VM, batch 1-8: ~0.16 ms at most within a call; a thread's
+ *     start-up, the first barrier, up to ~3 ms in rare calls; at
+ *     100,64,512,512 a wait over 1 ms in ~1 call of 10; on a 2-core Zen 4
+ *     VM, 1-6 ms waits at ~5 barriers a second, some three within 4 ms);
+ *     one that shares its cores with a busy process, 2-4 ms (the
+ *     scheduler's time slice).
  * The last thread to arrive decides and stores the answer before releasing the
  * others, so every thread returns the same one; on shedding it gives n - 1
  * threads back to the budget (the caller gives back the last one). The step
@@ -610,6 +618,18 @@ static inline void brnn_pace_record(brnn_pace *p, int many, long long ns, long l
 static inline int brnn_atomic_load(const int *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 static inline void brnn_atomic_add(int *p, int v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
+/* A patient region (brnn_barrier_wait_shed) sheds for its partners once they
+ * were not running for a third of the time since its first barrier: waits of
+ * waited_ns in elapsed_ns, at least BRNN_PATIENT_SPAN_NS of it. A partner
+ * time-sliced with a busy process waits about half the time (its core's time
+ * slices); a VM's moments are short and rare. */
+#ifndef BRNN_PATIENT_SPAN_NS
+#define BRNN_PATIENT_SPAN_NS 20000000
+#endif
+static inline int brnn_patient_sheds(long long waited_ns, long long elapsed_ns) {
+    return elapsed_ns >= BRNN_PATIENT_SPAN_NS && 3 * waited_ns >= elapsed_ns;
+}
+
 /* brnn_barrier_wait, then 1 if the call goes on with one thread (every
  * thread of the call gets the same answer), else 0. `cores`: the CPUs this
  * process may run on.
@@ -620,13 +640,12 @@ static inline void brnn_atomic_add(int *p, int v) { __atomic_fetch_add(p, v, __A
  * H=128 took ~350 us a call on 2 threads for the next ~60 ms (each step's
  * barrier a hand-over of the one CPU by sched_yield; CPU / wall 1.0), against
  * ~55 apart and ~80 on one thread.
- * A stalled partner sheds once `stalls` (>= 1) barriers of the region saw
- * one: 1 where a step is short, 2 where it is long enough that one stall
- * (a VM's or the kernel's moment) costs less than finishing on one thread,
- * while a busy process on the partner's core stalls it again within a time
- * slice (see INFER_SHORT_STEP_WORK in blockrnn/_inference.pxi). Over-commit
- * sheds at once either way. */
-static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores, int stalls) {
+ * A stalled partner sheds at once where a step is short (a wait of 1 ms is
+ * hundreds of steps); a `patient` region, whose steps are long enough that a
+ * VM's or the kernel's moment costs less than finishing on one thread, sheds
+ * only when its waits add up (brnn_patient_sheds; see INFER_SHORT_STEP_WORK in
+ * blockrnn/_inference.pxi). Over-commit sheds at once either way. */
+static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores, int patient) {
     int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
     int cpu = brnn_current_cpu();
     if (cpu >= 0) {
@@ -635,8 +654,16 @@ static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores, int 
             __atomic_store_n(&b->stalled, 1, __ATOMIC_RELAXED);
     }
     if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
-        if (__atomic_exchange_n(&b->stalled, 0, __ATOMIC_RELAXED) && ++b->stalls >= stalls)
-            __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
+        int stalled = __atomic_exchange_n(&b->stalled, 0, __ATOMIC_RELAXED);
+        if (!patient) {
+            if (stalled) __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
+        } else if (b->start_ns == 0) {
+            b->start_ns = brnn_now_ns();
+        } else {   /* the clock is read only once a thread yielded */
+            long long waited = __atomic_load_n(&b->waited_ns, __ATOMIC_RELAXED);
+            if (waited > 0 && brnn_patient_sheds(waited, brnn_now_ns() - b->start_ns))
+                __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
+        }
         int shed = __atomic_load_n(&b->slow, __ATOMIC_RELAXED) || brnn_budget_in_use() > cores;
         if (shed) brnn_budget_give(n - 1);
         __atomic_store_n(&b->shed, shed, __ATOMIC_RELAXED);

@@ -633,14 +633,31 @@ def test_the_shedding_barrier_sheds_only_for_another_caller_or_a_shared_cpu():
     assert _kernels.thread_budget_in_use() == 0
 
 
-def test_the_barrier_sheds_for_a_stalled_partner_at_the_stall_it_is_told():
-    """brnn_barrier_wait_shed(stalls=2), a call of long steps: one barrier with its two
+def test_a_patient_barrier_rides_out_a_stall_but_not_another_caller():
+    """brnn_barrier_wait_shed(patient), a call of long steps: one barrier with its two
     threads on one CPU (a stall) does not shed; another caller beyond the budget sheds
     at once."""
     for other in (False, True):
         for _ in range(50):
-            answers, left, same_cpu = _kernels.shed_barrier_answers(2, other, stalls=2)
+            answers, left, same_cpu = _kernels.shed_barrier_answers(2, other, patient=True)
             assert (answers, left) == (((1, 1), 1) if other else ((0, 0), 2)), same_cpu
+
+
+def test_a_patient_call_sheds_once_its_waits_are_a_third_of_its_time():
+    """brnn_patient_sheds: a call of long steps sheds for its partners once their waits
+    at its barriers add up to a third of the time since its first barrier, judged from
+    20 ms on: a partner time-sliced with a busy process (waits of about half the time)
+    sheds; a VM's moments (a few ms in a call) do not; a lone long wait in the first
+    20 ms does not decide alone."""
+    ms = 1_000_000
+    sheds = _kernels.patient_sheds_for
+    assert sheds(10 * ms, 20 * ms)          # half the time, at 20 ms
+    assert sheds(10 * ms, 30 * ms)          # exactly a third
+    assert not sheds(10 * ms - 1, 30 * ms)
+    assert not sheds(6 * ms, 20 * ms)       # three 2 ms moments within the first 20 ms
+    assert not sheds(6 * ms, 130 * ms)
+    assert not sheds(19 * ms, 19 * ms)      # before 20 ms: never
+    assert not sheds(0, 10**12)
     assert _kernels.thread_budget_in_use() == 0
 
 
@@ -674,18 +691,18 @@ def test_solo_spells_double_while_stalls_recur_and_start_short_again():
     assert [v // ms for v in spells] == [4, 8, 16, 32, 50, 50, 4, 8]
 
 
-def test_calls_of_long_steps_shed_at_a_second_stall():
-    """infer_stalls: a call sheds at its partner's first stall while a step gives each
-    thread at most 2^20 multiply-adds (batch 1 and the serving batches), else at the
-    second: an LSTM at 100,64,512,512 on 2 threads (2^25 a thread) rides out one. A
-    step counts B x H x G once the input projection is hoisted (B < 12)."""
-    stalls = _kernels.inference_stalls_for
-    assert stalls(50, 1, 128, 128, 4 * 128, 2) == 1
-    assert stalls(64, 8, 256, 256, 4 * 256, 2) == 1        # 8*256*1024 = 2 * 2^20
-    assert stalls(64, 8, 256, 256, 4 * 256, 1) == 2
-    assert stalls(100, 64, 512, 512, 4 * 512, 2) == 2
-    assert stalls(100, 32, 256, 256, 3 * 256, 2) == 2
-    assert stalls(100, 16, 32, 32, 3 * 32, 2) == 1          # not hoisted: 16*(32+32)*96
+def test_calls_of_long_steps_are_patient():
+    """infer_patient: a call sheds at its partner's first stall while a step gives each
+    thread at most 2^20 multiply-adds (batch 1 and the serving batches), else it is
+    patient: an LSTM at 100,64,512,512 on 2 threads (2^25 a thread) rides out stalls.
+    A step counts B x H x G once the input projection is hoisted (B < 12)."""
+    patient = _kernels.inference_patient_for
+    assert not patient(50, 1, 128, 128, 4 * 128, 2)
+    assert not patient(64, 8, 256, 256, 4 * 256, 2)        # 8*256*1024 = 2 * 2^20
+    assert patient(64, 8, 256, 256, 4 * 256, 1)
+    assert patient(100, 64, 512, 512, 4 * 512, 2)
+    assert patient(100, 32, 256, 256, 3 * 256, 2)
+    assert not patient(100, 16, 32, 32, 3 * 32, 2)          # not hoisted: 16*(32+32)*96
 
 
 @pytest.mark.parametrize("name,make", SHED_LAYERS)
