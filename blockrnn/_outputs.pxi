@@ -82,8 +82,6 @@ cdef extern from "Python.h":
 cdef extern from "brnn_alloc.h" nogil:
     void* brnn_big_alloc(size_t nbytes)
     void brnn_big_free(void* p, size_t nbytes)
-    size_t brnn_big_frames(size_t nbytes)
-    void brnn_big_populate(void* p, size_t nbytes, size_t f0, size_t f1)
 
 
 cdef extern from "Python.h":
@@ -105,17 +103,14 @@ cdef void free_big_block(object capsule) noexcept:
     brnn_big_free(p, <size_t>PyCapsule_GetContext(capsule))
 
 
-cdef cnp.ndarray big_empty(int ndim, cnp.npy_intp* dims, int typenum, Py_ssize_t nbytes,
-                           void** block):
+cdef cnp.ndarray big_empty(int ndim, cnp.npy_intp* dims, int typenum, Py_ssize_t nbytes):
     """A new C-contiguous array of nbytes (> 0) bytes on a block of brnn_big_alloc
-    (include/brnn_alloc.h: huge pages, to be faulted in by populate_big_blocks
-    before the kernel's threads write it; block[0] is set to its data), or
-    NumPy's empty array where no such block can be mapped (block[0] = NULL).
+    (include/brnn_alloc.h: huge pages, faulted in at once, before the kernel's
+    threads write it), or NumPy's empty array where no such block can be mapped.
     The block is the array's base (a capsule) and is unmapped with it."""
     cdef void* p
     with nogil:
         p = brnn_big_alloc(nbytes)
-    block[0] = p
     if p == NULL:
         return cnp.PyArray_EMPTY(ndim, dims, typenum, 0)
     try:
@@ -134,40 +129,6 @@ cdef cnp.ndarray big_empty(int ndim, cnp.npy_intp* dims, int typenum, Py_ssize_t
     return arr
 
 
-cdef void populate_share(void** blocks, Py_ssize_t nbytes, Py_ssize_t n, int tid,
-                         int nt) noexcept nogil:
-    """Share tid of nt of populate_big_blocks: frames [tid n / nt, (tid+1) n / nt)
-    of the n frames of the blocks, in order."""
-    cdef Py_ssize_t frames = brnn_big_frames(nbytes), k
-    cdef Py_ssize_t g = tid * n // nt, g1 = (tid + 1) * n // nt
-    while g < g1:   # frames [g, min(g1, the end of block k)) of block k
-        k = g // frames
-        if blocks[k] != NULL:
-            brnn_big_populate(blocks[k], nbytes, g - k * frames, min(g1 - k * frames, frames))
-        g = (k + 1) * frames
-
-
-cdef void populate_big_blocks(int count, void** blocks, Py_ssize_t nbytes,
-                              int max_threads) noexcept nogil:
-    """Faults in the `count` blocks of nbytes each of big_empty (NULL: none) on up
-    to max_threads threads from the thread budget (the call's limit: 1 in a
-    forked child), each thread a share of their 2 MB frames (one thread zeroed
-    92 MB in ~10 ms on a 2-core Zen 4 VM, ~200 ms in a fresh process)."""
-    cdef Py_ssize_t n = count * brnn_big_frames(nbytes)
-    cdef int tid, granted
-    cdef int want = <int>min(<Py_ssize_t>max_threads, max(1, n // 2))
-    if n == 0:
-        return
-    granted = brnn_budget_take(want, want)
-    if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        populate_share(blocks, nbytes, n, 0, 1)
-    else:
-        with parallel(num_threads=granted):
-            tid = brnn_omp_get_thread_num()
-            populate_share(blocks, nbytes, n, tid, brnn_omp_get_num_threads())
-    brnn_budget_give(granted)
-
-
 # Outputs smaller than this (each) are the views of one block (see new_outputs).
 cdef enum:
     SHARED_BLOCK_BYTES_C = 1 << 22
@@ -179,11 +140,10 @@ cdef inline bint shares_block(Py_ssize_t bytes_each) noexcept:
     return bytes_each < SHARED_BLOCK_BYTES_C
 
 
-def output_buffers(int count, tuple shape, dtype, int max_threads=1):
+def output_buffers(int count, tuple shape, dtype):
     """`count` new C-contiguous arrays of `shape` and `dtype` for a forward's
     outputs on the general path: the views block[k] of one array, or separate
-    arrays, by the rule of new_outputs (faulted in on up to max_threads
-    threads, the call's limit)."""
+    arrays, by the rule of new_outputs."""
     dtype = np.dtype(dtype)
     cdef Py_ssize_t bytes_each = dtype.itemsize
     for n in shape:
@@ -196,18 +156,11 @@ def output_buffers(int count, tuple shape, dtype, int max_threads=1):
         raise ValueError(f"output_buffers: at most 3 dimensions, got shape {shape}")
     for k in range(ndim):
         dims[k] = shape[k]
-    cdef void* blocks[8]
-    if count > 8:
-        raise ValueError(f"output_buffers: at most 8 arrays, got {count}")
-    outs = [big_empty(ndim, dims, dtype.num, bytes_each, &blocks[k]) for k in range(count)]
-    with nogil:
-        populate_big_blocks(count, blocks, bytes_each, max_threads)
-    return outs
+    return [big_empty(ndim, dims, dtype.num, bytes_each) for _ in range(count)]
 
 
 cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
-                       cnp.npy_intp n0, cnp.npy_intp n1, cnp.npy_intp n2=-1,
-                       int max_threads=1):
+                       cnp.npy_intp n0, cnp.npy_intp n1, cnp.npy_intp n2=-1):
     """output_type(*arrays), a tuple subclass (the op's namedtuple) of `count`
     new C-contiguous arrays of shape (n0, n1), or (n0, n1, n2) if n2 >= 0, with
     ptr[k] their data.
@@ -224,8 +177,8 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     itself, and their block would be above 32 MB, which glibc always maps
     afresh (measured at 100,64,512,512 between the benchmark's peers, median
     of 7, six runs: 209-255 ms separate, 240-278 ms as one block); they are
-    big_empty's blocks, on huge pages and faulted in before the kernel runs,
-    on up to max_threads threads (populate_big_blocks). The tuple is built the way tuple.__new__ builds a subclass instance
+    big_empty's blocks, on huge pages and faulted in before the kernel runs.
+    The tuple is built the way tuple.__new__ builds a subclass instance
     (tp_alloc, then the items), without its method call, argument list and
     temporary tuple."""
     if not PyType_FastSubclass(<PyTypeObject*>output_type, Py_TPFLAGS_TUPLE_SUBCLASS):
@@ -241,9 +194,6 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     cdef cnp.ndarray block = None
     cdef cnp.dtype descr = None
     cdef int k
-    cdef void* blocks[8]
-    if count > 8:
-        raise ValueError(f"new_outputs: at most 8 arrays, got {count}")
     if shares_block(nbytes):
         block = cnp.PyArray_EMPTY(ndim + 1, dims, typenum, 0)
         descr = block.dtype
@@ -255,7 +205,7 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     Py_DECREF(outs)
     for k in range(count):   # a failure here frees outs and the arrays made so far
         if block is None:
-            arr = big_empty(ndim, &dims[1], typenum, nbytes, &blocks[k])
+            arr = big_empty(ndim, &dims[1], typenum, nbytes)
             ptr[k] = data(arr)
         else:
             ptr[k] = <char*>cnp.PyArray_DATA(block) + k * nbytes
@@ -265,9 +215,6 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
             cnp.set_array_base(arr, block)
         Py_INCREF(arr)       # PyTuple_SET_ITEM steals it
         PyTuple_SET_ITEM(outs, k, arr)
-    if block is None:
-        with nogil:
-            populate_big_blocks(count, blocks, nbytes, max_threads)
     return outs
 
 

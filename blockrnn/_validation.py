@@ -8,7 +8,7 @@ import numbers
 
 import numpy as np
 
-from blockrnn import _config, _kernels
+from blockrnn import _kernels
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 # SciPy's cython_blas takes 32-bit integers (LP64): every GEMM size must fit.
@@ -146,8 +146,7 @@ class Arrays:
         """``count`` output buffers of ``shape`` in the compute dtype: the views
         ``block[k]`` of one (count, *shape) array, or separate arrays from 4 MB
         each on (_kernels.output_buffers; why: new_outputs in _kernels.pyx)."""
-        return _kernels.output_buffers(count, shape, self.compute_dtype,
-                                       _config.thread_limit())
+        return _kernels.output_buffers(count, shape, self.compute_dtype)
 
     def results(self, buffers):
         """The outputs in ``buffers`` (from output_buffers) in the storage dtype:

@@ -9,15 +9,11 @@
  * (100,64,512,512 forward, 7 x 13 MB, Zen 5): 4200-5700 faults per call, 12 ms
  * of system time on one thread and 20-49 ms on two, in a 57-78 ms call.
  *
- * brnn_big_alloc maps the block itself, starting on a 2 MB frame, and asks
- * for huge pages; brnn_big_populate then faults in a share of its 2 MB frames
- * (MADV_POPULATE_WRITE, Linux 5.14), one share per thread of a parallel
- * region, before the kernel runs: 7 x 13 MB in ~4.4 ms on one Zen 5 thread,
- * ~10 ms on a Zen 4 VM's (and ~200 ms in a fresh process there, the host
- * backing the VM's memory), which the threads split. Where any of that is
- * missing (not Linux, an older kernel, transparent huge pages off), the
- * block is still valid memory: what is missing only leaves the faults to the
- * first touch.
+ * brnn_big_alloc maps the block itself, starting on a 2 MB frame, asks for
+ * huge pages and faults it all in at once (MADV_POPULATE_WRITE, Linux 5.14):
+ * 7 x 13 MB in ~4.4 ms on one thread. Where any of that is missing (not
+ * Linux, an older kernel, transparent huge pages off), the block is still
+ * valid memory: what is missing only leaves the faults to the first touch.
  */
 #ifndef BRNN_ALLOC_H
 #define BRNN_ALLOC_H
@@ -37,8 +33,7 @@
 static inline size_t brnn_big_len(size_t nbytes) { return (nbytes + 4095) & ~(size_t)4095; }
 
 /* A block of nbytes (> 0) zeroed by the OS, starting on a 2 MB boundary, or
- * NULL if it cannot be mapped; not faulted in (brnn_big_populate). Free it
- * with brnn_big_free(p, nbytes). */
+ * NULL if it cannot be mapped. Free it with brnn_big_free(p, nbytes). */
 static void *brnn_big_alloc(size_t nbytes) {
     size_t len = brnn_big_len(nbytes);
     if (len > SIZE_MAX - BRNN_HUGE_PAGE) return NULL;
@@ -53,30 +48,14 @@ static void *brnn_big_alloc(size_t nbytes) {
 #ifdef MADV_HUGEPAGE
     madvise(p, len, MADV_HUGEPAGE);
 #endif
+    madvise(p, len, MADV_POPULATE_WRITE); /* EINVAL before Linux 5.14: faults later */
     return p;
-}
-
-/* The 2 MB frames of a block of nbytes from brnn_big_alloc. */
-static inline size_t brnn_big_frames(size_t nbytes) {
-    return (brnn_big_len(nbytes) + BRNN_HUGE_PAGE - 1) / BRNN_HUGE_PAGE;
-}
-
-/* Faults in frames [f0, f1) of a block of nbytes from brnn_big_alloc. */
-static void brnn_big_populate(void *p, size_t nbytes, size_t f0, size_t f1) {
-    size_t len = brnn_big_len(nbytes), a = f0 * BRNN_HUGE_PAGE, b = f1 * BRNN_HUGE_PAGE;
-    if (b > len) b = len;
-    if (a < b) /* EINVAL before Linux 5.14: faults later */
-        madvise((char *)p + a, b - a, MADV_POPULATE_WRITE);
 }
 
 static void brnn_big_free(void *p, size_t nbytes) { munmap(p, brnn_big_len(nbytes)); }
 
 #else /* not Linux: the callers use NumPy's allocation */
 static void *brnn_big_alloc(size_t nbytes) { (void)nbytes; return NULL; }
-static inline size_t brnn_big_frames(size_t nbytes) { (void)nbytes; return 0; }
-static void brnn_big_populate(void *p, size_t nbytes, size_t f0, size_t f1) {
-    (void)p; (void)nbytes; (void)f0; (void)f1;
-}
 static void brnn_big_free(void *p, size_t nbytes) { (void)p; (void)nbytes; }
 #endif
 

@@ -6,7 +6,6 @@ O(B x H), plus transposed copies of the recurrent weights (4H x H for the LSTM,
 3H x H for the GRU) when those are no larger than T x B x 4H, or for the float32
 forwards a packed copy of the weights (NumPy reports its allocations to
 tracemalloc)."""
-import sys
 import tracemalloc
 
 import numpy as np
@@ -113,23 +112,3 @@ def test_outputs_of_4_mb_or_more_are_traced_and_freed():
     assert outputs >= 7 * _kernels.SHARED_BLOCK_BYTES
     assert outputs <= held <= outputs + SLACK, (held, outputs)
     assert left <= SLACK, left
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="blockrnn maps its big blocks on Linux only")
-def test_big_output_buffers_are_fresh_separate_blocks_faulted_in_by_the_threads():
-    """output_buffers of 4 MB or more each: separate blocks, mapped by blockrnn and
-    faulted in by populate_big_blocks on the call's threads (a share of the 2 MB
-    frames each) before a kernel writes them: zeroed by the OS, writable, and no two
-    share memory; at most 8 arrays a call."""
-    shape = (3, 5, _kernels.SHARED_BLOCK_BYTES // (5 * 4) + 7)   # not a whole 2 MB frame
-    outs = _kernels.output_buffers(7, shape, np.float32, 2)
-    assert len(outs) == 7
-    for k, a in enumerate(outs):
-        assert a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous
-        assert a.base is not None and not isinstance(a.base, np.ndarray)   # a mapped block
-        assert not a.any()
-        a[...] = k + 1
-    assert [float(a[-1, -1, -1]) for a in outs] == [k + 1.0 for k in range(7)]
-    with pytest.raises(ValueError, match="at most 8 arrays"):
-        _kernels.output_buffers(9, shape, np.float32)
-    assert _kernels.thread_budget_in_use() == 0
