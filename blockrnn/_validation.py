@@ -152,7 +152,7 @@ class Arrays:
         """The outputs in ``buffers`` (from output_buffers) in the storage dtype:
         float16 views of one block are converted as one block, so the results
         share a block as the buffers do."""
-        block = buffers[0].base   # separate arrays' (4 MB or more each) is a capsule
+        block = buffers[0].base   # separate arrays' (4 MB or more each): a capsule or None
         if isinstance(block, np.ndarray) and self.dtype != self.compute_dtype:
             return list(self.result(block))
         return [self.result(b) for b in buffers]

@@ -273,22 +273,21 @@ def test_float16_outputs_of_4_mb_or_more_in_float32():
     H = 8
     B = _kernels.SHARED_BLOCK_BYTES // (H * 4)
     lstm16, gru16 = lstm_cell_inputs(B, 1, H, np.float16), gru_cell_inputs(B, 1, H, np.float16)
-    for dtype in (np.float16, np.float32):   # the float16 inputs, then them in float32
+
+    def outputs(dtype):   # the four ops on the float16 inputs, given as `dtype`
         lstm = {k: v.astype(dtype) for k, v in lstm16.items()}
         gru = {k: v.astype(dtype) for k, v in gru16.items()}
-        calls = [("lstm_block_cell", blockrnn.lstm_block_cell(**lstm)),
-                 ("block_lstm_v2", blockrnn.block_lstm_v2(1, **dict(lstm, x=lstm["x"][None]))),
-                 ("gru_block_cell", blockrnn.gru_block_cell(**gru)),
-                 ("block_gru", blockrnn.block_gru(1, **dict(gru, x=gru["x"][None])))]
-        if dtype == np.float16:
-            halves = calls
-            continue
-        for (name, half), (_, full) in zip(halves, calls):
-            for k, (a, want) in enumerate(zip(half, full)):
-                assert a.dtype == np.float16 and a.shape == want.shape, (name, k)
-                assert not any(np.shares_memory(a, b) for b in half[k + 1:]), (name, k)
-                # float16 inputs are exact in float32: the same sums, one rounding
-                np.testing.assert_array_equal(a, want.astype(np.float16), err_msg=name)
+        return [("lstm_block_cell", blockrnn.lstm_block_cell(**lstm)),
+                ("block_lstm_v2", blockrnn.block_lstm_v2(1, **dict(lstm, x=lstm["x"][None]))),
+                ("gru_block_cell", blockrnn.gru_block_cell(**gru)),
+                ("block_gru", blockrnn.block_gru(1, **dict(gru, x=gru["x"][None])))]
+
+    for (name, half), (_, full) in zip(outputs(np.float16), outputs(np.float32)):
+        for k, (a, want) in enumerate(zip(half, full)):
+            assert a.dtype == np.float16 and a.shape == want.shape, (name, k)
+            assert not any(np.shares_memory(a, b) for b in half[k + 1:]), (name, k)
+            # float16 inputs are exact in float32: the same sums, one rounding
+            np.testing.assert_array_equal(a, want.astype(np.float16), err_msg=name)
 
 
 def _swapped(a):

@@ -326,11 +326,12 @@ def test_a_small_call_after_an_idle_spell_runs_alone(name, make):
     assert _kernels.openmp_max_threads() >= 2, "this test needs 2 OpenMP threads"
     layer = make()
     x = np.random.default_rng(6).standard_normal((48, 1, 64)).astype(np.float32)
-    assert layer.inference()._runs[0].idle_ns == 200_000   # the default
+    default = layer.inference()
+    assert default._runs[0].idle_ns == 200_000
     # A spell of 50 ms, not the default's 200 us: between two calls of this test the
     # interpreter alone can take over 200 us (seen under ASan with PYTHONMALLOC=malloc
     # on a CI machine), and a VM's host can pause a CPU for a few ms.
-    infer = type(layer.inference())(layer, idle_ns=50_000_000)
+    infer = type(default)(layer, idle_ns=50_000_000)
     run = infer._runs[0]
     want = infer(x)[0]
     assert run.last_threads == 1                       # the first call: never called before
@@ -726,4 +727,4 @@ def test_a_call_on_several_threads_writes_y_from_a_cache_line(name, make):
         assert run.last_threads == 2
     for y in ys:
         assert y.ctypes.data % 64 == 0 and y.flags.c_contiguous and y.shape == (9, 1, 256)
-    np.testing.assert_array_equal(ys[0], infer._runs[0].forward(x, max_threads=1)[0])
+    np.testing.assert_array_equal(ys[0], run.forward(x, max_threads=1)[0])
