@@ -185,18 +185,29 @@ cdef void gru_ra_forward_packed_step(
         const float* packed, const float* h_in, const float* b_ih,
         const float* b_hh, const int64_t* lengths, float* g,
         float* r, float* z, float* n, float* hn, float* h,
-        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Step t of the float32 forward for the cells [u0, u1): their three gate
-    columns of h_in @ w_hh^T into g by the packed kernel, then their gates
-    (r[t], z[t], n[t] hold x[t] @ w_ih^T already, see gru_ra_forward_packed)."""
-    cdef Py_ssize_t ps = brnn_packed_size(H, H), BH = B * H
-    if u1 <= u0:
+        Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
+        brnn_barrier* rows_bar, int nt) noexcept nogil:
+    """Step t of the float32 forward: the three gate columns of the cells
+    [u0, u1) of h_in @ w_hh^T into g by the packed kernel, then the gates
+    (r[t], z[t], n[t] hold x[t] @ w_ih^T already, see gru_ra_forward_packed):
+    with rows_bar, those of the rows [r0, r1), every cell, after a barrier of
+    the nt threads; without, those of the cells [u0, u1), every row."""
+    cdef Py_ssize_t ps = brnn_packed_size(H, H), k
+    if u1 > u0:
+        packed_product(B, H, h_in, H, packed, u0, u1, False, g, 3 * H)
+        packed_product(B, H, h_in, H, packed + ps, u0, u1, False, g + H, 3 * H)
+        packed_product(B, H, h_in, H, packed + 2 * ps, u0, u1, False, g + 2 * H, 3 * H)
+    if rows_bar != NULL:
+        brnn_barrier_wait(rows_bar, nt)
+        u0, u1 = 0, H
+    else:
+        r0, r1 = 0, B
+    if u1 <= u0 or r1 <= r0:
         return
-    packed_product(B, H, h_in, H, packed, u0, u1, False, g, 3 * H)
-    packed_product(B, H, h_in, H, packed + ps, u0, u1, False, g + H, 3 * H)
-    packed_product(B, H, h_in, H, packed + 2 * ps, u0, u1, False, g + 2 * H, 3 * H)
-    gru_ra_forward_block[float](B, H, g, b_ih, b_hh, h_in, lengths, t, r + t * BH,
-                                z + t * BH, n + t * BH, hn + t * BH, h + t * BH, u0, u1 - u0)
+    k = (t * B + r0) * H
+    gru_ra_forward_block[float](r1 - r0, H, g + r0 * 3 * H, b_ih, b_hh, h_in + r0 * H,
+                                lengths_from(lengths, r0), t, r + k, z + k, n + k, hn + k,
+                                h + k, u0, u1 - u0)
 
 
 cdef void gru_ra_forward_packed(
@@ -211,34 +222,42 @@ cdef void gru_ra_forward_packed(
     for all L steps, each thread owning a fixed slice of cells (unit_start).
     Before the loop a thread computes their input projection of all L steps
     into r, z, n: x[:L] @ w_ih^T, one product of L*B rows per gate block
-    (packed_inputs_part; it reads back only the columns it wrote, so no
-    barrier); then at every step their recurrent product and gates; one
-    barrier per step (step t+1 reads all of h[t]). Each product element is
+    (packed_inputs_part); then at every step their recurrent product, and
+    the gates: with gates_by_rows those of its block of rows, every cell,
+    after a barrier (as lstm_forward_packed), else those of its cells (it
+    reads back only the columns it wrote); then the step's barrier (step t+1
+    reads all of h[t]). Each product element is
     one packed-kernel sum, as when x[t] @ w_ih^T ran inside each step: the
     bits depend neither on n_threads nor on the hoist."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, psx = brnn_packed_size(I, H)
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
+    cdef Py_ssize_t psx = brnn_packed_size(I, H)
     cdef const float* packed_x = packed + 3 * brnn_packed_size(H, H)
     cdef int tid, nt
     cdef float* dst[3]
-    cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef brnn_barrier bar, rows_bar
+    memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     dst[0], dst[1], dst[2] = r, z, n
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, 0, H)
         for t in range(L):
             gru_ra_forward_packed_step(t, B, H, packed, h_prev if t == 0 else h + (t - 1) * BH,
-                                       b_ih, b_hh, lengths, g, r, z, n, hn, h, 0, H)
+                                       b_ih, b_hh, lengths, g, r, z, n, hn, h, 0, H, 0, B,
+                                       NULL, 1)
         return
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
+        r0 = tid * B // nt
+        r1 = (tid + 1) * B // nt
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, u0, u1)
         for t in range(L):
             gru_ra_forward_packed_step(t, B, H, packed, h_prev if t == 0 else h + (t - 1) * BH,
-                                       b_ih, b_hh, lengths, g, r, z, n, hn, h, u0, u1)
+                                       b_ih, b_hh, lengths, g, r, z, n, hn, h, u0, u1, r0, r1,
+                                       &rows_bar if by_rows else NULL, nt)
             brnn_barrier_wait(&bar, nt)
 
 
@@ -432,17 +451,19 @@ cdef void gru_ra_backward_packed(
         int n_threads) noexcept nogil:
     """The reverse time loop of the float32 backward over the steps [t0, t1):
     ONE parallel region of n_threads, each thread owning the cells [u0, u1).
-    At step t a thread computes dG[t] for its cells (all four blocks) and
-    sets its cells' carry to dh * z; after the step's one barrier (the
-    product needs every column of dG[t]), carry[:, u0:u1] += dG_h[t] @
-    w_hh[:, u0:u1] in the packed kernel. Its next step reads only its own
-    cells' carry, and dG has one buffer per step, so one barrier per step is
-    enough. The bits do not depend on n_threads."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H, G4 = 4 * H
+    At step t a thread computes dG[t] for its cells (all four blocks), or
+    with gates_by_rows for its block of rows, and sets their carry to
+    dh * z; after the step's barrier (the product needs every column of
+    dG[t]), carry[:, u0:u1] += dG_h[t] @ w_hh[:, u0:u1] in the packed
+    kernel. By cells its next step reads only its own cells' carry, and dG
+    has one buffer per step, so one barrier per step is enough; by rows a
+    second barrier follows the product. The bits do not depend on n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
     cdef int tid = 0, nt = 1
-    cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef brnn_barrier bar, rows_bar
+    memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         for t in range(t1 - 1, t0 - 1, -1):
             gru_ra_backward_block[float](
@@ -456,16 +477,23 @@ cdef void gru_ra_backward_packed(
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
+        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows else B
+        rk = r0 * H
         for t in range(t1 - 1, t0 - 1, -1):
-            if u1 > u0:
+            if r1 > r0 and (by_rows or u1 > u0):
                 gru_ra_backward_block[float](
-                    B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH, z + t * BH,
-                    n + t * BH, hn + t * BH, h_grad + t * BH, lengths, t, carry,
-                    dg + (t - t0) * B * G4, u0, u1 - u0)
+                    r1 - r0, H, (h_prev if t == 0 else h + (t - 1) * BH) + rk,
+                    r + t * BH + rk, z + t * BH + rk, n + t * BH + rk, hn + t * BH + rk,
+                    h_grad + t * BH + rk, lengths_from(lengths, r0), t, carry + rk,
+                    dg + (t - t0) * B * G4 + r0 * G4, 0 if by_rows else u0,
+                    H if by_rows else u1 - u0)
             brnn_barrier_wait(&bar, nt)
             if u1 > u0:
                 packed_product(B, 3 * H, dg + (t - t0) * B * G4, G4, packed, u0, u1, True,
                                carry, H)
+            if by_rows:   # the next step's gates read every cell of the carry
+                brnn_barrier_wait(&rows_bar, nt)
 
 
 cdef void gru_ra_backward_products(

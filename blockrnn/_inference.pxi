@@ -28,8 +28,11 @@
 #
 # Threads: ONE parallel region per call on up to max_threads threads from the
 # thread budget (brnn_budget_take), also at batch 1: each thread owns whole
-# 16-cell panels (unit_start); one barrier per step (two for the TF GRU,
-# whose c product reads every cell's r * h). The barrier that ends a step
+# 16-cell panels (unit_start) of the products; one barrier per step (two for
+# the TF GRU, whose c product reads every cell's r * h), and from batch 2 on
+# (LSTM, reset-after GRU: gates_by_rows) a second one between the products and
+# the gate math, which then runs by rows (a barrier within the step: a stall
+# there counts as the step's, brnn_barrier_wait_within). The barrier that ends a step
 # can shed (brnn_barrier_wait_shed in include/brnn_packed.h): when another
 # caller had to be granted a thread beyond the budget, or a thread waited
 # over 1 ms for its partner (another process held that core) or found it on
@@ -49,7 +52,8 @@
 cdef enum:
     # Batches of fewer rows hoist the input projection of all steps out of the
     # time loop (before it, in the same region: each thread its own columns,
-    # no barrier), as one product of L*B rows: full tiles instead of B-row
+    # read back by rows after the first step's barrier within, or by the same
+    # thread), as one product of L*B rows: full tiles instead of B-row
     # ones. Its buffer [L, B, G] is allocated only then, and only up to
     # INFER_HOIST_MAX floats.
     INFER_HOIST_ROWS = 12
@@ -189,27 +193,31 @@ cdef void lstm_infer_step(
         float forget_bias, float cell_clip, bint peep, const int64_t* lengths,
         const float* x, const float* h_in, const float* c_in, bint hoisted,
         const float* gates, float* xg, float* g, float* c_out, float* y,
-        float* h_n, float* c_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+        float* h_n, float* c_n, Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
+        brnn_barrier* rows_bar, int nt, brnn_barrier* step_bar) noexcept nogil:
     """Step t for the cells [u0, u1): xg = x[t] @ W_x (unless hoisted: then xg
     already holds it) and g = h_in @ W_h (gate columns in W's layout, [B, 4H]
     each), then brnn_lstm_infer_row_f32 (the training forward's gate math with
     acc, pre = (xg + g) + b, writing c_out and h = y[t] only); a row's last
-    step also writes its final state. With `gates` (batch 1: W_h in the
-    gate-interleaved layout of brnn_inference.h), panel by panel: a 16-cell
-    panel's four gate columns in one product, then its gate math at once."""
+    step also writes its final state. With rows_bar, the gate math is that of
+    the rows [r0, r1), every cell, after a barrier of the nt threads (within
+    the step's barrier step_bar); without, that of the cells [u0, u1), every
+    row. With `gates` (batch 1: W_h in the gate-interleaved layout of
+    brnn_inference.h), panel by panel: a 16-cell panel's four gate columns in
+    one product, then its gate math at once."""
     cdef Py_ssize_t q, r, k, p, c0, nu = u1 - u0, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* xr
     cdef float* gr
     cdef float* yt = y + t * B * H
     cdef float gp[64]   # one panel's gate columns: [4, 16], W's gate order
-    if nu <= 0:
-        return
-    if not hoisted:
+    if nu > 0 and not hoisted:
         for q in range(4):
             step_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
                          xg + q * H, G4)
     if gates != NULL:   # batch 1: every step t < L = lengths[0] is valid
+        if nu <= 0:
+            return
         for p in range(u0 // BRNN_NR, (u1 + BRNN_NR - 1) // BRNN_NR):
             c0 = p * BRNN_NR
             row1_gates_product(H, h_in, gates + p * H * 4 * BRNN_NR, 4, gp)
@@ -224,9 +232,18 @@ cdef void lstm_infer_step(
             memcpy(h_n + u0, yt + u0, nu * sizeof(float))
             memcpy(c_n + u0, c_out + u0, nu * sizeof(float))
         return
-    for q in range(4):
-        recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H, G4)
-    for r in range(B):
+    if nu > 0:
+        for q in range(4):
+            recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H,
+                              G4)
+    if rows_bar != NULL:
+        brnn_barrier_wait_within(rows_bar, nt, step_bar)
+        u0, nu = 0, H
+    else:
+        r0, r1 = 0, B
+    if nu <= 0:
+        return
+    for r in range(r0, r1):
         k = r * H + u0
         if finished(lengths, r, t):   # as lstm_forward_block: zeros
             memset(yt + k, 0, nu * sizeof(float))
@@ -267,7 +284,7 @@ cdef int lstm_infer(
         int want, int max_threads) noexcept nogil:
     """The float32 LSTM inference forward (see the top of this file); returns
     region_end's answer."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, G4 = 4 * H
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* g = ws
     cdef float* cbuf = g + B * G4        # [2, B, H]: c of even / odd steps
@@ -276,11 +293,14 @@ cdef int lstm_infer(
     cdef Py_ssize_t xstep = B * G4 if hoisted else 0
     cdef bint patient
     cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
-    cdef brnn_barrier bar
+    cdef bint by_rows
+    cdef brnn_barrier bar, rows_bar
     memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     memcpy(h_n, h0, BH * sizeof(float))
     memcpy(c_n, c0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
+    by_rows = gates == NULL and gates_by_rows(B, granted)
     patient = infer_patient(L, B, I, H, 4 * H, granted)
     if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
         if hoisted:
@@ -289,14 +309,17 @@ cdef int lstm_infer(
             lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
                             cell_clip, peep, lengths, x, h0 if t == 0 else y + (t - 1) * BH,
                             c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
-                            gates, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n, 0, H)
+                            gates, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n, 0, H,
+                            0, B, NULL, 1, NULL)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
             nt = brnn_omp_get_num_threads()
             u0 = unit_start(H, tid, nt)
             u1 = unit_start(H, tid + 1, nt)
-            if hoisted:   # each thread its own columns: no barrier needed
+            r0 = tid * B // nt if by_rows else 0
+            r1 = (tid + 1) * B // nt if by_rows else B
+            if hoisted:   # each thread its own columns (read back by rows after a barrier)
                 infer_inputs(L * B, I, H, 4, x, packed + 4 * ps, psx, xg, u0, u1)
             for t in range(L):
                 lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
@@ -304,11 +327,12 @@ cdef int lstm_infer(
                                 h0 if t == 0 else y + (t - 1) * BH,
                                 c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
                                 gates, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n,
-                                u0, u1)
+                                u0, u1, r0, r1, &rows_bar if nt > 1 and by_rows else NULL, nt,
+                                &bar)
                 if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, patient):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
                         break
-                    nt, u0, u1 = 1, 0, H
+                    nt, u0, u1, r0, r1 = 1, 0, H, 0, B
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
     return region_end(&bar, granted)
 
@@ -437,10 +461,13 @@ cdef void gru_ra_infer_step(
         Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed, const float* b_ih, const float* b_hh, const int64_t* lengths,
         const float* x, const float* h_in, bint hoisted, const float* gates, float* xg,
-        float* g, float* hn, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
+        float* g, float* hn, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1,
+        Py_ssize_t r0, Py_ssize_t r1, brnn_barrier* rows_bar, int nt,
+        brnn_barrier* step_bar) noexcept nogil:
     """Step t for the cells [u0, u1): xg = x[t] @ w_ih^T (unless hoisted),
     g = h_in @ w_hh^T ([B, 3H] each, blocks r, z, n), then
-    brnn_gru_ra_forward_row_f32 into y[t]. With `gates` (batch 1: w_hh^T
+    brnn_gru_ra_forward_row_f32 into y[t], by rows after a barrier if
+    rows_bar, as lstm_infer_step. With `gates` (batch 1: w_hh^T
     gate-interleaved, brnn_inference.h), panel by panel as lstm_infer_step."""
     cdef Py_ssize_t q, row, k, p, c0, nu = u1 - u0, H3 = 3 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
@@ -448,13 +475,13 @@ cdef void gru_ra_infer_step(
     cdef float* gr
     cdef float* yt = y + t * B * H
     cdef float gp[48]   # one panel's gate columns: [3, 16], r, z, n
-    if nu <= 0:
-        return
-    if not hoisted:
+    if nu > 0 and not hoisted:
         for q in range(3):
             step_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
                          xg + q * H, H3)
     if gates != NULL:   # batch 1: every step t < L = lengths[0] is valid
+        if nu <= 0:
+            return
         for p in range(u0 // BRNN_NR, (u1 + BRNN_NR - 1) // BRNN_NR):
             c0 = p * BRNN_NR
             row1_gates_product(H, h_in, gates + p * H * 3 * BRNN_NR, 3, gp)
@@ -466,9 +493,18 @@ cdef void gru_ra_infer_step(
         if last_step(lengths, 0, t, L):
             memcpy(h_n + u0, yt + u0, nu * sizeof(float))
         return
-    for q in range(3):
-        recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H, H3)
-    for row in range(B):
+    if nu > 0:
+        for q in range(3):
+            recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H,
+                              H3)
+    if rows_bar != NULL:
+        brnn_barrier_wait_within(rows_bar, nt, step_bar)
+        u0, nu = 0, H
+    else:
+        r0, r1 = 0, B
+    if nu <= 0:
+        return
+    for row in range(r0, r1):
         k = row * H + u0
         if finished(lengths, row, t):
             memset(yt + k, 0, nu * sizeof(float))
@@ -491,9 +527,9 @@ cdef int gru_ra_infer(
         const float* x, const float* h0, const int64_t* lengths,
         float* ws,                # workspace [gru_infer_workspace(L, B, H)]
         float* y, float* h_n, int want, int max_threads) noexcept nogil:
-    """The float32 reset-after GRU inference forward, one barrier per step.
-    Returns as lstm_infer."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    """The float32 reset-after GRU inference forward, one barrier per step
+    (two by rows, as lstm_infer). Returns as lstm_infer."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* g = ws
     cdef float* hn = g + 3 * BH
@@ -502,10 +538,13 @@ cdef int gru_ra_infer(
     cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
     cdef bint patient
     cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
-    cdef brnn_barrier bar
+    cdef bint by_rows
+    cdef brnn_barrier bar, rows_bar
     memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     memcpy(h_n, h0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
+    by_rows = gates == NULL and gates_by_rows(B, granted)
     patient = infer_patient(L, B, I, H, 3 * H, granted)
     if granted == 1:
         if hoisted:
@@ -513,23 +552,26 @@ cdef int gru_ra_infer(
         for t in range(L):
             gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
                               h0 if t == 0 else y + (t - 1) * BH, hoisted, gates,
-                              xg + t * xstep, g, hn, y, h_n, 0, H)
+                              xg + t * xstep, g, hn, y, h_n, 0, H, 0, B, NULL, 1, NULL)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
             nt = brnn_omp_get_num_threads()
             u0 = unit_start(H, tid, nt)
             u1 = unit_start(H, tid + 1, nt)
+            r0 = tid * B // nt if by_rows else 0
+            r1 = (tid + 1) * B // nt if by_rows else B
             if hoisted:
                 infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, u0, u1)
             for t in range(L):
                 gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
                                   h0 if t == 0 else y + (t - 1) * BH, hoisted, gates,
-                                  xg + t * xstep, g, hn, y, h_n, u0, u1)
+                                  xg + t * xstep, g, hn, y, h_n, u0, u1, r0, r1,
+                                  &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
                 if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, patient):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
                         break
-                    nt, u0, u1 = 1, 0, H
+                    nt, u0, u1, r0, r1 = 1, 0, H, 0, B
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
     return region_end(&bar, granted)
 

@@ -520,21 +520,32 @@ cdef void lstm_forward_packed_step(
         const float* b, const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
         float* g, float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
-        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Step t of the float32 forward for the cells [u0, u1): their four gate
-    columns of g = h_in @ W_h (recurrent_product: W_h's blocks in the wide
-    layout at batch 1, else panels), then their gates (the gate outputs at t
-    hold x[t] @ W_x already, see lstm_forward_packed)."""
+        Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
+        brnn_barrier* rows_bar, int nt) noexcept nogil:
+    """Step t of the float32 forward: the four gate columns of the cells
+    [u0, u1) of g = h_in @ W_h (recurrent_product: W_h's blocks in the wide
+    layout at batch 1, else panels), then the gates (the gate outputs at t
+    hold x[t] @ W_x already, see lstm_forward_packed). With rows_bar, the
+    gates are those of the rows [r0, r1), every cell, after a barrier of the
+    nt threads (each thread computed only its cells' columns of g); without,
+    those of the cells [u0, u1), every row."""
     cdef Py_ssize_t q, ps = brnn_packed_size(H, H), BH = B * H
-    if u1 <= u0:
+    if u1 > u0:
+        for q in range(4):
+            recurrent_product(B, H, h_in, packed + q * ps, wide, H, u0, u1, False, g + q * H,
+                              4 * H)
+    if rows_bar != NULL:
+        brnn_barrier_wait(rows_bar, nt)
+        u0, u1 = 0, H
+    else:
+        r0, r1 = 0, B
+    if u1 <= u0 or r1 <= r0:
         return
-    for q in range(4):
-        recurrent_product(B, H, h_in, packed + q * ps, wide, H, u0, u1, False, g + q * H,
-                          4 * H)
-    lstm_forward_block[float](B, H, off, g, b, cs_in, wci, wcf, wco, forget_bias, cell_clip,
-                              use_peephole, lengths, t, True, i_ + t * BH, cs + t * BH,
-                              f + t * BH, o + t * BH, ci + t * BH, co + t * BH, h + t * BH,
-                              u0, u1 - u0)
+    BH = t * BH + r0 * H
+    lstm_forward_block[float](r1 - r0, H, off, g + r0 * 4 * H, b, cs_in + r0 * H, wci, wcf,
+                              wco, forget_bias, cell_clip, use_peephole,
+                              lengths_from(lengths, r0), t, True, i_ + BH, cs + BH, f + BH,
+                              o + BH, ci + BH, co + BH, h + BH, u0, u1 - u0)
 
 
 cdef void lstm_pack_cols(Py_ssize_t I, Py_ssize_t H, const float* w_x, const float* w_h,
@@ -567,19 +578,24 @@ cdef int lstm_forward_packed(
     W_h and W_x (pack_cols) and computes their input projection of all L
     steps into the gate outputs, x[:L] @ W_x as one
     product of L*B rows per gate (packed_inputs_part), then at each step their
-    recurrent product and gates; one barrier per step, since step t+1 reads
-    all of h[t]. A thread reads back only the columns it wrote, so the hoist
-    needs no barrier. No BLAS call inside. Each product element is one
+    recurrent product, and the gates: with gates_by_rows (every thread gets a
+    row), those of its block of rows, every cell, after a barrier (the rows'
+    other columns of g, and at step 0 of the hoist, are other threads'); else
+    those of its cells, reading back only the columns it wrote. Then the
+    step's barrier, since step t+1 reads all of h[t]. No BLAS call inside. Each product element is one
     packed-kernel sum, the same as when x[t] @ W_x ran inside each step: the
     bits depend neither on n_threads nor on the hoist. At batch 1 the step
     barrier can shed (step_barrier). Returns the threads the caller gives
     back to the budget (region_threads)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H, psx = brnn_packed_size(I, H)
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
+    cdef Py_ssize_t psx = brnn_packed_size(I, H)
     cdef float* packed_x = packed + 4 * brnn_packed_size(H, H)
+    cdef bint by_rows = gates_by_rows(B, n_threads)
     cdef int q, tid, nt, cores = brnn_omp_get_num_procs()
     cdef float* dst[4]    # the gate output of W's column block q
-    cdef brnn_barrier bar
+    cdef brnn_barrier bar, rows_bar
     memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     for q in range(4):
         dst[q] = (i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f
                   else o)
@@ -590,24 +606,28 @@ cdef int lstm_forward_packed(
             lstm_forward_packed_step(
                 t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
                 h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
-                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H)
+                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H, 0, B,
+                NULL, 1)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
+        r0 = tid * B // nt
+        r1 = (tid + 1) * B // nt
         lstm_pack_cols(I, H, w_x, w_h, s, wide, u0, u1, packed)
         packed_inputs_part(L * B, I, H, 4, x, packed_x, psx, dst, u0, u1)
         for t in range(L):
             lstm_forward_packed_step(
                 t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
                 h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
-                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1)
+                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1, r0, r1,
+                &rows_bar if nt > 1 and by_rows else NULL, nt)
             if nt > 1 and step_barrier(&bar, nt, cores, B == 1):
                 if tid != 0:   # shed: thread 0 runs every cell of the steps left
                     break
-                nt, u0, u1 = 1, 0, H
+                nt, u0, u1, r0, r1 = 1, 0, H, 0, B
     return region_threads(&bar, n_threads)
 
 
@@ -850,18 +870,23 @@ cdef int lstm_backward_packed(
     """The reverse time loop of the float32 backward over the steps [t0, t1):
     ONE parallel region of n_threads, each thread owning a fixed slice of
     cells [u0, u1) (and, if `pack`, packing their columns of W_h^T first:
-    the first chunk's region). At step t a thread computes dG[t] for its cells (all four
-    gate columns), then, after the step's one barrier (dh needs every column
+    the first chunk's region). At step t a thread computes dG[t] for its
+    cells (all four gate columns), or with gates_by_rows for its block of
+    rows (every cell), then, after the step's barrier (dh needs every column
     of dG[t]), dh[:, u0:u1] = dG[t] @ W_h^T[:, u0:u1] (recurrent_product).
-    Its next step reads only its own cells' carries, and dG has one buffer
-    per step, so one barrier per step is enough. At batch 1 the barrier can
+    By cells, its next step reads only its own cells' carries, and dG has
+    one buffer per step, so one barrier per step is enough; by rows, a
+    second barrier follows the product (the next step's rows read every
+    column of dh). At batch 1 the barrier can
     shed (step_barrier): thread 0 then computes dh for every cell, from this
     step on. The bits do not depend on n_threads. Returns the threads the
     caller gives back to the budget (region_threads)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H, G4 = 4 * H
+    cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
     cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
-    cdef brnn_barrier bar
+    cdef brnn_barrier bar, rows_bar
+    cdef bint by_rows = gates_by_rows(B, n_threads)
     memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         if pack:
             pack_cols(G4, H, w_h, s.hn, s.hk, wide, 0, H, packed_t)
@@ -881,13 +906,18 @@ cdef int lstm_backward_packed(
         u1 = unit_start(H, tid + 1, nt)
         if pack:
             pack_cols(G4, H, w_h, s.hn, s.hk, wide, u0, u1, packed_t)
+        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows else B
+        rk = r0 * H
         for t in range(t1 - 1, t0 - 1, -1):
-            if u1 > u0:
+            if r1 > r0 and (by_rows or u1 > u0):
                 lstm_backward_block[float](
-                    B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
-                    f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
-                    h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths,
-                    t, dg + (t - t0) * B * G4, cs_prev_grad, u0, u1 - u0)
+                    r1 - r0, H, off, (cs_prev if t == 0 else cs + (t - 1) * BH) + rk,
+                    i_ + t * BH + rk, f + t * BH + rk, o + t * BH + rk, ci + t * BH + rk,
+                    co + t * BH + rk, cs_grad + t * BH + rk, h_grad + t * BH + rk,
+                    h_prev_grad + rk, wci, wcf, wco, use_peephole, True,
+                    lengths_from(lengths, r0), t, dg + (t - t0) * B * G4 + r0 * G4,
+                    cs_prev_grad + rk, 0 if by_rows else u0, H if by_rows else u1 - u0)
             if nt > 1 and step_barrier(&bar, nt, cores, B == 1):
                 if tid != 0:   # shed: thread 0 computes dh for every cell from here
                     break
@@ -895,6 +925,8 @@ cdef int lstm_backward_packed(
             if u1 > u0:
                 recurrent_product(B, G4, dg + (t - t0) * B * G4, packed_t, wide, H, u0, u1,
                                   False, h_prev_grad, H)
+            if by_rows:   # the next step's gates read every cell of dh
+                brnn_barrier_wait(&rows_bar, nt)
     return region_threads(&bar, n_threads)
 
 

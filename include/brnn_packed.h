@@ -355,7 +355,8 @@ static inline long long brnn_now_ns(void) {
  * every check. With slow_ns > 0, a wait past slow_ns sets b->stalled and the
  * time spent yielding is added to b->waited_ns (see brnn_barrier_wait_shed);
  * the clock is read only once yielding began. */
-static inline void brnn_barrier_await(brnn_barrier *b, int gen, long long slow_ns) {
+static inline void brnn_barrier_await_into(brnn_barrier *b, int gen, long long slow_ns,
+                                           brnn_barrier *acct) {
     long long start = 0;
     for (int spin = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; spin++) {
         if (spin < BRNN_BARRIER_SPINS) {
@@ -368,12 +369,16 @@ static inline void brnn_barrier_await(brnn_barrier *b, int gen, long long slow_n
             if (start == 0)
                 start = brnn_now_ns();
             else if (brnn_now_ns() - start > slow_ns)
-                __atomic_store_n(&b->stalled, 1, __ATOMIC_RELAXED);
+                __atomic_store_n(&acct->stalled, 1, __ATOMIC_RELAXED);
         }
         sched_yield();
     }
     if (start != 0)
-        __atomic_fetch_add(&b->waited_ns, brnn_now_ns() - start, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&acct->waited_ns, brnn_now_ns() - start, __ATOMIC_RELAXED);
+}
+
+static inline void brnn_barrier_await(brnn_barrier *b, int gen, long long slow_ns) {
+    brnn_barrier_await_into(b, gen, slow_ns, b);
 }
 
 static inline void brnn_barrier_wait(brnn_barrier *b, int n) {
@@ -630,6 +635,17 @@ static inline int brnn_patient_sheds(long long waited_ns, long long elapsed_ns) 
     return elapsed_ns >= BRNN_PATIENT_SPAN_NS && 3 * waited_ns >= elapsed_ns;
 }
 
+/* A barrier inside a step whose end is a shedding barrier `step`
+ * (brnn_barrier_wait_shed): a partner's stall seen here counts there, as if
+ * the step's barrier had waited for it. */
+static inline void brnn_barrier_wait_within(brnn_barrier *b, int n, brnn_barrier *step) {
+    int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == n) {
+        __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
+        return;
+    }
+
 /* brnn_barrier_wait, then 1 if the call goes on with one thread (every
  * thread of the call gets the same answer), else 0. `cores`: the CPUs this
  * process may run on.
@@ -645,6 +661,9 @@ static inline int brnn_patient_sheds(long long waited_ns, long long elapsed_ns) 
  * VM's or the kernel's moment costs less than finishing on one thread, sheds
  * only when its waits add up (brnn_patient_sheds; see INFER_SHORT_STEP_WORK in
  * blockrnn/_inference.pxi). Over-commit sheds at once either way. */
+   brnn_barrier_await_into(b, gen, BRNN_SHED_WAIT_NS, step);
+}
+
 static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores, int patient) {
     int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
     int cpu = brnn_current_cpu();

@@ -159,6 +159,10 @@ def test_the_shapes_reach_the_threaded_routes():
     assert _kernels.packed_threads_for(B, 4 * H, H, H, 4) >= 2
     assert _kernels.packed_gemm_threads_for(T * B * 4 * H * (2 * I + H), 4) == 4
     assert SHAPES[1][1] == 1 and SHAPES[2][3] % 16 != 0
+    # the step's gate math by rows (batch 16; batch 3 on 2 or 3 threads) and by
+    # cells (batch 1; batch 3 on 4 threads), so both splits are checked
+    assert _kernels.gates_by_rows_for(B, 2) and _kernels.gates_by_rows_for(SHAPES[2][1], 3)
+    assert not _kernels.gates_by_rows_for(1, 2) and not _kernels.gates_by_rows_for(3, 4)
     H1 = SHAPES[1][3]   # batch 1: the LSTM's forward and reverse loops on 2+ threads too
     assert _kernels.sequence_threads_for(1, H1, 4 * H1, H1, 4) == 4
     assert _kernels.sequence_threads_for(1, 4 * H1, H1, H1, 4) == 4
