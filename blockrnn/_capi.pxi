@@ -51,7 +51,7 @@ cdef int api_block_lstm_grad(
         floating* wco_grad, floating* b_grad) noexcept nogil:
     cdef floating* ws = <floating*>malloc(
         block_lstm_backward_workspace(L, B, H, I, floating is float, 1) * sizeof(floating))
-    cdef double* acc = <double*>malloc((3 * 4 * H + 1) * sizeof(double))
+    cdef double* acc = <double*>malloc(lstm_sums_workspace(L, B, H) * sizeof(double))
     if ws == NULL or acc == NULL:
         free(ws)
         free(acc)

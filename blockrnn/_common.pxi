@@ -64,6 +64,102 @@ cdef void column_sums(Py_ssize_t rows, Py_ssize_t cols, const floating* a,
 
 
 
+cdef extern from "brnn_math.h" nogil:
+    void brnn_column_sums_f32(Py_ssize_t rows, Py_ssize_t n, const float* a, Py_ssize_t lda,
+                              double* acc)
+    void brnn_column_sums_f64(Py_ssize_t rows, Py_ssize_t n, const double* a, Py_ssize_t lda,
+                              double* acc)
+    void brnn_product_sums_f32(Py_ssize_t rows, Py_ssize_t n, const float* a, Py_ssize_t lda,
+                               const float* b, Py_ssize_t ldb, double* acc)
+    void brnn_product_sums_f64(Py_ssize_t rows, Py_ssize_t n, const double* a, Py_ssize_t lda,
+                               const double* b, Py_ssize_t ldb, double* acc)
+
+
+cdef enum:
+    # Rows per block of the backwards' bias (and peephole) gradient sums over
+    # a chunk's rows of dG: each block's rows are summed in order into its own
+    # partial sums (any thread may take a block), then the partials are added
+    # in block order, so the bits depend on the shapes only. A block of 256
+    # rows of 4H floats stays in L2 while its sums run.
+    SUM_BLOCK_ROWS = 256
+
+
+cdef inline Py_ssize_t sum_blocks(Py_ssize_t rows) noexcept nogil:
+    """The blocks of SUM_BLOCK_ROWS rows (the last one shorter) of `rows` rows."""
+    return (rows + SUM_BLOCK_ROWS - 1) // SUM_BLOCK_ROWS
+
+
+cdef inline void column_sums_rows(Py_ssize_t rows, Py_ssize_t n, const floating* a,
+                                  Py_ssize_t lda, double* acc) noexcept nogil:
+    """acc[j] += a[r, j] over `rows` rows in order (row stride lda)."""
+    if floating is float:
+        brnn_column_sums_f32(rows, n, a, lda, acc)
+    else:
+        brnn_column_sums_f64(rows, n, a, lda, acc)
+
+
+cdef inline void product_sums_rows(Py_ssize_t rows, Py_ssize_t n, const floating* a,
+                                   Py_ssize_t lda, const floating* b, Py_ssize_t ldb,
+                                   double* acc) noexcept nogil:
+    """acc[j] += a[r, j] * b[r, j] over `rows` rows in order."""
+    if floating is float:
+        brnn_product_sums_f32(rows, n, a, lda, b, ldb, acc)
+    else:
+        brnn_product_sums_f64(rows, n, a, lda, b, ldb, acc)
+
+
+cdef inline int sum_threads(Py_ssize_t rows, int max_threads) noexcept nogil:
+    """Threads the blocked sums of `rows` rows ask of the budget: one per
+    block, at most max_threads."""
+    return <int>max(1, min(sum_blocks(rows), <Py_ssize_t>max_threads))
+
+
+cdef void add_blocks(Py_ssize_t blocks, Py_ssize_t width, const double* part,
+                     double* acc) noexcept nogil:
+    """acc[j] += part[k, j] for the blocks k = 0, 1, ... in order."""
+    cdef Py_ssize_t k, j
+    for k in range(blocks):
+        for j in range(width):
+            acc[j] += part[k * width + j]
+
+
+cdef inline Py_ssize_t sums_workspace(Py_ssize_t L, Py_ssize_t B, Py_ssize_t row,
+                                      Py_ssize_t n) noexcept nogil:
+    """Doubles of a backward's sums over its chunks' rows of a width-n block of
+    dG (row width `row`, chunks of backward_chunk_steps): the sums [n], then
+    a chunk's partial sums [sum_blocks(S * B), n] (blocked_column_sums)."""
+    cdef Py_ssize_t S = max(1, backward_chunk_steps(L, B * row))
+    return n * (1 + sum_blocks(S * B))
+
+
+cdef void column_sums_block(Py_ssize_t k, Py_ssize_t rows, Py_ssize_t n, const floating* a,
+                            Py_ssize_t lda, double* part) noexcept nogil:
+    """Row block k's column sums, part[k] [n] (see blocked_column_sums)."""
+    cdef Py_ssize_t R0 = k * SUM_BLOCK_ROWS
+    memset(part + k * n, 0, n * sizeof(double))
+    column_sums_rows(min(rows, R0 + SUM_BLOCK_ROWS) - R0, n, a + R0 * lda, lda, part + k * n)
+
+
+cdef void blocked_column_sums(
+        Py_ssize_t rows, Py_ssize_t n, const floating* a, Py_ssize_t lda,  # IN a [rows, n]
+        double* part,   # workspace [sum_blocks(rows), n]
+        double* acc,    # IN/OUT [n]
+        int max_threads) noexcept nogil:
+    """acc[j] += sum over rows of a[r, j], in row blocks of SUM_BLOCK_ROWS on up
+    to max_threads threads from the budget, the blocks' sums then added in
+    block order: the bits do not depend on the threads."""
+    cdef Py_ssize_t k, nb = sum_blocks(rows)
+    cdef int threads = brnn_budget_take(sum_threads(rows, max_threads), max_threads)
+    if threads == 1:
+        for k in range(nb):
+            column_sums_block(k, rows, n, a, lda, part)
+    else:
+        for k in prange(nb, num_threads=threads, schedule="static"):
+            column_sums_block(k, rows, n, a, lda, part)
+    brnn_budget_give(threads)
+    add_blocks(nb, n, part, acc)
+
+
 cdef inline void store(Py_ssize_t n, const double* src, floating* dst) noexcept nogil:
     cdef Py_ssize_t j
     for j in range(n):

@@ -156,15 +156,6 @@ cdef void gru_ra_backward_rows(
                               dg + r0 * 4 * H)
 
 
-cdef void column_sums_strided(Py_ssize_t rows, Py_ssize_t cols, const floating* a,
-                              Py_ssize_t lda, double* acc) noexcept nogil:
-    """acc[j] += sum over rows of a[r, j] (a row-major, row stride lda)."""
-    cdef Py_ssize_t r, j
-    for r in range(rows):
-        for j in range(cols):
-            acc[j] += a[r * lda + j]
-
-
 # ---------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------
@@ -443,15 +434,18 @@ cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_
 
 cdef void gru_ra_backward_packed(
         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H,
-        const float* packed,      # IN  w_hh [3H, H] packed
+        const float* w_hh,        # IN  [3H, H]: packed into `packed` first if `pack`
+        bint pack,
+        float* packed,            # IN/OUT w_hh [3H, H] packed (pack_cols)
         const float* h_prev, const float* r, const float* z, const float* n,
         const float* hn, const float* h, const float* h_grad, const int64_t* lengths,
         float* dg,                # OUT [(t1-t0)*B, 4H]: step t at row (t - t0) * B
         float* carry,             # IN/OUT [B, H] d h[t-1]
         int n_threads) noexcept nogil:
     """The reverse time loop of the float32 backward over the steps [t0, t1):
-    ONE parallel region of n_threads, each thread owning the cells [u0, u1).
-    At step t a thread computes dG[t] for its cells (all four blocks), or
+    ONE parallel region of n_threads, each thread owning the cells [u0, u1)
+    (and, if `pack`, packing their columns of w_hh first: the first chunk's
+    region). At step t a thread computes dG[t] for its cells (all four blocks), or
     with gates_by_rows for its block of rows, and sets their carry to
     dh * z; after the step's barrier (the product needs every column of
     dG[t]), carry[:, u0:u1] += dG_h[t] @ w_hh[:, u0:u1] in the packed
@@ -465,6 +459,8 @@ cdef void gru_ra_backward_packed(
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        if pack:
+            pack_cols(3 * H, H, w_hh, H, 1, False, 0, H, packed)   # W(k, j) = w_hh[k, j]
         for t in range(t1 - 1, t0 - 1, -1):
             gru_ra_backward_block[float](
                 B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH, z + t * BH,
@@ -480,6 +476,8 @@ cdef void gru_ra_backward_packed(
         r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
         r1 = (tid + 1) * B // nt if by_rows else B
         rk = r0 * H
+        if pack:
+            pack_cols(3 * H, H, w_hh, H, 1, False, u0, u1, packed)
         for t in range(t1 - 1, t0 - 1, -1):
             if r1 > r0 and (by_rows or u1 > u0):
                 gru_ra_backward_block[float](
@@ -547,7 +545,7 @@ cdef void block_gru_ra_backward_compute(
         const int64_t* lengths,   # IN  [B] or NULL
         floating* ws,             # workspace [gru_ra_backward_workspace(L, B, I, H, float,
                                   #            max_threads)]
-        double* acc,              # workspace [4H]
+        double* acc,              # workspace [sums_workspace(L, B, 4H, 4H)]
         floating* x_grad,         # OUT [T, B, I]
         floating* h_prev_grad,    # OUT [B, H]
         floating* w_ih_grad,      # OUT [3H, I]
@@ -574,9 +572,7 @@ cdef void block_gru_ra_backward_compute(
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, G4 * sizeof(double))
     if floating is float:
-        if B >= PACKED_MIN_ROWS:
-            use_packed = True
-            brnn_pack_f32(H3, H, w_hh, H, 1, packed)   # W(k, j) = w_hh[k, j]
+        use_packed = B >= PACKED_MIN_ROWS   # (w_hh packed by the first chunk's region)
     if L == 0:   # no step: zero weight gradients
         gru_ra_backward_products(0, 0, B, I, H, x, h_prev, h, w_ih, dg, False, x_grad,
                                  w_ih_grad, w_hh_grad, gws, 1)
@@ -585,8 +581,8 @@ cdef void block_gru_ra_backward_compute(
         t0 = max(0, t1 - S)
         if floating is float and use_packed:
             granted = brnn_budget_take(packed_threads(B, H3, H, H, max_threads), max_threads)
-            gru_ra_backward_packed(t0, t1, B, H, packed, h_prev, r, z, n, hn, h, h_grad,
-                                   lengths, dg, h_prev_grad, granted)
+            gru_ra_backward_packed(t0, t1, B, H, w_hh, t1 == L, packed, h_prev, r, z, n, hn,
+                                   h, h_grad, lengths, dg, h_prev_grad, granted)
             brnn_budget_give(granted)
         else:
             for t in range(t1 - 1, t0 - 1, -1):
@@ -599,7 +595,7 @@ cdef void block_gru_ra_backward_compute(
         gru_ra_backward_products(t0, t1, B, I, H, x, h_prev, h, w_ih, dg, t1 < L, x_grad,
                                  w_ih_grad, w_hh_grad, gws,
                                  gru_ra_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
-        column_sums_strided((t1 - t0) * B, G4, dg, G4, acc)
+        blocked_column_sums((t1 - t0) * B, G4, dg, G4, acc + G4, acc, max_threads)
         t1 = t0
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
     store(H3, acc, b_hh_grad)                  # r, z, n (dhn)
@@ -631,7 +627,7 @@ def block_gru_reset_after_backward(
     cdef floating[::1] ws = np.empty(gru_ra_backward_workspace(L, B, I, H, floating is float,
                                                                max_threads),
                                      dtype=dtype)
-    cdef double[::1] acc = np.empty(4 * H + 1, dtype=np.float64)
+    cdef double[::1] acc = np.empty(sums_workspace(L, B, 4 * H, 4 * H) + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]

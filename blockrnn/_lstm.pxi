@@ -300,6 +300,68 @@ cdef void peephole_sums(Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
 
 
 
+cdef inline Py_ssize_t lstm_sums_workspace(Py_ssize_t L, Py_ssize_t B,
+                                           Py_ssize_t H) noexcept nogil:
+    """Doubles of block_lstm_backward_compute's `acc`: the sums [7H] (b_grad's
+    4H, then wci's, wcf's, wco's H each), then the partial sums of a chunk's
+    row blocks [sum_blocks(S * B), 7H]."""
+    cdef Py_ssize_t S = max(1, backward_chunk_steps(L, B * 4 * H))
+    return 7 * H * (1 + sum_blocks(S * B)) + 1
+
+
+cdef void lstm_sums_block(
+        Py_ssize_t k, Py_ssize_t rows, Py_ssize_t B, Py_ssize_t H, GateOffsets off, bint peep,
+        const floating* dg, const floating* cs_first, const floating* cs_in,
+        const floating* cs, double* part) noexcept nogil:
+    """Row block k's partial sums part[k] [7H] (see lstm_param_sums)."""
+    cdef Py_ssize_t R0 = k * SUM_BLOCK_ROWS, R1 = min(rows, R0 + SUM_BLOCK_ROWS)
+    cdef Py_ssize_t G4 = 4 * H, a, n, shift = B if cs_first != NULL else 0
+    cdef const floating* src
+    cdef double* p = part + k * 7 * H
+    memset(p, 0, 7 * H * sizeof(double))
+    column_sums_rows(R1 - R0, G4, dg + R0 * G4, G4, p)
+    if not peep:
+        return
+    a = R0
+    while a < R1:   # di * cs_in, df * cs_in: the step's incoming cell state
+        if cs_first != NULL and a < B:
+            n, src = min(R1, B) - a, cs_first + a * H
+        else:
+            n, src = R1 - a, cs_in + (a - shift) * H
+        product_sums_rows(n, H, dg + a * G4 + off.i, G4, src, H, p + G4)
+        product_sums_rows(n, H, dg + a * G4 + off.f, G4, src, H, p + G4 + H)
+        a += n
+    product_sums_rows(R1 - R0, H, dg + R0 * G4 + off.o, G4, cs + R0 * H, H, p + G4 + 2 * H)
+
+
+cdef void lstm_param_sums(
+        Py_ssize_t rows, Py_ssize_t B, Py_ssize_t H, GateOffsets off, bint peep,
+        const floating* dg,        # IN [rows, 4H] a chunk's gate gradients, B rows a step
+        const floating* cs_first,  # IN [B, H] cs_prev if the chunk starts at step 0, or NULL
+        const floating* cs_in,     # IN the cell state each row's step read: row R (R >= B
+                                   #    if cs_first) at cs_in + (R - (B if cs_first else 0)) H
+        const floating* cs,        # IN [rows, H] the cell state each row's step wrote
+        double* part,              # workspace [sum_blocks(rows), 7H]
+        double* acc,               # IN/OUT [7H]
+        int max_threads) noexcept nogil:
+    """SPEC sections 4-5's parameter sums over a chunk's rows, added to acc:
+    b_grad's acc[:4H] += sum dG, and if peep wci's, wcf's, wco's acc[4H:] +=
+    sum di * cs_in, sum df * cs_in, sum do * cs. In row blocks of
+    SUM_BLOCK_ROWS (lstm_sums_block) on up to max_threads threads from the
+    budget, the blocks' sums then added in block order: the bits do not
+    depend on the threads."""
+    cdef Py_ssize_t k, nb = sum_blocks(rows)
+    cdef int threads = brnn_budget_take(sum_threads(rows, max_threads), max_threads)
+    if threads == 1:
+        for k in range(nb):
+            lstm_sums_block(k, rows, B, H, off, peep, dg, cs_first, cs_in, cs, part)
+    else:
+        for k in prange(nb, num_threads=threads, schedule="static"):
+            lstm_sums_block(k, rows, B, H, off, peep, dg, cs_first, cs_in, cs, part)
+    brnn_budget_give(threads)
+    add_blocks(nb, 7 * H, part, acc)
+
+
 # ---------------------------------------------------------------------------
 # LSTM entry points
 # ---------------------------------------------------------------------------
@@ -945,7 +1007,7 @@ cdef void block_lstm_backward_compute(
         const int64_t* lengths,   # IN  [B] or NULL
         floating* ws,             # workspace [block_lstm_backward_workspace(L, B, H, I, float,
                                   #            max_threads)]
-        double* acc,              # workspace [3, 4H]
+        double* acc,              # workspace [lstm_sums_workspace(L, B, H)]
         floating* x_grad,         # OUT [T, B, I]
         floating* cs_prev_grad, floating* h_prev_grad,  # OUT [B, H]
         floating* w_x_grad,       # OUT dW_x [I, 4H] (strides gs.xk, gs.xn)
@@ -1025,15 +1087,10 @@ cdef void block_lstm_backward_compute(
         lstm_backward_gemms(t0, t1, B, I, H, x, h_prev, h, w_x, s, dg, t1 < L, x_grad,
                             w_x_grad, w_h_grad, gs, gemm_ws,
                             lstm_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
-        column_sums((t1 - t0) * B, G4, dg, acc_b)
-        if use_peephole:   # step 0 sees cs_prev, step t > 0 sees cs[t-1]
-            if t0 == 0:
-                peephole_sums(B, H, off, dg, cs_prev, cs, acc_p, acc_p + H, acc_p + 2 * H)
-                peephole_sums((t1 - 1) * B, H, off, dg + B * G4, cs, cs + BH,
-                              acc_p, acc_p + H, acc_p + 2 * H)
-            else:
-                peephole_sums((t1 - t0) * B, H, off, dg, cs + (t0 - 1) * BH, cs + t0 * BH,
-                              acc_p, acc_p + H, acc_p + 2 * H)
+        # (step 0 reads cs_prev, step t > 0 cs[t-1])
+        lstm_param_sums((t1 - t0) * B, B, H, off, use_peephole, dg,
+                        cs_prev if t0 == 0 else NULL, cs if t0 == 0 else cs + (t0 - 1) * BH,
+                        cs + t0 * BH, acc + 7 * H, acc, max_threads)
         t1 = t0
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
     store(G4, acc_b, b_grad)
@@ -1073,7 +1130,7 @@ def block_lstm_backward(
     dtype = np.float32 if floating is float else np.float64
     cdef floating[::1] ws = np.empty(
         block_lstm_backward_workspace(L, B, H, I, floating is float, max_threads), dtype=dtype)
-    cdef double[::1] acc = np.empty(3 * 4 * H + 1, dtype=np.float64)
+    cdef double[::1] acc = np.empty(lstm_sums_workspace(L, B, H), dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]

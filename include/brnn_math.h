@@ -117,4 +117,30 @@ static inline double brnn_clip(double v, double limit) {
     return v > limit ? limit : (v < -limit ? -limit : v);
 }
 
+/* Column sums in double of `rows` rows, for the backwards' bias and peephole
+ * gradients: acc[j] += a[r, j] (row stride lda), and acc[j] += a[r, j] *
+ * b[r, j] (strides lda, ldb), rows in order, so each acc[j] is one sum in a
+ * fixed order (the callers split the rows in fixed blocks, see
+ * blockrnn/_common.pxi). In C for `restrict` and the vector clones. */
+#define BRNN_COLUMN_SUMS(NAME, T)                                                    \
+    BRNN_MULTIVERSION                                                                \
+    static void NAME(ptrdiff_t rows, ptrdiff_t n, const T *restrict a, ptrdiff_t lda,  \
+                     double *restrict acc) {                                         \
+        for (ptrdiff_t r = 0; r < rows; r++)                                         \
+            for (ptrdiff_t j = 0; j < n; j++)                                        \
+                acc[j] += a[r * lda + j];                                            \
+    }
+#define BRNN_PRODUCT_SUMS(NAME, T)                                                   \
+    BRNN_MULTIVERSION                                                                \
+    static void NAME(ptrdiff_t rows, ptrdiff_t n, const T *restrict a, ptrdiff_t lda,  \
+                     const T *restrict b, ptrdiff_t ldb, double *restrict acc) {     \
+        for (ptrdiff_t r = 0; r < rows; r++)                                         \
+            for (ptrdiff_t j = 0; j < n; j++)                                        \
+                acc[j] += a[r * lda + j] * b[r * ldb + j];                           \
+    }
+BRNN_COLUMN_SUMS(brnn_column_sums_f32, float)
+BRNN_COLUMN_SUMS(brnn_column_sums_f64, double)
+BRNN_PRODUCT_SUMS(brnn_product_sums_f32, float)
+BRNN_PRODUCT_SUMS(brnn_product_sums_f64, double)
+
 #endif /* BRNN_MATH_H */
