@@ -644,9 +644,10 @@ cdef int lstm_forward_packed(
     row), those of its block of rows, every cell, after a barrier (the rows'
     other columns of g, and at step 0 of the hoist, are other threads'); else
     those of its cells, reading back only the columns it wrote. Then the
-    step's barrier, since step t+1 reads all of h[t]. No BLAS call inside. Each product element is one
-    packed-kernel sum, the same as when x[t] @ W_x ran inside each step: the
-    bits depend neither on n_threads nor on the hoist. At batch 1 the step
+    step's barrier, since step t+1 reads all of h[t]. No BLAS call inside.
+    Each product element is one packed-kernel sum, the same as when x[t] @
+    W_x ran inside each step: the bits depend neither on n_threads nor on
+    the hoist (nor on the split of the gates). At batch 1 the step
     barrier can shed (step_barrier). Returns the threads the caller gives
     back to the budget (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
