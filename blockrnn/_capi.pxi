@@ -104,7 +104,8 @@ cdef int api_block_gru_grad(
         floating* b_ru_grad, floating* b_c_grad) noexcept nogil:
     cdef floating* ws = <floating*>malloc(
         block_gru_backward_workspace(L, B, H, I, floating is float, 1) * sizeof(floating))
-    cdef double* acc = <double*>malloc((3 * H + 1) * sizeof(double))
+    cdef double* acc = <double*>malloc((sums_workspace(L, B, 4 * H, 3 * H) + 1)
+                                       * sizeof(double))
     if ws == NULL or acc == NULL:
         free(ws)
         free(acc)

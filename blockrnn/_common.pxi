@@ -54,16 +54,6 @@ cdef inline void zero_rows(Py_ssize_t rows, Py_ssize_t width, const int64_t* len
 
 
 
-cdef void column_sums(Py_ssize_t rows, Py_ssize_t cols, const floating* a,
-                      double* acc) noexcept nogil:
-    """acc[j] += sum over rows of a[r, j] (a row-major, row stride cols)."""
-    cdef Py_ssize_t r, j
-    for r in range(rows):
-        for j in range(cols):
-            acc[j] += a[r * cols + j]
-
-
-
 cdef extern from "brnn_math.h" nogil:
     void brnn_column_sums_f32(Py_ssize_t rows, Py_ssize_t n, const float* a, Py_ssize_t lda,
                               double* acc)

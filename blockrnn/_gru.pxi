@@ -350,10 +350,10 @@ def gru_cell_backward(
                 (&d_hr[0, 0])[k] = (&r[0, 0])[k] * (&h_prev[0, 0])[k]
             gemm(True, False, H, H, B, 1, &d_hr[0, 0], H, &d_c_bar[0, 0], H,
                  0, &d_w_c[I, 0], H)
-            column_sums(B, 2 * H, &d_r_bar_u_bar[0, 0], &acc[0])
+            column_sums_rows(B, 2 * H, &d_r_bar_u_bar[0, 0], 2 * H, &acc[0])
             store(2 * H, &acc[0], &d_b_ru[0])
             memset(&acc[0], 0, H * sizeof(double))
-            column_sums(B, H, &d_c_bar[0, 0], &acc[0])
+            column_sums_rows(B, H, &d_c_bar[0, 0], H, &acc[0])
             store(H, &acc[0], &d_b_c[0])
 
 
@@ -707,7 +707,7 @@ cdef inline Py_ssize_t block_gru_backward_workspace(
     * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and w_ru[I:]^T
     packed; then the GEMM driver's blocks for the products of a chunk
     [gru_backward_gemm_threads(S, ...) * gru_backward_gemm_ws(S, ...)]. Its
-    double accumulator `acc` has 3H + 1 elements."""
+    double accumulator `acc` has sums_workspace(L, B, 4H, 3H) + 1 elements."""
     cdef Py_ssize_t S = max(1, backward_chunk_steps(L, B * 4 * H))
     cdef Py_ssize_t driver = (gru_backward_gemm_threads(S, B, I, H, max_threads)
                               * gru_backward_gemm_ws(S, B, I, H, packed))
@@ -843,7 +843,8 @@ cdef void block_gru_backward_compute(
         const int64_t* lengths,   # IN  [B] or NULL
         floating* ws,             # workspace [block_gru_backward_workspace(L, B, H, I, float,
                                   #            max_threads)]
-        double* acc,              # workspace [3H]
+        double* acc,              # workspace [sums_workspace(L, B, 4H, 3H)]: b_ru's 2H
+                                  #   and b_c's H sums, then a chunk's row blocks'
         floating* x_grad,         # OUT [T, B, I]
         floating* h_prev_grad,    # OUT [B, H]
         floating* w_ru_grad,      # OUT [I+H, 2H]
@@ -924,8 +925,8 @@ cdef void block_gru_backward_compute(
         gru_backward_gemms(t0, t1, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, t1 < L,
                            x_grad, w_ru_grad, w_c_grad, gws,
                            gru_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
-        column_sums((t1 - t0) * B, H2, d_ru, acc)
-        column_sums((t1 - t0) * B, H, d_c, acc + H2)
+        blocked_column_sums((t1 - t0) * B, H2, d_ru, H2, acc + 3 * H, acc, max_threads)
+        blocked_column_sums((t1 - t0) * B, H, d_c, H, acc + 3 * H, acc + H2, max_threads)
         t1 = t0
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
     store(H2, acc, b_ru_grad)
@@ -954,7 +955,7 @@ def block_gru_backward(
     dtype = np.float32 if floating is float else np.float64
     cdef floating[::1] ws = np.empty(
         block_gru_backward_workspace(L, B, H, I, floating is float, max_threads), dtype=dtype)
-    cdef double[::1] acc = np.empty(3 * H + 1, dtype=np.float64)
+    cdef double[::1] acc = np.empty(sums_workspace(L, B, 4 * H, 3 * H) + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]

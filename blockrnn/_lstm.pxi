@@ -285,21 +285,6 @@ cdef void lstm_backward_rows(
 
 
 
-cdef void peephole_sums(Py_ssize_t rows, Py_ssize_t H, GateOffsets off,
-                        const floating* dg, const floating* cs_prev,
-                        const floating* cs, double* acc_ci, double* acc_cf,
-                        double* acc_co) noexcept nogil:
-    """SPEC §4: wci_grad += sum_b di*cs_prev, wcf_grad += sum_b df*cs_prev,
-    wco_grad += sum_b do*cs, over `rows` rows (dg row stride 4H, others H)."""
-    cdef Py_ssize_t r, j
-    for r in range(rows):
-        for j in range(H):
-            acc_ci[j] += dg[r * 4 * H + off.i + j] * cs_prev[r * H + j]
-            acc_cf[j] += dg[r * 4 * H + off.f + j] * cs_prev[r * H + j]
-            acc_co[j] += dg[r * 4 * H + off.o + j] * cs[r * H + j]
-
-
-
 cdef inline Py_ssize_t lstm_sums_workspace(Py_ssize_t L, Py_ssize_t B,
                                            Py_ssize_t H) noexcept nogil:
     """Doubles of block_lstm_backward_compute's `acc`: the sums [7H] (b_grad's
@@ -541,8 +526,13 @@ def lstm_cell_backward(
                            &h_grad[0, 0], &wci[0], &wcf[0], &wco[0], use_peephole, False,
                            NULL, 0, &dgates[0, 0], &cs_prev_grad[0, 0], n_threads)
         if use_peephole:
-            peephole_sums(B, H, off, &dgates[0, 0], &cs_prev[0, 0], &cs[0, 0],
-                          &acc[0, 0], &acc[1, 0], &acc[2, 0])
+            # SPEC §4: wci_grad = sum_b di * cs_prev, wcf_grad = sum_b df * cs_prev,
+            # wco_grad = sum_b do * cs
+            product_sums_rows(B, H, &dgates[0, 0] + off.i, 4 * H, &cs_prev[0, 0], H,
+                              &acc[0, 0])
+            product_sums_rows(B, H, &dgates[0, 0] + off.f, 4 * H, &cs_prev[0, 0], H,
+                              &acc[1, 0])
+            product_sums_rows(B, H, &dgates[0, 0] + off.o, 4 * H, &cs[0, 0], H, &acc[2, 0])
             store(H, &acc[0, 0], &wci_grad[0])
             store(H, &acc[1, 0], &wcf_grad[0])
             store(H, &acc[2, 0], &wco_grad[0])
@@ -556,7 +546,7 @@ def lstm_cell_backward(
             gemm(True, False, H, 4 * H, B, 1, &h_prev[0, 0], H, &dgates[0, 0], 4 * H,
                  0, &w_grad[I, 0], 4 * H)
             memset(&acc[0, 0], 0, 4 * H * sizeof(double))
-            column_sums(B, 4 * H, &dgates[0, 0], &acc[0, 0])
+            column_sums_rows(B, 4 * H, &dgates[0, 0], 4 * H, &acc[0, 0])
             store(4 * H, &acc[0, 0], &b_grad[0])
 
 

@@ -366,7 +366,8 @@ cdef void block_lstm_proj_backward_compute(
         const floating* h_grad,   # IN  [T, B, P]
         const int64_t* lengths,   # IN  [B] or NULL
         floating* ws,             # workspace [lstm_proj_backward_workspace(...)]
-        double* acc,              # workspace [4H]
+        double* acc,              # workspace [4H * (1 + sum_blocks(L * B))]: b_grad's sums,
+                                  #   then its row blocks' (blocked_column_sums)
         floating* x_grad,         # OUT [T, B, I]
         floating* h0_grad,        # OUT [B, P]
         floating* c0_grad,        # OUT [B, H]
@@ -425,7 +426,7 @@ cdef void block_lstm_proj_backward_compute(
                                 w_ih_grad, w_hh_grad, w_hr_grad, gws,
                                 lstm_proj_gemm_threads(L, B, I, H, P, max_threads))
     memset(acc, 0, H4 * sizeof(double))
-    column_sums(L * B, H4, dg, acc)
+    blocked_column_sums(L * B, H4, dg, H4, acc + H4, acc, max_threads)
     store(H4, acc, b_grad)
 
 
@@ -461,7 +462,7 @@ def block_lstm_proj_backward(
     cdef floating[::1] ws = np.empty(
         lstm_proj_backward_workspace(L, B, I, H, P, floating is float, max_threads),
         dtype=dtype)
-    cdef double[::1] acc = np.empty(4 * H + 1, dtype=np.float64)
+    cdef double[::1] acc = np.empty(4 * H * (1 + sum_blocks(L * B)) + 1, dtype=np.float64)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
