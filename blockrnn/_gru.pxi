@@ -385,48 +385,50 @@ cdef void gru_forward_packed(
         int n_threads) noexcept nogil:
     """The time loop of the float32 GRU forward: ONE parallel region of
     n_threads for all L steps, each thread owning a fixed slice of cells
-    [u0, u1). Before the loop a thread computes, for its cells, the input
-    projection of all L steps into the outputs: x[:L] @ W_x (r, u, c blocks),
-    one product of L*B rows per block (packed_inputs_part; it reads back only
-    the columns it wrote, so no barrier). Per step it computes h[t-1] @
-    w_ru[I:] into ru, applies the r, u gates (writing its part of rh = r *
-    h[t-1]); barrier (every cell's rh is needed next); c += rh @ w_c[I:] and
-    the output; barrier (step t+1 reads all of h[t]). Every product element
-    is one packed-kernel sum, as when x[t] @ W_x ran inside each step: the
-    bits depend neither on n_threads nor on the hoist."""
+    [u0, u1) of the products. Before the loop a thread computes, for its
+    cells, the input projection of all L steps into the outputs: x[:L] @ W_x
+    (r, u, c blocks), one product of L*B rows per block (packed_inputs_part).
+    Per step it computes h[t-1] @ w_ru[I:] into ru and applies the r, u gates
+    (writing rh = r * h[t-1]); barrier (every cell's rh is needed next); c +=
+    rh @ w_c[I:] and the output; barrier (step t+1 reads all of h[t]). The
+    gate math of each half is that of the thread's block of rows, every cell,
+    after a barrier that follows the product, whenever every thread gets a
+    row (gates_by_rows); else that of its cells, reading back only the
+    columns it wrote. Every product element is one packed-kernel sum, as when
+    x[t] @ W_x ran inside each step: the bits depend neither on n_threads, nor
+    on the hoist, nor on the split of the gates."""
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
-    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H
-    cdef int tid = 0, nt = 1
+    cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B, BH = B * H
+    cdef int tid = 0, nt = 1, half
+    cdef bint by_rows = gates_by_rows(B, n_threads)
     cdef float* dst[3]
-    cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    cdef brnn_barrier bar, rows_bar
+    memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     dst[0], dst[1], dst[2] = r, u, c
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, 0, H)
         for t in range(L):
-            gru_forward_packed_half(0, t, B, H, packed, ps, psx,
-                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
-                                    lengths, ru, rh, r, u, c, h, 0, H)
-            gru_forward_packed_half(1, t, B, H, packed, ps, psx,
-                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
-                                    lengths, ru, rh, r, u, c, h, 0, H)
+            for half in range(2):
+                gru_forward_packed_half(half, t, B, H, packed, ps, psx,
+                                        h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                        lengths, ru, rh, r, u, c, h, 0, H, 0, B, NULL, 1)
         return
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
+        r0 = tid * B // nt
+        r1 = (tid + 1) * B // nt
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, u0, u1)
         for t in range(L):
-            gru_forward_packed_half(0, t, B, H, packed, ps, psx,
-                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
-                                    lengths, ru, rh, r, u, c, h, u0, u1)
-            brnn_barrier_wait(&bar, nt)
-            gru_forward_packed_half(1, t, B, H, packed, ps, psx,
-                                    h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
-                                    lengths, ru, rh, r, u, c, h, u0, u1)
-            brnn_barrier_wait(&bar, nt)
+            for half in range(2):
+                gru_forward_packed_half(half, t, B, H, packed, ps, psx,
+                                        h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                        lengths, ru, rh, r, u, c, h, u0, u1, r0, r1,
+                                        &rows_bar if by_rows else NULL, nt)
+                brnn_barrier_wait(&bar, nt)
 
 
 cdef void gru_forward_packed_half(
@@ -434,30 +436,39 @@ cdef void gru_forward_packed_half(
         const float* packed, Py_ssize_t ps, Py_ssize_t psx,
         const float* h_in, const float* b_ru, const float* b_c, const int64_t* lengths,
         float* ru, float* rh, float* r, float* u, float* c, float* h,
-        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Half 0 or 1 of step t of gru_forward_packed for the cells [u0, u1)
-    (r[t], u[t], c[t] hold x[t] @ W_x already). Packed block q (r, u, c)
-    starts at packed + q * ps: its x rows, then at + psx its h rows."""
-    cdef Py_ssize_t BH = B * H, row, k, nu = u1 - u0
-    if nu <= 0:
+        Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
+        brnn_barrier* rows_bar, int nt) noexcept nogil:
+    """Half 0 or 1 of step t of gru_forward_packed (r[t], u[t], c[t] hold
+    x[t] @ W_x already): the product's columns of the cells [u0, u1), then
+    with rows_bar the gate math of the rows [r0, r1), every cell, after a
+    barrier of the nt threads; without, that of the cells [u0, u1), every
+    row. Packed block q (r, u, c) starts at packed + q * ps: its x rows, then
+    at + psx its h rows."""
+    cdef Py_ssize_t BH = B * H, row, k
+    if u1 > u0:
+        if half == 0:
+            packed_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
+            packed_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+        else:
+            packed_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, c + t * BH, H)
+    if rows_bar != NULL:
+        brnn_barrier_wait(rows_bar, nt)
+        u0, u1 = 0, H
+    else:
+        r0, r1 = 0, B
+    if u1 <= u0:
         return
-    if half == 0:
-        packed_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
-        packed_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
-        for row in range(B):
-            k = row * H + u0
-            brnn_gru_gates_row_f32(nu, ru + row * 2 * H + u0, ru + row * 2 * H + H + u0,
+    for row in range(r0, r1):
+        k = row * H + u0
+        if half == 0:
+            brnn_gru_gates_row_f32(u1 - u0, ru + row * 2 * H + u0, ru + row * 2 * H + H + u0,
                                    b_ru + u0, b_ru + H + u0, h_in + k, True,
                                    r + t * BH + k, u + t * BH + k, rh + k)
-        return
-    packed_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, c + t * BH, H)
-    for row in range(B):
-        k = row * H + u0
-        if finished(lengths, row, t):
-            zero_gru_outputs(t * BH + k, nu, r, u, c, h)
+        elif finished(lengths, row, t):
+            zero_gru_outputs(t * BH + k, u1 - u0, r, u, c, h)
         else:
-            brnn_gru_output_row_f32(nu, b_c + u0, h_in + k, u + t * BH + k, c + t * BH + k,
-                                    h + t * BH + k)
+            brnn_gru_output_row_f32(u1 - u0, b_c + u0, h_in + k, u + t * BH + k,
+                                    c + t * BH + k, h + t * BH + k)
 
 
 cdef void gru_forward_row1_half(
@@ -770,39 +781,42 @@ cdef void gru_backward_packed(
         float* h_prev_grad,       # IN/OUT [B, H] the carry
         int n_threads) noexcept nogil:
     """The reverse loop of the float32 GRU backward over the steps [t0, t1):
-    ONE parallel region of n_threads, each thread owning the cells [u0, u1). Per step:
-    the output part of SPEC §7 for its cells; barrier (d_hr needs all of
-    dC[t]); d_hr = dC[t] @ w_c[I:]^T and the reset part for its cells; barrier
-    (the carry needs all of dRU[t]); carry += dRU[t] @ w_ru[I:]^T for its
-    cells. The bits do not depend on n_threads."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, BH = B * H
-    cdef int tid = 0, nt = 1
-    cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    ONE parallel region of n_threads, each thread owning the cells [u0, u1)
+    of the products. Per step: the output part of SPEC §7; barrier (d_hr
+    needs all of dC[t]); d_hr = dC[t] @ w_c[I:]^T and the reset part;
+    barrier (the carry needs all of dRU[t]); carry += dRU[t] @ w_ru[I:]^T.
+    The gate math (the output and reset parts) is that of the thread's block
+    of rows, every cell, whenever every thread gets a row (gates_by_rows):
+    then a barrier follows each product (the rows read every cell of d_hr,
+    and of the carry); else that of its cells. The bits do not depend on
+    n_threads."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B
+    cdef int tid = 0, nt = 1, part
+    cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef brnn_barrier bar, rows_bar
+    memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         for t in range(t1 - 1, t0 - 1, -1):
-            gru_backward_packed_part(0, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
-            gru_backward_packed_part(1, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
-            gru_backward_packed_part(2, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                     lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H)
+            for part in range(3):
+                gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h,
+                                         h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H,
+                                         0, B, NULL, 1)
         return
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
+        r0 = tid * B // nt
+        r1 = (tid + 1) * B // nt
         for t in range(t1 - 1, t0 - 1, -1):
-            gru_backward_packed_part(0, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
-            brnn_barrier_wait(&bar, nt)
-            gru_backward_packed_part(1, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
-            brnn_barrier_wait(&bar, nt)
-            gru_backward_packed_part(2, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1)
+            for part in range(3):
+                gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h,
+                                         h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1,
+                                         r0, r1, &rows_bar if by_rows else NULL, nt)
+                if part < 2:
+                    brnn_barrier_wait(&bar, nt)
 
 
 cdef void gru_backward_packed_part(
@@ -810,25 +824,38 @@ cdef void gru_backward_packed_part(
         const float* w_ru_t, const float* h_prev, const float* r, const float* u,
         const float* c, const float* h, const float* h_grad, const int64_t* lengths,
         float* d_ru, float* d_c, float* d_hr, float* h_prev_grad,
-        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Part 0, 1 or 2 of step t of gru_backward_packed for the cells [u0, u1)
-    (d_ru and d_c: the chunk from step t0 on)."""
-    cdef Py_ssize_t BH = B * H
+        Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
+        brnn_barrier* rows_bar, int nt) noexcept nogil:
+    """Part 0, 1 or 2 of step t of gru_backward_packed (d_ru and d_c: the
+    chunk from step t0 on): its product's columns of the cells [u0, u1)
+    (parts 1 and 2); with rows_bar, a barrier of the nt threads after the
+    product, and the gate math of the rows [r0, r1), every cell; without,
+    that of the cells [u0, u1), every row."""
+    cdef Py_ssize_t BH = B * H, k, nu
     cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
-    if u1 <= u0:
-        return
-    if part == 0:
-        gru_backward_output_block[float](B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
-                                         True, h_prev_grad, d_c + (t - t0) * BH,
-                                         d_ru + (t - t0) * 2 * BH, lengths, t, u0, u1 - u0)
-    elif part == 1:
-        packed_product(B, H, d_c + (t - t0) * BH, H, w_c_t, u0, u1, False, d_hr, H)
-        gru_backward_reset_block[float](B, H, h_in, r + t * BH, d_hr,
-                                        d_ru + (t - t0) * 2 * BH,
-                                        h_prev_grad, lengths, t, u0, u1 - u0)
+    cdef float* dct = d_c + (t - t0) * BH
+    cdef float* drt = d_ru + (t - t0) * 2 * BH
+    if u1 > u0 and part == 1:
+        packed_product(B, H, dct, H, w_c_t, u0, u1, False, d_hr, H)
+    elif u1 > u0 and part == 2:
+        packed_product(B, 2 * H, drt, 2 * H, w_ru_t, u0, u1, True, h_prev_grad, H)
+    if rows_bar != NULL:
+        if part > 0:   # part 0 reads the carry of the step before (after its part 2)
+            brnn_barrier_wait(rows_bar, nt)
+        u0, u1 = 0, H
     else:
-        packed_product(B, 2 * H, d_ru + (t - t0) * 2 * BH, 2 * H, w_ru_t, u0, u1, True,
-                       h_prev_grad, H)
+        r0, r1 = 0, B
+    if part == 2 or u1 <= u0 or r1 <= r0:
+        return
+    k, nu = r0 * H, u1 - u0
+    if part == 0:
+        gru_backward_output_block[float](r1 - r0, H, h_in + k, u + t * BH + k, c + t * BH + k,
+                                         h_grad + t * BH + k, True, h_prev_grad + k, dct + k,
+                                         drt + 2 * k, lengths_from(lengths, r0), t, u0, nu)
+    else:
+        gru_backward_reset_block[float](r1 - r0, H, h_in + k, r + t * BH + k, d_hr + k,
+                                        drt + 2 * k, h_prev_grad + k,
+                                        lengths_from(lengths, r0), t, u0, nu)
 
 
 cdef void block_gru_backward_compute(

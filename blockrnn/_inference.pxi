@@ -30,8 +30,8 @@
 # thread budget (brnn_budget_take), also at batch 1: each thread owns whole
 # 16-cell panels (unit_start) of the products; one barrier per step (two for
 # the TF GRU, whose c product reads every cell's r * h), and from batch 2 on
-# (LSTM, reset-after GRU: gates_by_rows) a second one between the products and
-# the gate math, which then runs by rows (a barrier within the step: a stall
+# (gates_by_rows) one more after each product, before the gate math, which
+# then runs by rows (a barrier within the step: a stall
 # there counts as the step's, brnn_barrier_wait_within). The barrier that ends a step
 # can shed (brnn_barrier_wait_shed in include/brnn_packed.h): when another
 # caller had to be granted a thread beyond the budget, or a thread waited
@@ -345,20 +345,23 @@ cdef void gru_infer_half(
         int half, Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed, const float* b_ru, const float* b_c, const int64_t* lengths,
         const float* x, const float* h_in, bint hoisted, const float* wide, float* xg,
-        float* ru, float* rh, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Half 0 or 1 of step t for the cells [u0, u1), as gru_forward_packed_half
-    but into the scratch xg [B, 3H] (blocks r, u, c: x[t]'s products, unless
-    hoisted, then the gates) and y[t]. Packed block q (r, u, c) at
-    packed + q * ps: its x rows, then at + psx its h rows; `wide` (or NULL):
-    the h rows' three blocks in the wide layout, block q at wide + q * psh."""
+        float* ru, float* rh, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1,
+        Py_ssize_t r0, Py_ssize_t r1, brnn_barrier* rows_bar, int nt,
+        brnn_barrier* step_bar) noexcept nogil:
+    """Half 0 or 1 of step t, as gru_forward_packed_half but into the scratch
+    xg [B, 3H] (blocks r, u, c: x[t]'s products, unless hoisted, then the
+    gates) and y[t]: the products' columns of the cells [u0, u1), then with
+    rows_bar the gate math of the rows [r0, r1), every cell, after a barrier
+    of the nt threads (within the step's barrier step_bar); without, that of
+    the cells [u0, u1), every row. Packed block q (r, u, c) at packed + q *
+    ps: its x rows, then at + psx its h rows; `wide` (or NULL): the h rows'
+    three blocks in the wide layout, block q at wide + q * psh."""
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     cdef Py_ssize_t psh = brnn_packed_size(H, H)
     cdef bint w1 = wide != NULL
-    cdef Py_ssize_t BH = B * H, H3 = 3 * H, row, k, kx, nu = u1 - u0, q
+    cdef Py_ssize_t BH = B * H, H3 = 3 * H, row, k, kx, nu, q
     cdef float* yt = y + t * BH
-    if nu <= 0:
-        return
-    if half == 0:
+    if u1 > u0 and half == 0:
         if not hoisted:
             for q in range(3):
                 step_product(B, I, x + t * B * I, I, packed + q * ps, u0, u1, False,
@@ -367,18 +370,25 @@ cdef void gru_infer_half(
                           ru, 2 * H)
         recurrent_product(B, H, h_in, wide + psh if w1 else packed + ps + psx, w1, H, u0, u1,
                           False, ru + H, 2 * H)
-        for row in range(B):
-            k = row * H + u0
-            kx = row * H3 + u0
+    elif u1 > u0:
+        recurrent_product(B, H, rh, wide + 2 * psh if w1 else packed + 2 * ps + psx, w1, H,
+                          u0, u1, True, xg + 2 * H, H3)
+    if rows_bar != NULL:
+        brnn_barrier_wait_within(rows_bar, nt, step_bar)
+        u0, u1 = 0, H
+    else:
+        r0, r1 = 0, B
+    nu = u1 - u0
+    if nu <= 0:
+        return
+    for row in range(r0, r1):
+        k = row * H + u0
+        kx = row * H3 + u0
+        if half == 0:
             brnn_gru_gates_row_f32(nu, ru + row * 2 * H + u0, ru + row * 2 * H + H + u0,
                                    b_ru + u0, b_ru + H + u0, h_in + k, True,
                                    xg + kx, xg + H + kx, rh + k)
-        return
-    recurrent_product(B, H, rh, wide + 2 * psh if w1 else packed + 2 * ps + psx, w1, H, u0, u1,
-                      True, xg + 2 * H, H3)
-    for row in range(B):
-        k = row * H + u0
-        kx = row * H3 + u0
+            continue
         if finished(lengths, row, t):
             memset(yt + k, 0, nu * sizeof(float))
             continue
@@ -403,52 +413,57 @@ cdef int gru_infer(
         float* ws,                # workspace [gru_infer_workspace(L, B, H)]
         float* y, float* h_n, int want, int max_threads) noexcept nogil:
     """The float32 TF-GRU inference forward: two barriers per step (the c
-    product reads every cell's r * h[t-1]). Returns as lstm_infer."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, BH = B * H
+    product reads every cell's r * h[t-1]), and with gates_by_rows one more
+    after each product (the gate math by rows). Returns as lstm_infer."""
+    cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     cdef float* ru = ws
     cdef float* rh = ws + 2 * BH
     cdef float* xg = rh + 2 * BH
     cdef bint hoisted = infer_hoisted(L, B, 3 * H)
     cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
-    cdef bint patient
-    cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
-    cdef brnn_barrier bar
+    cdef bint patient, by_rows
+    cdef int tid, nt, half, granted, cores = brnn_omp_get_num_procs()
+    cdef brnn_barrier bar, rows_bar
     memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     memcpy(h_n, h0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
+    by_rows = gates_by_rows(B, granted)
     patient = infer_patient(L, B, I, H, 3 * H, granted)
     if granted == 1:
         if hoisted:
             infer_inputs(L * B, I, H, 3, x, packed, ps, xg, 0, H)
         for t in range(L):
-            gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                           h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
-                           ru, rh, y, h_n, 0, H)
-            gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                           h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
-                           ru, rh, y, h_n, 0, H)
+            for half in range(2):
+                gru_infer_half(half, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
+                               h0 if t == 0 else y + (t - 1) * BH, hoisted, wide,
+                               xg + t * xstep, ru, rh, y, h_n, 0, H, 0, B, NULL, 1, NULL)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
             nt = brnn_omp_get_num_threads()
             u0 = unit_start(H, tid, nt)
             u1 = unit_start(H, tid + 1, nt)
-            if hoisted:
+            r0 = tid * B // nt if by_rows else 0
+            r1 = (tid + 1) * B // nt if by_rows else B
+            if hoisted:   # each thread its own columns (read back by rows after a barrier)
                 infer_inputs(L * B, I, H, 3, x, packed, ps, xg, u0, u1)
             for t in range(L):
                 gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
                                h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
-                               ru, rh, y, h_n, u0, u1)
+                               ru, rh, y, h_n, u0, u1, r0, r1,
+                               &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
                 if nt > 1:
                     brnn_barrier_wait(&bar, nt)
                 gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
                                h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
-                               ru, rh, y, h_n, u0, u1)
+                               ru, rh, y, h_n, u0, u1, r0, r1,
+                               &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
                 if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, patient):
                     if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
                         break
-                    nt, u0, u1 = 1, 0, H
+                    nt, u0, u1, r0, r1 = 1, 0, H, 0, B
     memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
     return region_end(&bar, granted)
 

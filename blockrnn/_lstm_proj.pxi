@@ -75,19 +75,29 @@ cdef void lstm_proj_forward_cells(
         Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, Py_ssize_t P, const float* pw_hh,
         const float* h_in, const float* c_in, const float* b, const int64_t* lengths,
         float* g, float* i_, float* f, float* o, float* ci, float* cs, float* co, float* m,
-        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Step t of the float32 forward for the cells [u0, u1): their columns of the
-    four gate blocks of g = h_in @ w_hh^T (packed kernel), then their gates, c
-    and m (the gate outputs hold x[t] @ w_ih^T on entry)."""
+        Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1, brnn_barrier* rows_bar,
+        int nt) noexcept nogil:
+    """Step t of the float32 forward: the cells [u0, u1)'s columns of the four
+    gate blocks of g = h_in @ w_hh^T (packed kernel), then the gates, c and m
+    (the gate outputs hold x[t] @ w_ih^T on entry): with rows_bar those of
+    the rows [r0, r1), every cell, after a barrier of the nt threads;
+    without, those of the cells [u0, u1), every row."""
     cdef Py_ssize_t q, BH = B * H, ps = brnn_packed_size(P, H)
-    if u1 <= u0:
+    if u1 > u0:
+        for q in range(4):
+            packed_product(B, P, h_in, P, pw_hh + q * ps, u0, u1, False, g + q * H, 4 * H)
+    if rows_bar != NULL:
+        brnn_barrier_wait(rows_bar, nt)
+        u0, u1 = 0, H
+    else:
+        r0, r1 = 0, B
+    if u1 <= u0 or r1 <= r0:
         return
-    for q in range(4):
-        packed_product(B, P, h_in, P, pw_hh + q * ps, u0, u1, False, g + q * H, 4 * H)
-    lstm_forward_block[float](B, H, gate_offsets(IFCO, H), g, b, c_in, NULL, NULL, NULL, 0,
-                              0, False, lengths, t, True, i_ + t * BH, cs + t * BH,
-                              f + t * BH, o + t * BH, ci + t * BH, co + t * BH, m + t * BH,
-                              u0, u1 - u0)
+    BH = t * BH + r0 * H
+    lstm_forward_block[float](r1 - r0, H, gate_offsets(IFCO, H), g + r0 * 4 * H, b,
+                              c_in + r0 * H, NULL, NULL, NULL, 0, 0, False,
+                              lengths_from(lengths, r0), t, True, i_ + BH, cs + BH, f + BH,
+                              o + BH, ci + BH, co + BH, m + BH, u0, u1 - u0)
 
 
 cdef void lstm_proj_forward_packed(
@@ -99,18 +109,21 @@ cdef void lstm_proj_forward_packed(
         float* i_, float* f, float* o, float* ci, float* cs, float* co, float* m,
         float* h, int n_threads) noexcept nogil:
     """The time loop of the float32 forward on n_threads threads (one parallel
-    region): per step, each thread computes its cells' gates (lstm_proj_forward_cells),
-    barrier, its features [p0, p1) of h[t] = m[t] @ w_hr^T, barrier."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, p0 = 0, p1 = P, BH = B * H, BP = B * P
+    region): per step, each thread computes its cells' gate columns and the
+    gates (lstm_proj_forward_cells: by rows, after a barrier, whenever every
+    thread gets a row, gates_by_rows), barrier, its features [p0, p1) of
+    h[t] = m[t] @ w_hr^T, barrier."""
+    cdef Py_ssize_t t, u0 = 0, u1 = H, p0 = 0, p1 = P, r0 = 0, r1 = B, BH = B * H, BP = B * P
     cdef int tid, nt
-    cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef brnn_barrier bar, rows_bar
+    memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         for t in range(L):
             lstm_proj_forward_cells(t, B, H, P, pw_hh, h0 if t == 0 else h + (t - 1) * BP,
                                     c0 if t == 0 else cs + (t - 1) * BH, b, lengths, g,
-                                    i_, f, o, ci, cs, co, m, 0, H)
+                                    i_, f, o, ci, cs, co, m, 0, H, 0, B, NULL, 1)
             packed_product(B, H, m + t * BH, H, pw_hr, 0, P, False, h + t * BP, P)
         return
     with parallel(num_threads=n_threads):
@@ -120,10 +133,13 @@ cdef void lstm_proj_forward_packed(
         u1 = unit_start(H, tid + 1, nt)
         p0 = unit_start(P, tid, nt)
         p1 = unit_start(P, tid + 1, nt)
+        r0 = tid * B // nt
+        r1 = (tid + 1) * B // nt
         for t in range(L):
             lstm_proj_forward_cells(t, B, H, P, pw_hh, h0 if t == 0 else h + (t - 1) * BP,
                                     c0 if t == 0 else cs + (t - 1) * BH, b, lengths, g,
-                                    i_, f, o, ci, cs, co, m, u0, u1)
+                                    i_, f, o, ci, cs, co, m, u0, u1, r0, r1,
+                                    &rows_bar if by_rows else NULL, nt)
             brnn_barrier_wait(&bar, nt)
             if p1 > p0:
                 packed_product(B, H, m + t * BH, H, pw_hr, p0, p1, False, h + t * BP, P)
@@ -284,18 +300,21 @@ cdef void lstm_proj_backward_packed(
     """The reverse loop of the float32 backward on n_threads threads (one parallel
     region), each owning the features [p0, p1) and the cells [u0, u1): per step,
     its features of dH[t] = h_grad[t] + dh_rec, barrier, its cells' dm = dH[t] @ w_hr
-    and gate gradients dG[t] (and c carry), barrier, its features of
+    and the gate gradients dG[t] (and c carry): those of its block of rows,
+    every cell, after a barrier, whenever every thread gets a row
+    (gates_by_rows), else those of its cells; barrier, its features of
     dh_rec = dG[t] @ w_hh (only it reads them next)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, p0 = 0, p1 = P
+    cdef Py_ssize_t t, u0 = 0, u1 = H, p0 = 0, p1 = P, r0 = 0, r1 = B
     cdef int tid, nt
-    cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef brnn_barrier bar, rows_bar
+    memset(&bar, 0, sizeof(bar))
+    memset(&rows_bar, 0, sizeof(rows_bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         for t in range(L - 1, -1, -1):
             lstm_proj_backward_features(t, B, P, h_grad, lengths, dh, dh_rec, 0, P)
             lstm_proj_backward_cells(t, B, H, P, pw_hr, c0, i_, f, o, ci, cs, co, cs_grad,
-                                     lengths, zero, dg, dh, dm, carry, 0, H)
+                                     lengths, zero, dg, dh, dm, carry, 0, H, 0, B, NULL, 1)
             packed_product(B, 4 * H, dg + t * B * 4 * H, 4 * H, pw_hh, 0, P, False, dh_rec, P)
         return
     with parallel(num_threads=n_threads):
@@ -305,11 +324,14 @@ cdef void lstm_proj_backward_packed(
         u1 = unit_start(H, tid + 1, nt)
         p0 = unit_start(P, tid, nt)
         p1 = unit_start(P, tid + 1, nt)
+        r0 = tid * B // nt
+        r1 = (tid + 1) * B // nt
         for t in range(L - 1, -1, -1):
             lstm_proj_backward_features(t, B, P, h_grad, lengths, dh, dh_rec, p0, p1)
             brnn_barrier_wait(&bar, nt)
             lstm_proj_backward_cells(t, B, H, P, pw_hr, c0, i_, f, o, ci, cs, co, cs_grad,
-                                     lengths, zero, dg, dh, dm, carry, u0, u1)
+                                     lengths, zero, dg, dh, dm, carry, u0, u1, r0, r1,
+                                     &rows_bar if by_rows else NULL, nt)
             brnn_barrier_wait(&bar, nt)
             if p1 > p0:
                 packed_product(B, 4 * H, dg + t * B * 4 * H, 4 * H, pw_hh, p0, p1, False,
@@ -338,17 +360,29 @@ cdef void lstm_proj_backward_cells(
         const float* c0, const float* i_, const float* f, const float* o, const float* ci,
         const float* cs, const float* co, const float* cs_grad, const int64_t* lengths,
         const float* zero, float* dg, const float* dh, float* dm, float* carry,
-        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Step t of the float32 backward for the cells [u0, u1): dm = dH[t] @ w_hr
-    (packed kernel), then the cell backward into dG[t] and the c carry."""
-    cdef Py_ssize_t BH = B * H
-    if u1 <= u0:
+        Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1, brnn_barrier* rows_bar,
+        int nt) noexcept nogil:
+    """Step t of the float32 backward: the cells [u0, u1)'s columns of dm =
+    dH[t] @ w_hr (packed kernel), then the cell backward into dG[t] and the c
+    carry: with rows_bar that of the rows [r0, r1), every cell, after a
+    barrier of the nt threads; without, that of the cells [u0, u1)."""
+    cdef Py_ssize_t BH = B * H, rk
+    if u1 > u0:
+        packed_product(B, P, dh + t * B * P, P, pw_hr, u0, u1, False, dm, H)
+    if rows_bar != NULL:
+        brnn_barrier_wait(rows_bar, nt)
+        u0, u1 = 0, H
+    else:
+        r0, r1 = 0, B
+    if u1 <= u0 or r1 <= r0:
         return
-    packed_product(B, P, dh + t * B * P, P, pw_hr, u0, u1, False, dm, H)
-    lstm_backward_block[float](B, H, gate_offsets(IFCO, H), c0 if t == 0 else cs + (t - 1) * BH,
-                               i_ + t * BH, f + t * BH, o + t * BH, ci + t * BH, co + t * BH,
-                               cs_grad + t * BH, dm, zero, NULL, NULL, NULL, False, True,
-                               lengths, t, dg + t * B * 4 * H, carry, u0, u1 - u0)
+    rk = r0 * H
+    lstm_backward_block[float](r1 - r0, H, gate_offsets(IFCO, H),
+                               (c0 if t == 0 else cs + (t - 1) * BH) + rk, i_ + t * BH + rk,
+                               f + t * BH + rk, o + t * BH + rk, ci + t * BH + rk,
+                               co + t * BH + rk, cs_grad + t * BH + rk, dm + rk, zero + rk,
+                               NULL, NULL, NULL, False, True, lengths_from(lengths, r0), t,
+                               dg + t * B * 4 * H + r0 * 4 * H, carry + rk, u0, u1 - u0)
 
 
 cdef void block_lstm_proj_backward_compute(

@@ -500,7 +500,10 @@ cdef inline bint gates_by_rows(Py_ssize_t B, int n_threads) noexcept nogil:
     split, in one process alternating the two (2 threads, median of 8 rounds):
     LSTM forward 100,32,256,256 -5%, fwd+bwd -3%, inference -2%; reset-after
     GRU fwd+bwd -5%, inference -4 to -8% at batch 8 to 32; 100,64,512,512
-    LSTM forward -6%, fwd+bwd -5%; batch 2-4 equal to 4% better."""
+    LSTM forward -6%, fwd+bwd -5%; batch 2-4 equal to 4% better. The TF GRU
+    (a barrier after each of its two products) and the projected LSTM, fresh
+    processes alternated at 100,32,256,256: TF GRU forward -10%, inference
+    -13%, projected LSTM forward -7% (docs/performance.md)."""
     return B >= n_threads
 
 
