@@ -451,11 +451,7 @@ cdef void gru_forward_packed_half(
             packed_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
         else:
             packed_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, c + t * BH, H)
-    if rows_bar != NULL:
-        brnn_barrier_wait(rows_bar, nt)
-        u0, u1 = 0, H
-    else:
-        r0, r1 = 0, B
+    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
     if u1 <= u0:
         return
     for row in range(r0, r1):
@@ -828,24 +824,22 @@ cdef void gru_backward_packed_part(
         brnn_barrier* rows_bar, int nt) noexcept nogil:
     """Part 0, 1 or 2 of step t of gru_backward_packed (d_ru and d_c: the
     chunk from step t0 on): its product's columns of the cells [u0, u1)
-    (parts 1 and 2); with rows_bar, a barrier of the nt threads after the
-    product, and the gate math of the rows [r0, r1), every cell; without,
-    that of the cells [u0, u1), every row."""
+    (parts 1 and 2), then the gate math of parts 0 and 1 (gate_math_block:
+    with rows_bar, that of the rows [r0, r1), every cell, after a barrier of
+    the nt threads; part 0's follows the product of part 2 of the step
+    before, which wrote the carry; without, that of the cells [u0, u1))."""
     cdef Py_ssize_t BH = B * H, k, nu
     cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
     cdef float* dct = d_c + (t - t0) * BH
     cdef float* drt = d_ru + (t - t0) * 2 * BH
+    if part == 2:
+        if u1 > u0:
+            packed_product(B, 2 * H, drt, 2 * H, w_ru_t, u0, u1, True, h_prev_grad, H)
+        return
     if u1 > u0 and part == 1:
         packed_product(B, H, dct, H, w_c_t, u0, u1, False, d_hr, H)
-    elif u1 > u0 and part == 2:
-        packed_product(B, 2 * H, drt, 2 * H, w_ru_t, u0, u1, True, h_prev_grad, H)
-    if rows_bar != NULL:
-        if part > 0:   # part 0 reads the carry of the step before (after its part 2)
-            brnn_barrier_wait(rows_bar, nt)
-        u0, u1 = 0, H
-    else:
-        r0, r1 = 0, B
-    if part == 2 or u1 <= u0 or r1 <= r0:
+    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
+    if u1 <= u0 or r1 <= r0:
         return
     k, nu = r0 * H, u1 - u0
     if part == 0:

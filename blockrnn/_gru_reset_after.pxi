@@ -188,11 +188,7 @@ cdef void gru_ra_forward_packed_step(
         packed_product(B, H, h_in, H, packed, u0, u1, False, g, 3 * H)
         packed_product(B, H, h_in, H, packed + ps, u0, u1, False, g + H, 3 * H)
         packed_product(B, H, h_in, H, packed + 2 * ps, u0, u1, False, g + 2 * H, 3 * H)
-    if rows_bar != NULL:
-        brnn_barrier_wait(rows_bar, nt)
-        u0, u1 = 0, H
-    else:
-        r0, r1 = 0, B
+    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     k = (t * B + r0) * H

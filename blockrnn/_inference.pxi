@@ -236,11 +236,8 @@ cdef void lstm_infer_step(
         for q in range(4):
             recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H,
                               G4)
-    if rows_bar != NULL:
-        brnn_barrier_wait_within(rows_bar, nt, step_bar)
-        u0, nu = 0, H
-    else:
-        r0, r1 = 0, B
+    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
+    nu = u1 - u0
     if nu <= 0:
         return
     for r in range(r0, r1):
@@ -373,11 +370,7 @@ cdef void gru_infer_half(
     elif u1 > u0:
         recurrent_product(B, H, rh, wide + 2 * psh if w1 else packed + 2 * ps + psx, w1, H,
                           u0, u1, True, xg + 2 * H, H3)
-    if rows_bar != NULL:
-        brnn_barrier_wait_within(rows_bar, nt, step_bar)
-        u0, u1 = 0, H
-    else:
-        r0, r1 = 0, B
+    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
     nu = u1 - u0
     if nu <= 0:
         return
@@ -512,11 +505,8 @@ cdef void gru_ra_infer_step(
         for q in range(3):
             recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H,
                               H3)
-    if rows_bar != NULL:
-        brnn_barrier_wait_within(rows_bar, nt, step_bar)
-        u0, nu = 0, H
-    else:
-        r0, r1 = 0, B
+    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
+    nu = u1 - u0
     if nu <= 0:
         return
     for row in range(r0, r1):

@@ -586,11 +586,7 @@ cdef void lstm_forward_packed_step(
         for q in range(4):
             recurrent_product(B, H, h_in, packed + q * ps, wide, H, u0, u1, False, g + q * H,
                               4 * H)
-    if rows_bar != NULL:
-        brnn_barrier_wait(rows_bar, nt)
-        u0, u1 = 0, H
-    else:
-        r0, r1 = 0, B
+    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     BH = t * BH + r0 * H

@@ -86,11 +86,7 @@ cdef void lstm_proj_forward_cells(
     if u1 > u0:
         for q in range(4):
             packed_product(B, P, h_in, P, pw_hh + q * ps, u0, u1, False, g + q * H, 4 * H)
-    if rows_bar != NULL:
-        brnn_barrier_wait(rows_bar, nt)
-        u0, u1 = 0, H
-    else:
-        r0, r1 = 0, B
+    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     BH = t * BH + r0 * H
@@ -369,11 +365,7 @@ cdef void lstm_proj_backward_cells(
     cdef Py_ssize_t BH = B * H, rk
     if u1 > u0:
         packed_product(B, P, dh + t * B * P, P, pw_hr, u0, u1, False, dm, H)
-    if rows_bar != NULL:
-        brnn_barrier_wait(rows_bar, nt)
-        u0, u1 = 0, H
-    else:
-        r0, r1 = 0, B
+    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     rk = r0 * H

@@ -507,6 +507,24 @@ cdef inline bint gates_by_rows(Py_ssize_t B, int n_threads) noexcept nogil:
     return B >= n_threads
 
 
+cdef inline void gate_math_block(brnn_barrier* rows_bar, int nt, brnn_barrier* step_bar,
+                                 Py_ssize_t H, Py_ssize_t B, Py_ssize_t* u0, Py_ssize_t* u1,
+                                 Py_ssize_t* r0, Py_ssize_t* r1) noexcept nogil:
+    """Once a thread's product columns of a step are written: the block of the
+    step's gate math it computes. With rows_bar (gates_by_rows), after a
+    barrier of the nt threads (one within the shedding barrier step_bar if
+    not NULL, brnn_barrier_wait_within), its rows [r0, r1) over every cell:
+    u0, u1 = 0, H; without, its cells [u0, u1) over every row: r0, r1 = 0, B."""
+    if rows_bar != NULL:
+        if step_bar != NULL:
+            brnn_barrier_wait_within(rows_bar, nt, step_bar)
+        else:
+            brnn_barrier_wait(rows_bar, nt)
+        u0[0], u1[0] = 0, H
+    else:
+        r0[0], r1[0] = 0, B
+
+
 cdef enum:
     # Multiply-adds per thread of a sequence's whole input projection below
     # which packed_inputs stays on one thread (it is one region, no barrier).
