@@ -698,6 +698,10 @@ cdef inline const float* state_data(arr, const float* zeros):
     return zeros if arr is None else fdata(arr)
 
 
+# The rules of _PackedBase._plan, in the order it tries them (last_plan).
+PLAN_RULES = ("size", "solo", "idle", "pace")
+
+
 ctypedef struct CallPlan:
     int threads       # what the call asks of the budget
     int paced         # -1: not timed for the pace; 0: asked for one thread; 1: for more
@@ -732,8 +736,10 @@ cdef class _PackedBase:
     # What small calls measured on one thread and on more (brnn_pace); see _plan.
     cdef brnn_pace pace
     # The threads the last call asked of the budget (after _plan; it may have
-    # been granted fewer). For the tests, and for a user who wonders.
+    # been granted fewer), and which rule of _plan chose them (an index into
+    # PLAN_RULES). For the tests, and for a user who wonders.
     cdef readonly int last_threads
+    cdef int last_rule
 
     @property
     def solo(self):
@@ -757,14 +763,16 @@ cdef class _PackedBase:
         cdef Py_ssize_t I = self.input_size, H = self.hidden_size, work = L * B * (I + H) * G
         cdef int want = inference_threads(L, B, I, H, G, max_threads, self.work_per_thread)
         plan.threads, plan.paced, plan.start, plan.work = want, -1, 0, work
+        self.last_rule = 0
         if want > 1 and brnn_solo_now(&self.solo_spell):
-            plan.threads = 1
+            plan.threads, self.last_rule = 1, 1
             brnn_pace_idle(&self.pace)   # the next several-thread call starts a run
         elif want > 1 and self.idle_ns > 0 and work < INFER_IDLE_WORK:
             if brnn_idle_for(&self.last_end, self.idle_ns):
-                plan.threads = 1
+                plan.threads, self.last_rule = 1, 2
                 brnn_pace_idle(&self.pace)
             else:
+                self.last_rule = 3
                 plan.start = brnn_now_ns()
                 choice = brnn_pace_plan(&self.pace, plan.start)
                 plan.threads = want if choice & BRNN_PACE_MANY else 1
@@ -772,6 +780,13 @@ cdef class _PackedBase:
                     plan.paced = 1 if choice & BRNN_PACE_MANY else 0
         self.last_threads = plan.threads
         return plan
+
+    @property
+    def last_plan(self):
+        """Which rule of _plan chose the last call's threads: "size" (the
+        thread rule alone), "solo" (a solo spell), "idle" (after an idle
+        spell) or "pace" (what small calls measured; brnn_pace_plan)."""
+        return PLAN_RULES[self.last_rule]
 
     @property
     def pace_fs_per_mac(self):
