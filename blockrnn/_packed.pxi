@@ -27,6 +27,8 @@ cdef extern from "brnn_packed.h" nogil:
         int gen
         int shed
         int slow
+        long long waited_ns
+    long long BRNN_SHED_WAIT_NS
     void brnn_barrier_wait(brnn_barrier* b, int n)
     void brnn_barrier_wait_within(brnn_barrier* b, int n, brnn_barrier* step)
     int brnn_barrier_wait_shed(brnn_barrier* b, int n, int cores, int patient)
@@ -342,8 +344,10 @@ def shed_barrier_answers(int cores, bint other_caller, bint patient=False):
     the tests), on a budget of `cores`; with other_caller, another caller is
     granted its own thread while the region runs. Returns the two threads'
     answers, the budget this region still holds after the barrier, and whether
-    the two threads ran on one CPU just before the barrier (a stall: it sheds
-    too unless `patient`); None if the region got fewer than 2 threads."""
+    a partner stalled (it sheds then too unless `patient`): the two threads ran
+    on one CPU just before the barrier, or one waited at it longer than
+    BRNN_SHED_WAIT_NS (a busy process held the other's core); None if the
+    region got fewer than 2 threads."""
     cdef int granted = brnn_budget_take(2, 2), tid, nt
     cdef int answers[2]
     cdef int cpus[2]
@@ -368,7 +372,8 @@ def shed_barrier_answers(int cores, bint other_caller, bint patient=False):
         brnn_budget_give(others)
     if granted != 2 or answers[1] < 0:
         return None
-    return (answers[0], answers[1]), left, cpus[0] >= 0 and cpus[0] == cpus[1]
+    stalled = (cpus[0] >= 0 and cpus[0] == cpus[1]) or bar.waited_ns > BRNN_SHED_WAIT_NS
+    return (answers[0], answers[1]), left, stalled
 
 
 def patient_sheds_for(long long waited_ns, long long elapsed_ns):

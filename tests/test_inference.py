@@ -397,7 +397,9 @@ def test_small_calls_ask_for_what_they_measured_faster(name, make):
     deadline = time.monotonic() + 30   # (a call that sheds pauses the pace: solo)
     while 0 in run.pace_fs_per_mac and time.monotonic() < deadline:
         np.testing.assert_array_equal(infer(x)[0], want)
-    assert 0 not in run.pace_fs_per_mac    # both choices measured
+    # both choices measured; unless a busy process kept stalling the partner (every run
+    # of 2-thread calls shed into a solo spell before it lasted 8 ms)
+    assert 0 not in run.pace_fs_per_mac or run.sheds > 0, (run.pace_fs_per_mac, run.sheds)
 
     # several threads measured faster: the 64th call probes one thread (the 256th
     # while one thread measured over twice as slow: test_the_probe_is_rarer_...)
@@ -629,19 +631,20 @@ def test_the_shedding_barrier_sheds_only_for_another_caller_or_a_shared_cpu():
     caller is granted its own thread beyond a budget of 2, both threads answer 1 and the
     region has given its second thread back by the time they leave the barrier; on a
     larger budget the same caller over-commits nothing. Linux places the worker on the
-    caller's CPU now and then: samples are drawn until one has the two threads apart."""
+    caller's CPU now and then, and a busy process can hold a worker's core for over
+    1 ms (a stall either way): samples are drawn until three had no stall."""
     for cores, other, kept in ((2, False, True), (2, True, False), (3, True, True)):
-        apart = 0
+        smooth = 0
         for _ in range(200):
-            answers, left, same_cpu = _kernels.shed_barrier_answers(cores, other)
-            if kept and not same_cpu:
+            answers, left, stalled = _kernels.shed_barrier_answers(cores, other)
+            if kept and not stalled:
                 assert (answers, left) == ((0, 0), 2)
             else:
                 assert (answers, left) == ((1, 1), 1)
-            apart += not same_cpu
-            if apart >= 3:
+            smooth += not stalled
+            if smooth >= 3:
                 break
-        assert apart >= 3
+        assert smooth >= 3
     assert _kernels.thread_budget_in_use() == 0
 
 
@@ -651,8 +654,8 @@ def test_a_patient_barrier_rides_out_a_stall_but_not_another_caller():
     at once."""
     for other in (False, True):
         for _ in range(50):
-            answers, left, same_cpu = _kernels.shed_barrier_answers(2, other, patient=True)
-            assert (answers, left) == (((1, 1), 1) if other else ((0, 0), 2)), same_cpu
+            answers, left, stalled = _kernels.shed_barrier_answers(2, other, patient=True)
+            assert (answers, left) == (((1, 1), 1) if other else ((0, 0), 2)), stalled
 
 
 def test_a_patient_call_sheds_once_its_waits_are_a_third_of_its_time():
