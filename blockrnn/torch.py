@@ -112,6 +112,71 @@ def _grad(where, name, g, dtype, lengths, reverse):
 _T = torch.Tensor
 _OptT = Optional[torch.Tensor]
 
+# Each op's Python implementation, and for the forward ops an autograd.Function
+# that runs it with the op's own autograd: what a plain eager call runs
+# (_apply). The dispatcher and custom_op's autograd wrapper cost ~120 us per
+# forward and more per backward in Python (T=20, B=4, I=16, H=24 on one core:
+# the module's forward 278 us, of which the op's own work 68), which at small
+# shapes made a training step slower than nn.LSTM's.
+_IMPLEMENTATION = {}
+_EAGER_FUNCTION = {}
+
+
+def _custom_op(name, mutates_args):
+    """torch.library.custom_op, keeping the undecorated implementation."""
+    def wrap(fn):
+        op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
+        _IMPLEMENTATION[op] = fn
+        return op
+    return wrap
+
+
+def _plain(x):
+    """Whether a call with first tensor x may skip the dispatcher: eager, a plain
+    torch.Tensor, no tracing, dispatch or function mode, no functorch transform.
+    Anything else (torch.compile, torch.export, FakeTensor, vmap, a
+    TorchDispatchMode) goes through the custom op, which those know."""
+    return (not _tracing(x)
+            and torch.utils._python_dispatch._get_current_dispatch_mode() is None
+            and not torch._C._is_torch_function_mode_enabled()
+            and torch._C._functorch.peek_interpreter_stack() is None)
+
+
+def _apply(op, *args):
+    """A forward op's call from the modules: op(*args), its implementation under an
+    autograd.Function with the op's own setup and backward when the call is plain
+    (same results and gradients), else the custom op (and any other callable: a
+    test's spy)."""
+    function = _EAGER_FUNCTION.get(op)
+    return function.apply(*args) if function is not None and _plain(args[0]) else op(*args)
+
+
+def _call(op, *args):
+    """A backward op's call from a forward op's autograd (grad mode off there:
+    _first_order_only raised otherwise): its implementation when the call is
+    plain, else the custom op."""
+    return (_IMPLEMENTATION.get(op, op) if _plain(args[0]) else op)(*args)
+
+
+def _register_autograd(op, backward_op, setup, backward, name):
+    """op's autograd (setup_context, backward) for the custom op and its eager
+    autograd.Function; the backward op itself is first-order only."""
+    op.register_autograd(backward, setup_context=setup)
+    backward_op.register_autograd(_no_double_backward(name))
+
+    implementation = _IMPLEMENTATION[op]
+
+    def forward(ctx, *inputs):   # (not setup_context: apply then binds a signature, ~30 us)
+        ctx.set_materialize_grads(False)    # as the custom op: None for unused outputs
+        output = implementation(*inputs)
+        setup(ctx, inputs, output)
+        return output
+
+    _EAGER_FUNCTION[op] = type(f"blockrnn_{name[:-len('_backward')]}",
+                               (torch.autograd.Function,),
+                               {"forward": staticmethod(forward),
+                                "backward": staticmethod(backward)})
+
 
 def _op_lengths(where, lengths, T, B):
     """The lengths argument of an op (None or an integer tensor (B,)) as checked int64 NumPy."""
@@ -167,7 +232,7 @@ def _arrays(where, names, tensors, dtype):
     return [None if t is None else _numpy(where, n, t, dtype) for n, t in zip(names, tensors)]
 
 
-@torch.library.custom_op("blockrnn::lstm", mutates_args=())
+@_custom_op("blockrnn::lstm", mutates_args=())
 def lstm_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
             bias_hh: _OptT, weight_ci: _OptT, weight_cf: _OptT, weight_co: _OptT,
             lengths: _OptT, cell_clip: float, forget_bias: float,
@@ -209,7 +274,7 @@ def _(x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, w
     return tuple(x.new_empty(T, B, H) for _ in range(7))
 
 
-@torch.library.custom_op("blockrnn::lstm_backward", mutates_args=())
+@_custom_op("blockrnn::lstm_backward", mutates_args=())
 def lstm_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
                      bias_hh: _OptT, weight_ci: _OptT, weight_cf: _OptT, weight_co: _OptT,
                      lengths: _OptT, forget_bias: float, reverse: bool, h: _T, cs: _T, i: _T,
@@ -296,8 +361,8 @@ def _lstm_autograd(ctx, h_grad, cs_grad, *gate_grads):
         h_grad = torch.zeros_like(h)
     if cs_grad is None:
         cs_grad = torch.zeros_like(cs)
-    dx, dh0, dc0, dw_ih, dw_hh, db, dwci, dwcf, dwco = lstm_backward_op(
-        x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, ctx.forget_bias,
+    dx, dh0, dc0, dw_ih, dw_hh, db, dwci, dwcf, dwco = _call(
+        lstm_backward_op, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, ctx.forget_bias,
         ctx.reverse, h, cs, *gates, h_grad, cs_grad)
     has_b, peep = b_ih is not None, wci is not None
     return (dx, dh0, dc0, dw_ih, dw_hh, db if has_b else None,
@@ -305,11 +370,10 @@ def _lstm_autograd(ctx, h_grad, cs_grad, *gate_grads):
             *((dwci, dwcf, dwco) if peep else (None,) * 3), None, None, None, None)
 
 
-lstm_op.register_autograd(_lstm_autograd, setup_context=_lstm_setup)
-lstm_backward_op.register_autograd(_no_double_backward("lstm_backward"))
+_register_autograd(lstm_op, lstm_backward_op, _lstm_setup, _lstm_autograd, "lstm_backward")
 
 
-@torch.library.custom_op("blockrnn::gru", mutates_args=())
+@_custom_op("blockrnn::gru", mutates_args=())
 def gru_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT, bias_hh: _OptT,
            lengths: _OptT, reverse: bool) -> Tuple[_T, _T, _T, _T, _T]:
     """One nn.GRU layer in one direction on ``blockrnn.block_gru_reset_after`` (nn.GRU's
@@ -336,7 +400,7 @@ def _(x, h0, weight_ih, weight_hh, bias_ih, bias_hh, lengths, reverse):
     return tuple(x.new_empty(T, B, H) for _ in range(5))
 
 
-@torch.library.custom_op("blockrnn::gru_backward", mutates_args=())
+@_custom_op("blockrnn::gru_backward", mutates_args=())
 def gru_backward_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
                     bias_hh: _OptT, lengths: _OptT, reverse: bool, h: _T, r: _T, z: _T,
                     n: _T, hn: _T, h_grad: _T) -> Tuple[_T, _T, _T, _T, _T, _T]:
@@ -383,20 +447,19 @@ def _register_gru_autograd(op, backward_op, name):
         x, h0, w1, w2, b1, b2, lengths, h, *gates = ctx.saved_tensors
         if h_grad is None:
             h_grad = torch.zeros_like(h)
-        dx, dh0, dw1, dw2, db1, db2 = backward_op(x, h0, w1, w2, b1, b2, lengths,
-                                                  ctx.reverse, h, *gates, h_grad)
+        dx, dh0, dw1, dw2, db1, db2 = _call(backward_op, x, h0, w1, w2, b1, b2, lengths,
+                                            ctx.reverse, h, *gates, h_grad)
         has_b = b1 is not None
         return (dx, dh0, dw1, dw2, db1 if has_b else None, db2 if has_b else None,
                 None, None)
 
-    op.register_autograd(backward, setup_context=setup)
-    backward_op.register_autograd(_no_double_backward(name))
+    _register_autograd(op, backward_op, setup, backward, name)
 
 
 _register_gru_autograd(gru_op, gru_backward_op, "gru_backward")
 
 
-@torch.library.custom_op("blockrnn::gru_block", mutates_args=())
+@_custom_op("blockrnn::gru_block", mutates_args=())
 def gru_block_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _OptT, lengths: _OptT,
                  reverse: bool) -> Tuple[_T, _T, _T, _T]:
     """One TensorFlow GRUBlockCell layer in one direction on ``block_gru`` (reset before
@@ -421,7 +484,7 @@ def _(x, h0, w_ru, w_c, b_ru, b_c, lengths, reverse):
     return tuple(x.new_empty(T, B, H) for _ in range(4))
 
 
-@torch.library.custom_op("blockrnn::gru_block_backward", mutates_args=())
+@_custom_op("blockrnn::gru_block_backward", mutates_args=())
 def gru_block_backward_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _OptT,
                           lengths: _OptT, reverse: bool, h: _T, r: _T, u: _T, c: _T,
                           h_grad: _T) -> Tuple[_T, _T, _T, _T, _T, _T]:
@@ -457,7 +520,7 @@ _register_gru_autograd(gru_block_op, gru_block_backward_op, "gru_block_backward"
 # The projected LSTM (nn.LSTM with proj_size = P > 0): its own op pair
 # ---------------------------------------------------------------------------
 
-@torch.library.custom_op("blockrnn::lstm_proj", mutates_args=())
+@_custom_op("blockrnn::lstm_proj", mutates_args=())
 def lstm_proj_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
                  bias_hh: _OptT, weight_hr: _T, lengths: _OptT,
                  reverse: bool) -> Tuple[_T, _T, _T, _T, _T, _T, _T, _T]:
@@ -487,7 +550,7 @@ def _(x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr, lengths, rev
     return (x.new_empty(T, B, P), *(x.new_empty(T, B, H) for _ in range(7)))
 
 
-@torch.library.custom_op("blockrnn::lstm_proj_backward", mutates_args=())
+@_custom_op("blockrnn::lstm_proj_backward", mutates_args=())
 def lstm_proj_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T,
                           bias_ih: _OptT, bias_hh: _OptT, weight_hr: _T, lengths: _OptT,
                           reverse: bool, h: _T, cs: _T, i: _T, f: _T, o: _T, ci: _T, co: _T,
@@ -539,8 +602,8 @@ def _lstm_proj_autograd(ctx, h_grad, cs_grad, *gate_grads):
         h_grad = torch.zeros_like(h)
     if cs_grad is None:
         cs_grad = torch.zeros_like(cs)
-    dx, dh0, dc0, dw_ih, dw_hh, db, dw_hr = lstm_proj_backward_op(
-        x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, ctx.reverse, h, cs, *gates, h_grad,
+    dx, dh0, dc0, dw_ih, dw_hh, db, dw_hr = _call(
+        lstm_proj_backward_op, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, ctx.reverse, h, cs, *gates, h_grad,
         cs_grad)
     has_b = b_ih is not None
     return (dx, dh0, dc0, dw_ih, dw_hh, db if has_b else None,
@@ -548,8 +611,8 @@ def _lstm_proj_autograd(ctx, h_grad, cs_grad, *gate_grads):
             dw_hr, None, None)
 
 
-lstm_proj_op.register_autograd(_lstm_proj_autograd, setup_context=_lstm_proj_setup)
-lstm_proj_backward_op.register_autograd(_no_double_backward("lstm_proj_backward"))
+_register_autograd(lstm_proj_op, lstm_proj_backward_op, _lstm_proj_setup,
+                   _lstm_proj_autograd, "lstm_proj_backward")
 
 
 # ---------------------------------------------------------------------------
@@ -1274,8 +1337,8 @@ class LSTM(_RNNBase):
             return self._output(y, batched, packed, lengths), (h_n, c_n)
 
         def step(x, init, sfx, reverse):
-            out = lstm_op(x, *init, *self._cell_params(sfx), lengths, self.cell_clip,
-                          self.forget_bias, reverse)
+            out = _apply(lstm_op, x, *init, *self._cell_params(sfx), lengths,
+                         self.cell_clip, self.forget_bias, reverse)
             return out[0], out[1]
 
         y, (h_n, c_n) = self._run(xt, states, lengths, batched, step)
@@ -1292,8 +1355,8 @@ class LSTM(_RNNBase):
                   self._state(where, "c0", hx[1], B, batched))
 
         def step(x, init, sfx, reverse):
-            out = lstm_proj_op(x, *init, *self._cell_params(sfx)[:4],
-                               getattr(self, f"weight_hr{sfx}"), lengths, reverse)
+            out = _apply(lstm_proj_op, x, *init, *self._cell_params(sfx)[:4],
+                         getattr(self, f"weight_hr{sfx}"), lengths, reverse)
             return out[0], out[1]
 
         y, (h_n, c_n) = self._run(xt, states, lengths, batched, step)
@@ -1414,7 +1477,7 @@ class GRU(_RNNBase):
             return self._output(y, batched, packed, lengths), h_n
 
         def step(x, init, sfx, reverse):
-            return (op(x, *init, *self._cell_params(sfx), lengths, reverse)[0],)
+            return (_apply(op, x, *init, *self._cell_params(sfx), lengths, reverse)[0],)
 
         y, (h_n,) = self._run(xt, states, lengths, batched, step)
         return self._output(y, batched, packed, lengths), h_n

@@ -2,6 +2,7 @@
 
 PyTorch is required (the test extras install it): a missing torch FAILS these tests.
 """
+import contextlib
 import subprocess
 import sys
 
@@ -281,3 +282,63 @@ def test_double_backward_raises(module):
 def test_cell_clip_too_large_for_a_float():
     with pytest.raises(ValueError, match="LSTM: cell_clip must fit a float"):
         bt.LSTM(2, 3, cell_clip=10**400)
+
+
+class _SeeOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that records the ops it sees (a user's profiler or flop counter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("make", [
+    lambda dt: bt.LSTM(5, 6, num_layers=2, bidirectional=True, dtype=dt),
+    lambda dt: bt.LSTM(5, 6, use_peephole=True, cell_clip=0.5, forget_bias=1.0, dtype=dt),
+    lambda dt: bt.LSTM(5, 6, proj_size=3, bidirectional=True, dtype=dt),
+    lambda dt: bt.GRU(5, 6, num_layers=2, bidirectional=True, dtype=dt),
+    lambda dt: bt.GRU(5, 6, reset_after=False, bidirectional=True, dtype=dt)],
+    ids=["lstm", "lstm-peephole", "lstm-proj", "gru", "tf-gru"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_eager_calls_skip_the_dispatcher_with_the_same_bits(make, dtype):
+    """A plain eager training call runs each op's implementation under an
+    autograd.Function (blockrnn_<op>), not through the dispatcher: the same outputs
+    and gradients, bit for bit, as the custom ops, which a dispatch mode still sees."""
+    torch.manual_seed(0)
+    layer = make(dtype)
+    x = torch.randn(7, 3, 5, dtype=dtype)
+    lengths = torch.tensor([7, 4, 0])
+
+    def nodes(node):
+        """The class names of the autograd graph's nodes from node."""
+        names, stack = set(), [node]
+        while stack:
+            node = stack.pop()
+            if node is not None and type(node).__name__ not in names:
+                names.add(type(node).__name__)
+                stack.extend(f for f, _ in node.next_functions)
+        return names
+
+    def run(mode):
+        xg = x.clone().requires_grad_()
+        layer.zero_grad()
+        with mode:
+            y, state = layer(xg, sequence_length=lengths)
+        final = state[0] if isinstance(state, tuple) else state
+        (y.square().sum() + final.sum()).backward()
+        return y, [xg.grad] + [p.grad for p in layer.parameters()], nodes(y.grad_fn)
+
+    y, grads, names = run(contextlib.nullcontext())
+    seen = _SeeOps()
+    y_op, grads_op, names_op = run(seen)
+    assert any(n.startswith("blockrnn_") for n in names), names
+    assert not any(n.startswith("blockrnn_") for n in names_op), names_op
+    assert any(op.startswith("blockrnn.") for op in seen.ops), seen.ops
+    assert torch.equal(y, y_op)
+    assert len(grads) == len(grads_op)
+    for g, g_op in zip(grads, grads_op):
+        assert torch.equal(g, g_op)
