@@ -131,15 +131,23 @@ def _custom_op(name, mutates_args):
     return wrap
 
 
+try:   # (private in torch 2.13: where a version lacks one, every call takes the custom op)
+    _MODES = (torch.utils._python_dispatch._get_current_dispatch_mode,
+              torch._C._is_torch_function_mode_enabled,
+              torch._C._functorch.peek_interpreter_stack)
+except AttributeError:   # pragma: no cover - depends on the torch version
+    _MODES = None
+
+
 def _plain(x):
     """Whether a call with first tensor x may skip the dispatcher: eager, a plain
     torch.Tensor, no tracing, dispatch or function mode, no functorch transform.
     Anything else (torch.compile, torch.export, FakeTensor, vmap, a
     TorchDispatchMode) goes through the custom op, which those know."""
-    return (not _tracing(x)
-            and torch.utils._python_dispatch._get_current_dispatch_mode() is None
-            and not torch._C._is_torch_function_mode_enabled()
-            and torch._C._functorch.peek_interpreter_stack() is None)
+    if _MODES is None or _tracing(x):
+        return False
+    dispatch_mode, function_mode, transforms = _MODES
+    return dispatch_mode() is None and not function_mode() and transforms() is None
 
 
 def _apply(op, *args):
