@@ -370,8 +370,8 @@ def _lstm_autograd(ctx, h_grad, cs_grad, *gate_grads):
     if cs_grad is None:
         cs_grad = torch.zeros_like(cs)
     dx, dh0, dc0, dw_ih, dw_hh, db, dwci, dwcf, dwco = _call(
-        lstm_backward_op, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, ctx.forget_bias,
-        ctx.reverse, h, cs, *gates, h_grad, cs_grad)
+        lstm_backward_op, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths,
+        ctx.forget_bias, ctx.reverse, h, cs, *gates, h_grad, cs_grad)
     has_b, peep = b_ih is not None, wci is not None
     return (dx, dh0, dc0, dw_ih, dw_hh, db if has_b else None,
             db.clone() if has_b else None,          # its own tensor: b_hh.grad is not b_ih.grad
@@ -611,8 +611,8 @@ def _lstm_proj_autograd(ctx, h_grad, cs_grad, *gate_grads):
     if cs_grad is None:
         cs_grad = torch.zeros_like(cs)
     dx, dh0, dc0, dw_ih, dw_hh, db, dw_hr = _call(
-        lstm_proj_backward_op, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, ctx.reverse, h, cs, *gates, h_grad,
-        cs_grad)
+        lstm_proj_backward_op, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, ctx.reverse,
+        h, cs, *gates, h_grad, cs_grad)
     has_b = b_ih is not None
     return (dx, dh0, dc0, dw_ih, dw_hh, db if has_b else None,
             db.clone() if has_b else None,          # its own tensor: b_hh.grad is not b_ih.grad
