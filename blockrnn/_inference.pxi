@@ -698,8 +698,14 @@ cdef inline const float* state_data(arr, const float* zeros):
     return zeros if arr is None else fdata(arr)
 
 
-# The rules of _PackedBase._plan, in the order it tries them (last_plan).
-PLAN_RULES = ("size", "solo", "idle", "pace")
+# The rules of _PackedBase._plan, in the order it tries them, and their names
+# (last_plan).
+cdef enum PlanRule:
+    PLAN_SIZE = 0     # the thread rule alone (inference_threads)
+    PLAN_SOLO = 1     # a solo spell: one thread
+    PLAN_IDLE = 2     # after an idle spell: one thread
+    PLAN_PACE = 3     # what small calls measured (brnn_pace_plan)
+PLAN_NAMES = {PLAN_SIZE: "size", PLAN_SOLO: "solo", PLAN_IDLE: "idle", PLAN_PACE: "pace"}
 
 
 ctypedef struct CallPlan:
@@ -736,10 +742,10 @@ cdef class _PackedBase:
     # What small calls measured on one thread and on more (brnn_pace); see _plan.
     cdef brnn_pace pace
     # The threads the last call asked of the budget (after _plan; it may have
-    # been granted fewer), and which rule of _plan chose them (an index into
-    # PLAN_RULES). For the tests, and for a user who wonders.
+    # been granted fewer), and which rule of _plan chose them. For the tests,
+    # and for a user who wonders.
     cdef readonly int last_threads
-    cdef int last_rule
+    cdef PlanRule last_rule
 
     @property
     def solo(self):
@@ -763,16 +769,16 @@ cdef class _PackedBase:
         cdef Py_ssize_t I = self.input_size, H = self.hidden_size, work = L * B * (I + H) * G
         cdef int want = inference_threads(L, B, I, H, G, max_threads, self.work_per_thread)
         plan.threads, plan.paced, plan.start, plan.work = want, -1, 0, work
-        self.last_rule = 0
+        self.last_rule = PLAN_SIZE
         if want > 1 and brnn_solo_now(&self.solo_spell):
-            plan.threads, self.last_rule = 1, 1
+            plan.threads, self.last_rule = 1, PLAN_SOLO
             brnn_pace_idle(&self.pace)   # the next several-thread call starts a run
         elif want > 1 and self.idle_ns > 0 and work < INFER_IDLE_WORK:
             if brnn_idle_for(&self.last_end, self.idle_ns):
-                plan.threads, self.last_rule = 1, 2
+                plan.threads, self.last_rule = 1, PLAN_IDLE
                 brnn_pace_idle(&self.pace)
             else:
-                self.last_rule = 3
+                self.last_rule = PLAN_PACE
                 plan.start = brnn_now_ns()
                 choice = brnn_pace_plan(&self.pace, plan.start)
                 plan.threads = want if choice & BRNN_PACE_MANY else 1
@@ -786,7 +792,7 @@ cdef class _PackedBase:
         """Which rule of _plan chose the last call's threads: "size" (the
         thread rule alone), "solo" (a solo spell), "idle" (after an idle
         spell) or "pace" (what small calls measured; brnn_pace_plan)."""
-        return PLAN_RULES[self.last_rule]
+        return PLAN_NAMES[self.last_rule]
 
     @property
     def pace_fs_per_mac(self):
