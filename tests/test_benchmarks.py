@@ -228,6 +228,28 @@ def test_warm_up_calls_for_the_given_time():
     assert calls[-1] - start < 0.02 + 0.5   # and it stops: no call long after the time
 
 
+def test_warm_up_goes_on_until_a_call_takes_no_page_fault():
+    """After its time, the warm-up calls on while calls still fault pages in (a heap that
+    has not settled), and stops at the first call that faults none, or at max_seconds."""
+    import mmap
+    faulting = [3]
+
+    def fn():
+        if faulting[0] > 0:            # fresh pages, touched: minor faults
+            faulting[0] -= 1
+            with mmap.mmap(-1, 64 * mmap.PAGESIZE) as m:
+                for page in range(64):
+                    m[page * mmap.PAGESIZE] = 1
+    assert worker.warm_up(fn, 0.0, max_seconds=5.0) == 4   # 3 faulting calls, 1 clean
+    assert worker.warm_up(fn, 0.0, max_seconds=5.0) == 2   # the first call, 1 clean
+    faulting[0] = 10**9
+    import time
+    start = time.perf_counter()
+    calls = worker.warm_up(fn, 0.0, max_seconds=0.05)      # never settles: stops anyway
+    assert calls > 1 and time.perf_counter() - start < 0.05 + 0.5
+    assert worker.warm_up(fn, 0.0) == 1                      # no max_seconds: time alone
+
+
 def test_flops_and_memory_bound_formulas():
     assert peers.flops("lstm_fwd", 100, 32, 256, 256) == 2 * 100 * 32 * 512 * 4 * 256
     assert peers.flops("lstm_fwdbwd", 2, 3, 4, 5) == 3 * peers.flops("lstm_fwd", 2, 3, 4, 5)

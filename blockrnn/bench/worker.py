@@ -22,20 +22,23 @@ The spec (a JSON object)::
                (torch, TF, ORT as Peers sets them; BLAS and OpenMP by threadpoolctl)
     memory     also measure the peak memory of one more call per task
     settle_s   pause before each task (the previous task's spinning threads go idle)
+    warmup_s, warmup_max_s   each task's warm-up (``warm_up``)
     jax_cache_dir   JAX's persistent compilation cache (the parent gives one per mode):
                later rounds load the executables instead of compiling them again (the
                same code; compilation is not timed, it only lengthens the run)
 
-Each task is built (``blockrnn.bench.peers.build``), called once to warm up, then timed.
+Each task is built (``blockrnn.bench.peers.build``), warmed up (``warm_up``), then timed.
 The output file holds one JSON object: the pid, the CPU affinity, the runtimes' thread
 settings, which peer libraries are imported, and per task the per-call seconds of each
-timed sample (``times_s``), the process CPU seconds of each (``cpu_s``), the number of
-threads of the process after the calls (/proc/self/status Threads), the calls per
-sample, the memory numbers, or the error that stopped it.
+timed sample (``times_s``), the process CPU seconds of each (``cpu_s``), the warm-up
+calls (``warmup_calls``), the number of threads of the process after the calls
+(/proc/self/status Threads), the calls per sample, the memory numbers, or the error
+that stopped it.
 """
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 
@@ -65,13 +68,32 @@ def process_threads():
     return None
 
 
-def warm_up(fn, seconds):
+def minor_faults():
+    """The minor page faults this process has taken so far (getrusage)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def warm_up(fn, seconds, max_seconds=None):
     """Call fn until `seconds` have passed, at least once: thread pools, JIT compilation,
-    first-touch memory, and the cores the call runs on awake (blockrnn.bench.run.WARMUP_S)."""
+    first-touch memory, and the cores the call runs on awake (blockrnn.bench.run.WARMUP_S).
+    Then, while less than `max_seconds` (if given) have passed in all, go on calling until
+    a call takes no new minor page fault: the process's heap has settled (WARMUP_MAX_S).
+    Returns the number of calls."""
     start = time.perf_counter()
     fn()
+    calls = 1
     while time.perf_counter() - start < seconds:
         fn()
+        calls += 1
+    if max_seconds is None:
+        return calls
+    while time.perf_counter() - start < max_seconds:
+        before = minor_faults()
+        fn()
+        calls += 1
+        if minor_faults() == before:
+            break
+    return calls
 
 
 def time_task(fn, reps, budget, calls=1):
@@ -147,7 +169,8 @@ def run_spec(spec):
                 if not impls:
                     raise RuntimeError("; ".join(messages) or "no such implementation")
                 fn = impls[0].run
-            warm_up(fn, spec.get("warmup_s", 0.0))
+            result["warmup_calls"] = warm_up(fn, spec.get("warmup_s", 0.0),
+                                             spec.get("warmup_max_s"))
             calls = 1
             if workload in peers.CELL_WORKLOADS:
                 calls = measure.calibrate(fn, spec.get("cell_target_s", 0.02))
