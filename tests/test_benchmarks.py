@@ -5,6 +5,8 @@ import json
 import math
 import os
 
+import pytest
+
 import blockrnn
 
 from blockrnn.bench import measure, peers, run, serve, targets, threads, worker
@@ -228,26 +230,68 @@ def test_warm_up_calls_for_the_given_time():
     assert calls[-1] - start < 0.02 + 0.5   # and it stops: no call long after the time
 
 
-def test_warm_up_goes_on_until_a_call_takes_no_page_fault():
-    """After its time, the warm-up calls on while calls still fault pages in (a heap that
-    has not settled), and stops at the first call that faults none, or at max_seconds."""
-    import mmap
-    faulting = [3]
+def _scripted_faults(per_call):
+    """A function and a fault counter for warm_up: the k-th call of the function takes
+    per_call[k] faults (the last entry repeats). Deterministic, unlike the process's own
+    count (under the sanitizer build's allocator a Python call can fault a page in)."""
+    count, calls = [0], [0]
 
     def fn():
-        if faulting[0] > 0:            # fresh pages, touched: minor faults
-            faulting[0] -= 1
-            with mmap.mmap(-1, 64 * mmap.PAGESIZE) as m:
-                for page in range(64):
-                    m[page * mmap.PAGESIZE] = 1
-    assert worker.warm_up(fn, 0.0, max_seconds=5.0) == 4   # 3 faulting calls, 1 clean
-    assert worker.warm_up(fn, 0.0, max_seconds=5.0) == 2   # the first call, 1 clean
-    faulting[0] = 10**9
+        count[0] += per_call[min(calls[0], len(per_call) - 1)]
+        calls[0] += 1
+    return fn, lambda: count[0]
+
+
+@pytest.mark.parametrize("per_call, seconds, expected", [
+    ([500, 300, 700, 200, 0], 0.0, 5),       # a heap settling: the first clean call ends it
+    ([0], 0.0, 1),                           # settled from the start
+    ([0, 0, 0, 90, 80, 0], 0.0, 1),          # clean at once (a clean call is enough)
+    ([900, 938, 938, 938, 5], 0.0, 4),       # fresh memory at every call: 3 equal counts
+    ([20000, 10500, 8139, 8127, 8141], 0.0, 5),   # steady within 2% (PyTorch's allocator)
+    ([1000, 900, 800, 700, 600, 0], 0.0, 6),      # falling by 10% a call: not steady
+])
+def test_warm_up_goes_on_until_the_heap_has_settled(per_call, seconds, expected):
+    """After its time, the warm-up calls on while calls still fault new pages in (a heap
+    that has not settled), and stops at the first call that faults none, or once
+    STEADY_CALLS calls in a row took the same number of faults (memory mapped afresh at
+    every call is the steady state)."""
+    fn, faults = _scripted_faults(per_call)
+    assert worker.warm_up(fn, seconds, max_seconds=5.0, faults=faults) == expected
+
+
+def test_warm_up_counts_the_calls_of_its_time_too():
+    """A call made while the time runs counts: one that ends the time clean ends it."""
     import time
+    count, calls = [0], [0]
+
+    def fn():
+        calls[0] += 1
+        count[0] += 100 if calls[0] <= 2 else 0     # two faulting calls, then clean
+        time.sleep(0.002)
+    n = worker.warm_up(fn, 0.02, max_seconds=5.0, faults=lambda: count[0])
+    assert calls[0] == n and 2 < n < 0.02 / 0.002 + 2   # no call after the time's last
+
+
+def test_warm_up_stops_at_max_seconds_and_without_it_after_its_time():
+    import time
+    count = [0]
+
+    def fn():                                 # never settles: a new count at every call
+        count[0] += 1000 + 100 * (count[0] % 7)
     start = time.perf_counter()
-    calls = worker.warm_up(fn, 0.0, max_seconds=0.05)      # never settles: stops anyway
-    assert calls > 1 and time.perf_counter() - start < 0.05 + 0.5
-    assert worker.warm_up(fn, 0.0) == 1                      # no max_seconds: time alone
+    calls = worker.warm_up(fn, 0.0, max_seconds=0.05, faults=lambda: count[0])
+    assert calls > 3 and 0.05 <= time.perf_counter() - start < 0.05 + 0.5
+    assert worker.warm_up(fn, 0.0, faults=lambda: count[0]) == 1   # no max_seconds: time
+
+
+def test_minor_faults_counts_fresh_pages_touched():
+    """warm_up's default counter sees a call that maps and touches fresh pages."""
+    import mmap
+    before = worker.minor_faults()
+    with mmap.mmap(-1, 64 * mmap.PAGESIZE) as m:
+        for page in range(64):
+            m[page * mmap.PAGESIZE] = 1
+    assert worker.minor_faults() - before >= 64
 
 
 def test_flops_and_memory_bound_formulas():

@@ -73,27 +73,37 @@ def minor_faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def warm_up(fn, seconds, max_seconds=None):
+# warm_up's steady state: this many calls in a row whose minor page faults agree to
+# within STEADY_FAULTS_REL of their largest count. Memory an implementation maps afresh
+# at every call is part of what it costs: blockrnn's outputs above 4 MB (fresh, pre-
+# faulted blocks; 938 faults a call, every call, for block_lstm_v2 + grad at
+# 100,64,512,512) and PyTorch's LSTM fwd+bwd (~8130 +- 30 a call at 100,32,256,256).
+STEADY_CALLS = 3
+STEADY_FAULTS_REL = 0.02
+
+
+def warm_up(fn, seconds, max_seconds=None, faults=minor_faults):
     """Call fn until `seconds` have passed, at least once: thread pools, JIT compilation,
     first-touch memory, and the cores the call runs on awake (blockrnn.bench.run.WARMUP_S).
-    Then, while less than `max_seconds` (if given) have passed in all, go on calling until
-    a call takes no new minor page fault: the process's heap has settled (WARMUP_MAX_S).
-    Returns the number of calls."""
+    With `max_seconds`, go on while less than that has passed in all, until the process's
+    heap has settled (WARMUP_MAX_S): the last call took no new minor page fault, or the
+    last STEADY_CALLS calls took the same number to within STEADY_FAULTS_REL. Every call
+    counts, those of the first `seconds` too. `faults()` reads the process's fault count
+    (minor_faults; the tests give their own). Returns the number of calls."""
     start = time.perf_counter()
-    fn()
-    calls = 1
-    while time.perf_counter() - start < seconds:
+    counts = []                        # new minor faults of each call
+    while True:
+        before = faults()
         fn()
-        calls += 1
-    if max_seconds is None:
-        return calls
-    while time.perf_counter() - start < max_seconds:
-        before = minor_faults()
-        fn()
-        calls += 1
-        if minor_faults() == before:
-            break
-    return calls
+        counts.append(faults() - before)
+        elapsed = time.perf_counter() - start
+        if elapsed < seconds:
+            continue
+        if max_seconds is None or elapsed >= max_seconds or counts[-1] == 0:
+            return len(counts)
+        last = counts[-STEADY_CALLS:]
+        if len(last) == STEADY_CALLS and max(last) - min(last) <= STEADY_FAULTS_REL * max(last):
+            return len(counts)
 
 
 def time_task(fn, reps, budget, calls=1):
