@@ -174,6 +174,40 @@ cdef inline int region_end(brnn_barrier* bar, int granted) noexcept nogil:
     return 0 if not bar.shed else (2 if bar.slow else 1)
 
 
+cdef inline bint step_end(brnn_barrier* bar, int nt, int cores, bint patient) noexcept nogil:
+    """The shedding barrier that ends a step of nt threads (none for one):
+    whether the call goes on with one thread (brnn_barrier_wait_shed)."""
+    return nt > 1 and brnn_barrier_wait_shed(bar, nt, cores, patient)
+
+
+# One inference call's arguments, as its threads read them (lstm_infer_part,
+# gru_infer_part, gru_ra_infer_part). Rows b of x, h0, c0, y, h_n, c_n are
+# the batch's B rows.
+ctypedef struct InferCall:
+    Py_ssize_t T, L, B, K, H     # x's steps, steps run (max of lengths), rows, I, H
+    const float* packed          # the object's packed blocks (see its class)
+    const float* wide            # W_h in batch 1's layout (batch 1), or NULL
+    const float* b1              # LSTM b; TF GRU b_ru; reset-after GRU b_ih
+    const float* b2              # TF GRU b_c; reset-after GRU b_hh; LSTM: NULL
+    GateOffsets off              # LSTM only: gate blocks, peepholes, forget bias, clip
+    const float* wci
+    const float* wcf
+    const float* wco
+    float forget_bias, cell_clip
+    bint peep
+    const float* x               # IN  [T, B, I]
+    const float* h0              # IN  [B, H]
+    const float* c0              # IN  [B, H] (LSTM; else NULL)
+    const int64_t* lengths       # IN  [B] or NULL (then L == T)
+    float* ws                    # workspace (lstm_infer_workspace / gru_infer_workspace)
+    float* y                     # OUT [T, B, H]
+    float* h_n                   # OUT [B, H]
+    float* c_n                   # OUT [B, H] (LSTM; else NULL)
+
+ctypedef void (*infer_part_fn)(const InferCall* c, int tid, int nt, brnn_barrier* bar,
+                               brnn_barrier* rows_bar, int cores) noexcept nogil
+
+
 cdef inline bint last_step(const int64_t* lengths, Py_ssize_t row, Py_ssize_t t,
                            Py_ssize_t L) noexcept nogil:
     """Whether step t is row `row`'s last valid one (its final state)."""
@@ -260,78 +294,43 @@ cdef void lstm_infer_step(
 
 cdef inline Py_ssize_t lstm_infer_workspace(Py_ssize_t L, Py_ssize_t B,
                                             Py_ssize_t H) noexcept nogil:
-    """Floats of lstm_infer's workspace: g [B, 4H], c of even and odd steps
+    """Floats of lstm_infer_part's workspace: g [B, 4H], c of even and odd steps
     [2, B, H], then xg: [L, B, 4H] if infer_hoisted, else [B, 4H]."""
     return B * 4 * H + 2 * B * H + (L if infer_hoisted(L, B, 4 * H) else 1) * B * 4 * H + 1
 
 
-cdef int lstm_infer(
-        Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
-        GateOffsets off,
-        const float* packed,      # IN  W_h's then W_x's four gate blocks packed
-        const float* gates,       # IN  W_h gate-interleaved (batch 1), or NULL
-        const float* b, const float* wci, const float* wcf, const float* wco,
-        float forget_bias, float cell_clip, bint peep,
-        const float* x,           # IN  [T, B, I]
-        const float* h0, const float* c0,  # IN [B, H]
-        const int64_t* lengths,   # IN  [B] or NULL (then L == T)
-        float* ws,                # workspace [lstm_infer_workspace(L, B, H)]
-        float* y,                 # OUT [T, B, H]
-        float* h_n, float* c_n,   # OUT [B, H]
-        int want, int max_threads) noexcept nogil:
-    """The float32 LSTM inference forward (see the top of this file); returns
-    region_end's answer."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H, G4 = 4 * H
+cdef void lstm_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* bar,
+                          brnn_barrier* rows_bar, int cores) noexcept nogil:
+    """Thread tid of nt's share of the float32 LSTM inference forward (see the
+    top of this file; run by infer_run):
+    its cells' columns of the hoisted input projection, then every step's
+    cells, one barrier per step (bar, which can shed: thread 0 then runs
+    every cell) and, by rows (gates_by_rows), one more (rows_bar)."""
+    cdef Py_ssize_t t, L = c.L, B = c.B, I = c.K, H = c.H, BH = B * H, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
-    cdef float* g = ws
+    cdef float* g = c.ws
     cdef float* cbuf = g + B * G4        # [2, B, H]: c of even / odd steps
     cdef float* xg = cbuf + 2 * BH
     cdef bint hoisted = infer_hoisted(L, B, G4)
     cdef Py_ssize_t xstep = B * G4 if hoisted else 0
-    cdef bint patient
-    cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
-    cdef bint by_rows
-    cdef brnn_barrier bar, rows_bar
-    memset(&bar, 0, sizeof(bar))
-    memset(&rows_bar, 0, sizeof(rows_bar))
-    memcpy(h_n, h0, BH * sizeof(float))
-    memcpy(c_n, c0, BH * sizeof(float))
-    granted = brnn_budget_take(want, max_threads)
-    by_rows = gates == NULL and gates_by_rows(B, granted)
-    patient = infer_patient(L, B, I, H, 4 * H, granted)
-    if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        if hoisted:
-            infer_inputs(L * B, I, H, 4, x, packed + 4 * ps, psx, xg, 0, H)
-        for t in range(L):
-            lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
-                            cell_clip, peep, lengths, x, h0 if t == 0 else y + (t - 1) * BH,
-                            c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
-                            gates, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n, 0, H,
-                            0, B, NULL, 1, NULL)
-    else:
-        with parallel(num_threads=granted):
-            tid = brnn_omp_get_thread_num()
-            nt = brnn_omp_get_num_threads()
-            u0 = unit_start(H, tid, nt)
-            u1 = unit_start(H, tid + 1, nt)
-            r0 = tid * B // nt if by_rows else 0
-            r1 = (tid + 1) * B // nt if by_rows else B
-            if hoisted:   # each thread its own columns (read back by rows after a barrier)
-                infer_inputs(L * B, I, H, 4, x, packed + 4 * ps, psx, xg, u0, u1)
-            for t in range(L):
-                lstm_infer_step(t, L, B, I, H, off, packed, b, wci, wcf, wco, forget_bias,
-                                cell_clip, peep, lengths, x,
-                                h0 if t == 0 else y + (t - 1) * BH,
-                                c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted,
-                                gates, xg + t * xstep, g, cbuf + (t % 2) * BH, y, h_n, c_n,
-                                u0, u1, r0, r1, &rows_bar if nt > 1 and by_rows else NULL, nt,
-                                &bar)
-                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, patient):
-                    if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
-                        break
-                    nt, u0, u1, r0, r1 = 1, 0, H, 0, B
-    memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
-    return region_end(&bar, granted)
+    cdef bint by_rows = c.wide == NULL and gates_by_rows(B, nt)
+    cdef bint patient = infer_patient(L, B, I, H, G4, nt)
+    cdef Py_ssize_t u0 = unit_start(H, tid, nt), u1 = unit_start(H, tid + 1, nt)
+    cdef Py_ssize_t r0 = tid * B // nt if by_rows else 0
+    cdef Py_ssize_t r1 = (tid + 1) * B // nt if by_rows else B
+    if hoisted:   # each thread its own columns (read back by rows after a barrier)
+        infer_inputs(L * B, I, H, 4, c.x, c.packed + 4 * ps, psx, xg, u0, u1)
+    for t in range(L):
+        lstm_infer_step(t, L, B, I, H, c.off, c.packed, c.b1, c.wci, c.wcf, c.wco,
+                        c.forget_bias, c.cell_clip, c.peep, c.lengths, c.x,
+                        c.h0 if t == 0 else c.y + (t - 1) * BH,
+                        c.c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted, c.wide,
+                        xg + t * xstep, g, cbuf + (t % 2) * BH, c.y, c.h_n, c.c_n,
+                        u0, u1, r0, r1, rows_bar if nt > 1 and by_rows else NULL, nt, bar)
+        if step_end(bar, nt, cores, patient):
+            if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
+                break
+            nt, u0, u1, r0, r1 = 1, 0, H, 0, B
 
 
 # ---------------------------------------------------------------------------
@@ -392,73 +391,43 @@ cdef void gru_infer_half(
 
 cdef inline Py_ssize_t gru_infer_workspace(Py_ssize_t L, Py_ssize_t B,
                                            Py_ssize_t H) noexcept nogil:
-    """Floats of gru_infer's and gru_ra_infer's workspace: 4 [B, H] (ru and rh,
+    """Floats of gru_infer_part's and gru_ra_infer_part's workspace: 4 [B, H] (ru and rh,
     or g [B, 3H] and hn) then xg: [L, B, 3H] if infer_hoisted, else [B, 3H]."""
     return 4 * B * H + (L if infer_hoisted(L, B, 3 * H) else 1) * B * 3 * H + 1
 
 
-cdef int gru_infer(
-        Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
-        const float* packed,      # IN  w_ru's r, u blocks and w_c, each x rows then h rows
-        const float* wide,        # IN  the h rows' three blocks in the wide layout, or NULL
-        const float* b_ru, const float* b_c,
-        const float* x, const float* h0, const int64_t* lengths,
-        float* ws,                # workspace [gru_infer_workspace(L, B, H)]
-        float* y, float* h_n, int want, int max_threads) noexcept nogil:
-    """The float32 TF-GRU inference forward: two barriers per step (the c
-    product reads every cell's r * h[t-1]), and with gates_by_rows one more
-    after each product (the gate math by rows). Returns as lstm_infer."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
+cdef void gru_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* bar,
+                         brnn_barrier* rows_bar, int cores) noexcept nogil:
+    """Thread tid of nt's share of the float32 TF-GRU inference forward, as
+    lstm_infer_part: two barriers per step (the c product reads every cell's
+    r * h[t-1]), and by rows one more after each product."""
+    cdef Py_ssize_t t, L = c.L, B = c.B, I = c.K, H = c.H, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
-    cdef float* ru = ws
-    cdef float* rh = ws + 2 * BH
+    cdef float* ru = c.ws
+    cdef float* rh = c.ws + 2 * BH
     cdef float* xg = rh + 2 * BH
     cdef bint hoisted = infer_hoisted(L, B, 3 * H)
     cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
-    cdef bint patient, by_rows
-    cdef int tid, nt, half, granted, cores = brnn_omp_get_num_procs()
-    cdef brnn_barrier bar, rows_bar
-    memset(&bar, 0, sizeof(bar))
-    memset(&rows_bar, 0, sizeof(rows_bar))
-    memcpy(h_n, h0, BH * sizeof(float))
-    granted = brnn_budget_take(want, max_threads)
-    by_rows = gates_by_rows(B, granted)
-    patient = infer_patient(L, B, I, H, 3 * H, granted)
-    if granted == 1:
-        if hoisted:
-            infer_inputs(L * B, I, H, 3, x, packed, ps, xg, 0, H)
-        for t in range(L):
-            for half in range(2):
-                gru_infer_half(half, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                               h0 if t == 0 else y + (t - 1) * BH, hoisted, wide,
-                               xg + t * xstep, ru, rh, y, h_n, 0, H, 0, B, NULL, 1, NULL)
-    else:
-        with parallel(num_threads=granted):
-            tid = brnn_omp_get_thread_num()
-            nt = brnn_omp_get_num_threads()
-            u0 = unit_start(H, tid, nt)
-            u1 = unit_start(H, tid + 1, nt)
-            r0 = tid * B // nt if by_rows else 0
-            r1 = (tid + 1) * B // nt if by_rows else B
-            if hoisted:   # each thread its own columns (read back by rows after a barrier)
-                infer_inputs(L * B, I, H, 3, x, packed, ps, xg, u0, u1)
-            for t in range(L):
-                gru_infer_half(0, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                               h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
-                               ru, rh, y, h_n, u0, u1, r0, r1,
-                               &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
-                if nt > 1:
-                    brnn_barrier_wait(&bar, nt)
-                gru_infer_half(1, t, L, B, I, H, packed, b_ru, b_c, lengths, x,
-                               h0 if t == 0 else y + (t - 1) * BH, hoisted, wide, xg + t * xstep,
-                               ru, rh, y, h_n, u0, u1, r0, r1,
-                               &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
-                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, patient):
-                    if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
-                        break
-                    nt, u0, u1, r0, r1 = 1, 0, H, 0, B
-    memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
-    return region_end(&bar, granted)
+    cdef bint by_rows = gates_by_rows(B, nt)
+    cdef bint patient = infer_patient(L, B, I, H, 3 * H, nt)
+    cdef Py_ssize_t u0 = unit_start(H, tid, nt), u1 = unit_start(H, tid + 1, nt)
+    cdef Py_ssize_t r0 = tid * B // nt if by_rows else 0
+    cdef Py_ssize_t r1 = (tid + 1) * B // nt if by_rows else B
+    cdef int half
+    if hoisted:   # each thread its own columns (read back by rows after a barrier)
+        infer_inputs(L * B, I, H, 3, c.x, c.packed, ps, xg, u0, u1)
+    for t in range(L):
+        for half in range(2):
+            gru_infer_half(half, t, L, B, I, H, c.packed, c.b1, c.b2, c.lengths, c.x,
+                           c.h0 if t == 0 else c.y + (t - 1) * BH, hoisted, c.wide,
+                           xg + t * xstep, ru, rh, c.y, c.h_n, u0, u1, r0, r1,
+                           rows_bar if nt > 1 and by_rows else NULL, nt, bar)
+            if half == 0 and nt > 1:
+                brnn_barrier_wait(bar, nt)
+        if step_end(bar, nt, cores, patient):
+            if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
+                break
+            nt, u0, u1, r0, r1 = 1, 0, H, 0, B
 
 
 # ---------------------------------------------------------------------------
@@ -524,60 +493,61 @@ cdef void gru_ra_infer_step(
             memcpy(h_n + k, yt + k, nu * sizeof(float))
 
 
-cdef int gru_ra_infer(
-        Py_ssize_t T, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
-        const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
-        const float* gates,       # IN  w_hh^T gate-interleaved (batch 1), or NULL
-        const float* b_ih, const float* b_hh,
-        const float* x, const float* h0, const int64_t* lengths,
-        float* ws,                # workspace [gru_infer_workspace(L, B, H)]
-        float* y, float* h_n, int want, int max_threads) noexcept nogil:
-    """The float32 reset-after GRU inference forward, one barrier per step
-    (two by rows, as lstm_infer). Returns as lstm_infer."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
+cdef void gru_ra_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* bar,
+                            brnn_barrier* rows_bar, int cores) noexcept nogil:
+    """Thread tid of nt's share of the float32 reset-after GRU inference
+    forward, as lstm_infer_part: one barrier per step (two by rows)."""
+    cdef Py_ssize_t t, L = c.L, B = c.B, I = c.K, H = c.H, BH = B * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
-    cdef float* g = ws
+    cdef float* g = c.ws
     cdef float* hn = g + 3 * BH
     cdef float* xg = hn + BH
     cdef bint hoisted = infer_hoisted(L, B, 3 * H)
     cdef Py_ssize_t xstep = B * 3 * H if hoisted else 0
-    cdef bint patient
-    cdef int tid, nt, granted, cores = brnn_omp_get_num_procs()
-    cdef bint by_rows
+    cdef bint by_rows = c.wide == NULL and gates_by_rows(B, nt)
+    cdef bint patient = infer_patient(L, B, I, H, 3 * H, nt)
+    cdef Py_ssize_t u0 = unit_start(H, tid, nt), u1 = unit_start(H, tid + 1, nt)
+    cdef Py_ssize_t r0 = tid * B // nt if by_rows else 0
+    cdef Py_ssize_t r1 = (tid + 1) * B // nt if by_rows else B
+    if hoisted:
+        infer_inputs(L * B, I, H, 3, c.x, c.packed + 3 * ps, psx, xg, u0, u1)
+    for t in range(L):
+        gru_ra_infer_step(t, L, B, I, H, c.packed, c.b1, c.b2, c.lengths, c.x,
+                          c.h0 if t == 0 else c.y + (t - 1) * BH, hoisted, c.wide,
+                          xg + t * xstep, g, hn, c.y, c.h_n, u0, u1, r0, r1,
+                          rows_bar if nt > 1 and by_rows else NULL, nt, bar)
+        if step_end(bar, nt, cores, patient):
+            if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
+                break
+            nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+
+
+# ---------------------------------------------------------------------------
+# Running a call: one region (infer_run)
+# ---------------------------------------------------------------------------
+
+cdef int infer_run(infer_part_fn part, const InferCall* c, int want,
+                   int max_threads) noexcept nogil:
+    """One inference call: h_n (and c_n) start as h0 (c0: a row of length 0
+    keeps them), then the part of each of up to `want` threads from the budget
+    (no OpenMP region at all on one: cheaper, and safe after fork), then the
+    steps past L are zeros. Returns region_end's answer."""
+    cdef int tid, granted, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar, rows_bar
+    cdef Py_ssize_t BH = c.B * c.H
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
-    memcpy(h_n, h0, BH * sizeof(float))
+    memcpy(c.h_n, c.h0, BH * sizeof(float))
+    if c.c_n != NULL:
+        memcpy(c.c_n, c.c0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
-    by_rows = gates == NULL and gates_by_rows(B, granted)
-    patient = infer_patient(L, B, I, H, 3 * H, granted)
     if granted == 1:
-        if hoisted:
-            infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, 0, H)
-        for t in range(L):
-            gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
-                              h0 if t == 0 else y + (t - 1) * BH, hoisted, gates,
-                              xg + t * xstep, g, hn, y, h_n, 0, H, 0, B, NULL, 1, NULL)
+        part(c, 0, 1, &bar, &rows_bar, cores)
     else:
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
-            nt = brnn_omp_get_num_threads()
-            u0 = unit_start(H, tid, nt)
-            u1 = unit_start(H, tid + 1, nt)
-            r0 = tid * B // nt if by_rows else 0
-            r1 = (tid + 1) * B // nt if by_rows else B
-            if hoisted:
-                infer_inputs(L * B, I, H, 3, x, packed + 3 * ps, psx, xg, u0, u1)
-            for t in range(L):
-                gru_ra_infer_step(t, L, B, I, H, packed, b_ih, b_hh, lengths, x,
-                                  h0 if t == 0 else y + (t - 1) * BH, hoisted, gates,
-                                  xg + t * xstep, g, hn, y, h_n, u0, u1, r0, r1,
-                                  &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
-                if nt > 1 and brnn_barrier_wait_shed(&bar, nt, cores, patient):
-                    if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
-                        break
-                    nt, u0, u1, r0, r1 = 1, 0, H, 0, B
-    memset(y + L * BH, 0, (T - L) * BH * sizeof(float))
+            part(c, tid, brnn_omp_get_num_threads(), &bar, &rows_bar, cores)
+    memset(c.y + c.L * BH, 0, (c.T - c.L) * BH * sizeof(float))
     return region_end(&bar, granted)
 
 
@@ -746,6 +716,9 @@ cdef class _PackedBase:
     # and for a user who wonders.
     cdef readonly int last_threads
     cdef PlanRule last_rule
+    # The family: its threads' part of a call, its gate columns (4H, 3H).
+    cdef infer_part_fn part
+    cdef Py_ssize_t gate_cols
 
     @property
     def solo(self):
@@ -895,6 +868,50 @@ cdef class _PackedBase:
         out.append(xd)
         return tuple(out)
 
+    cdef Py_ssize_t _workspace(self, Py_ssize_t L, Py_ssize_t B) noexcept nogil:
+        """Floats of the family's workspace for L steps of B rows."""
+        return 0
+
+    cdef void _fill(self, InferCall* c):
+        """The family's fields of a call: weights, biases, gate layout."""
+        pass
+
+    cdef tuple _forward(self, str where, x, tuple states, sequence_length, max_threads):
+        """The forward of every family: y [T, B, H] and the final states [B, H]
+        (one per entry of `states`: h0, or h0 and c0) of x [T, B, I]."""
+        cdef Py_ssize_t ns = len(states)
+        prepared = self._prepare(where, x, ns, states, sequence_length)
+        xa, s0 = prepared[0], prepared[1:1 + ns]
+        lens, L, xd = prepared[1 + ns], prepared[2 + ns], prepared[3 + ns]
+        cdef int nt = _threads(max_threads)
+        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], H = self.hidden_size, L_ = L
+        finals = [new_f32(B, H) for _ in range(ns)]
+        if B == 0 or T == 0:
+            for f, s in zip(finals, s0):
+                f[...] = 0 if s is None else s
+            return _stored(xd, (new_f32(T, B, H), *finals))
+        cdef CallPlan plan = self._plan(L_, B, self.gate_cols, nt)
+        y = new_f32_rows(T, B, H, plan.threads > 1)
+        cdef InferCall c
+        self._fill(&c)
+        c.T, c.L, c.B, c.K, c.H = T, L_, B, self.input_size, H
+        cdef Py_ssize_t nws = self._workspace(L_, B)
+        # then B x H zeros (a None state); from a 64-byte boundary, as y
+        cdef float* ws_block = new_floats(nws + B * H + PACKED_ALIGN_PAD)
+        c.ws = align64(ws_block)
+        memset(c.ws + nws, 0, B * H * sizeof(float))
+        c.x = fdata(xa)
+        c.h0 = state_data(s0[0], c.ws + nws)
+        c.c0 = state_data(s0[1], c.ws + nws) if ns == 2 else NULL
+        c.lengths = lengths_data(lens)
+        c.y, c.h_n = fdata(y), fdata(finals[0])
+        c.c_n = fdata(finals[1]) if ns == 2 else NULL
+        c.wide = self._wide_for(B)
+        with nogil:
+            self._ran(plan, infer_run(self.part, &c, plan.threads, nt))
+        PyMem_RawFree(ws_block)
+        return _stored(xd, (y, *finals))
+
 
 cdef tuple _stored(dtype, tuple outs):
     """The outputs in the storage dtype: float16 rounded once, as the ops do."""
@@ -966,44 +983,23 @@ cdef class PackedLSTMWeights(_PackedBase):
         self.packings = 1
         self.work_per_thread = work_per_thread
         self.idle_ns = idle_ns
+        self.part, self.gate_cols = lstm_infer_part, 4 * self.hidden_size
+
+    cdef Py_ssize_t _workspace(self, Py_ssize_t L, Py_ssize_t B) noexcept nogil:
+        return lstm_infer_workspace(L, B, self.hidden_size)
+
+    cdef void _fill(self, InferCall* c):
+        cdef Py_ssize_t H = self.hidden_size
+        c.packed, c.b1, c.b2 = &self.packed[0], &self.bias[0], NULL
+        c.off = gate_offsets(self.layout, H)
+        c.wci, c.wcf, c.wco = &self.peep_w[0], &self.peep_w[H], &self.peep_w[2 * H]
+        c.forget_bias, c.cell_clip, c.peep = self.forget_bias, self.cell_clip, self.use_peephole
 
     def forward(self, x, h0=None, c0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H], c_n [B, H] of x [T, B, I] from h0, c0 [B, H]
         (None: zeros); sequence_length None or int (B,) in [0, T]."""
-        xa, h0a, c0a, lens, L, xd = self._prepare("PackedLSTMWeights.forward", x, 2,
-                                             (h0, c0), sequence_length)
-        cdef int nt = _threads(max_threads)
-        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
-        cdef Py_ssize_t H = self.hidden_size
-        h_n = new_f32(B, H)
-        c_n = new_f32(B, H)
-        if B == 0 or T == 0:
-            h_n[...] = 0 if h0a is None else h0a
-            c_n[...] = 0 if c0a is None else c0a
-            return _stored(xd, (new_f32(T, B, H), h_n, c_n))
-        cdef Py_ssize_t L_ = L
-        cdef CallPlan plan = self._plan(L_, B, 4 * H, nt)
-        cdef int want = plan.threads
-        y = new_f32_rows(T, B, H, want > 1)
-        cdef GateOffsets off = gate_offsets(self.layout, H)
-        cdef Py_ssize_t nws = lstm_infer_workspace(L_, B, H)
-        # then B x H zeros (a None state); from a 64-byte boundary, as y
-        cdef float* ws_block = new_floats(nws + B * H + PACKED_ALIGN_PAD)
-        cdef float* ws = align64(ws_block)
-        memset(ws + nws, 0, B * H * sizeof(float))
-        cdef const float* ph0 = state_data(h0a, ws + nws)
-        cdef const float* pc0 = state_data(c0a, ws + nws)
-        cdef float* px = fdata(xa)
-        cdef float *py = fdata(y), *phn = fdata(h_n), *pcn = fdata(c_n)
-        cdef const int64_t* lp = lengths_data(lens)
-        cdef const float* wide = self._wide_for(B)
-        with nogil:
-            self._ran(plan, lstm_infer(
-                T, L_, B, I, H, off, &self.packed[0], wide, &self.bias[0], &self.peep_w[0],
-                &self.peep_w[H], &self.peep_w[2 * H], self.forget_bias, self.cell_clip,
-                self.use_peephole, px, ph0, pc0, lp, ws, py, phn, pcn, want, nt))
-        PyMem_RawFree(ws_block)
-        return _stored(xd, (y, h_n, c_n))
+        return self._forward("PackedLSTMWeights.forward", x, (h0, c0), sequence_length,
+                             max_threads)
 
 
 cdef class PackedGRUWeights(_PackedBase):
@@ -1040,42 +1036,23 @@ cdef class PackedGRUWeights(_PackedBase):
         self.packings = 1
         self.work_per_thread = work_per_thread
         self.idle_ns = idle_ns
+        self.part, self.gate_cols = gru_infer_part, 3 * self.hidden_size
 
     @property
     def nbytes(self):
         return (self.packed.shape[0] + self.wide.shape[0] + self.bias.shape[0]
                 + self.bias_c.shape[0]) * 4
 
+    cdef Py_ssize_t _workspace(self, Py_ssize_t L, Py_ssize_t B) noexcept nogil:
+        return gru_infer_workspace(L, B, self.hidden_size)
+
+    cdef void _fill(self, InferCall* c):
+        c.packed, c.b1, c.b2 = &self.packed[0], &self.bias[0], &self.bias_c[0]
+
     def forward(self, x, h0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
-        xa, h0a, lens, L, xd = self._prepare("PackedGRUWeights.forward", x, 1, (h0,),
-                                         sequence_length)
-        cdef int nt = _threads(max_threads)
-        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
-        cdef Py_ssize_t H = self.hidden_size
-        h_n = new_f32(B, H)
-        if B == 0 or T == 0:
-            h_n[...] = 0 if h0a is None else h0a
-            return _stored(xd, (new_f32(T, B, H), h_n))
-        cdef Py_ssize_t L_ = L
-        cdef CallPlan plan = self._plan(L_, B, 3 * H, nt)
-        cdef int want = plan.threads
-        y = new_f32_rows(T, B, H, want > 1)
-        cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
-        # then B x H zeros (a None state); from a 64-byte boundary, as y
-        cdef float* ws_block = new_floats(nws + B * H + PACKED_ALIGN_PAD)
-        cdef float* ws = align64(ws_block)
-        memset(ws + nws, 0, B * H * sizeof(float))
-        cdef const float* ph0 = state_data(h0a, ws + nws)
-        cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
-        cdef const int64_t* lp = lengths_data(lens)
-        cdef const float* wide = self._wide_for(B)
-        with nogil:
-            self._ran(plan, gru_infer(
-                T, L_, B, I, H, &self.packed[0], wide, &self.bias[0], &self.bias_c[0], px,
-                ph0, lp, ws, py, phn, want, nt))
-        PyMem_RawFree(ws_block)
-        return _stored(xd, (y, h_n))
+        return self._forward("PackedGRUWeights.forward", x, (h0,), sequence_length,
+                             max_threads)
 
 
 cdef class PackedGRUResetAfterWeights(_PackedBase):
@@ -1104,34 +1081,16 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         self.packings = 1
         self.work_per_thread = work_per_thread
         self.idle_ns = idle_ns
+        self.part, self.gate_cols = gru_ra_infer_part, 3 * self.hidden_size
+
+    cdef Py_ssize_t _workspace(self, Py_ssize_t L, Py_ssize_t B) noexcept nogil:
+        return gru_infer_workspace(L, B, self.hidden_size)
+
+    cdef void _fill(self, InferCall* c):
+        cdef Py_ssize_t H = self.hidden_size
+        c.packed, c.b1, c.b2 = &self.packed[0], &self.bias[0], &self.bias[3 * H]
 
     def forward(self, x, h0=None, sequence_length=None, max_threads=None):
         """y [T, B, H], h_n [B, H] of x [T, B, I] from h0 [B, H] (None: zeros)."""
-        xa, h0a, lens, L, xd = self._prepare("PackedGRUResetAfterWeights.forward", x, 1,
-                                         (h0,), sequence_length)
-        cdef int nt = _threads(max_threads)
-        cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], I = self.input_size
-        cdef Py_ssize_t H = self.hidden_size
-        h_n = new_f32(B, H)
-        if B == 0 or T == 0:
-            h_n[...] = 0 if h0a is None else h0a
-            return _stored(xd, (new_f32(T, B, H), h_n))
-        cdef Py_ssize_t L_ = L
-        cdef CallPlan plan = self._plan(L_, B, 3 * H, nt)
-        cdef int want = plan.threads
-        y = new_f32_rows(T, B, H, want > 1)
-        cdef Py_ssize_t nws = gru_infer_workspace(L_, B, H)
-        # then B x H zeros (a None state); from a 64-byte boundary, as y
-        cdef float* ws_block = new_floats(nws + B * H + PACKED_ALIGN_PAD)
-        cdef float* ws = align64(ws_block)
-        memset(ws + nws, 0, B * H * sizeof(float))
-        cdef const float* ph0 = state_data(h0a, ws + nws)
-        cdef float *px = fdata(xa), *py = fdata(y), *phn = fdata(h_n)
-        cdef const int64_t* lp = lengths_data(lens)
-        cdef const float* wide = self._wide_for(B)
-        with nogil:
-            self._ran(plan, gru_ra_infer(
-                T, L_, B, I, H, &self.packed[0], wide, &self.bias[0], &self.bias[3 * H], px,
-                ph0, lp, ws, py, phn, want, nt))
-        PyMem_RawFree(ws_block)
-        return _stored(xd, (y, h_n))
+        return self._forward("PackedGRUResetAfterWeights.forward", x, (h0,),
+                             sequence_length, max_threads)
