@@ -41,8 +41,8 @@ Method:
    2 cores). In a round, the worker of one implementation runs all its
    workloads: each is called for ``--warmup`` seconds to warm up (default WARMUP_S, at
    least once: a core that sat idle runs its first milliseconds slowly on a VM), and on
-   until the heap has settled (a call takes no new page fault, or three in a row take
-   the same number: ``worker.warm_up``; at most WARMUP_MAX_S in all), then timed up to ``--reps`` times (default
+   until the heap has settled (a call after the first takes no new page fault, or three
+   in a row take the same number: ``worker.warm_up``; at most WARMUP_MAX_S in all), then timed up to ``--reps`` times (default
    5) but no longer than REP_BUDGET_S (at least once); the round's value is the best of
    those. The table shows per implementation the MEDIAN over the rounds and the best, and
    their spread (median / best - 1). Cell rows: a sample is the mean of enough calls to
@@ -110,8 +110,8 @@ SETTLE_S = 0.05
 # row, then ~65 (its one-thread time: ~78); ONNX Runtime's pool, which spins between
 # calls, woke its cores in its own single warm-up call.
 WARMUP_S = 0.02
-# ... then more calls, until the heap has settled (worker.warm_up: a call takes no new
-# minor page fault, or three in a row take the same number), for at most this long
+# ... then more calls, until the heap has settled (worker.warm_up: a call after the first
+# takes no new minor page fault, or three in a row take the same number), for at most this long
 # in all (the quick run: QUICK_WARMUP_MAX_S). glibc serves a large allocation with a
 # fresh mmap until freeing one has raised its mmap threshold, so the first calls of a
 # process that returns large new arrays fault their pages in: block_lstm_v2 + its grad
@@ -491,8 +491,8 @@ def run(opts):
           + (f"rounds ({bench.big_rounds} at {' '.join(big)}) " if big else "rounds ")
           + f"alternating {', '.join(IMPL_TITLES[i] for i in IMPLS if i in bench.tasks)};"
           f" per workload and round: warm-up calls for {opts.warmup:g} s (at least one) "
-          f"and until the heap has settled (a call takes no new page fault or three the "
-          f"same number; at most {bench.warmup_max:g} s), "
+          f"and until the heap has settled (a call after the first takes no new page fault "
+          f"or three the same number; at most {bench.warmup_max:g} s), "
           f"then up to {bench.reps} timed calls "
           f"(at most {bench.budget:g} s), the best kept; MEDIAN over rounds reported (best "
           "and spread also shown)\n")

@@ -86,10 +86,12 @@ def warm_up(fn, seconds, max_seconds=None, faults=minor_faults):
     """Call fn until `seconds` have passed, at least once: thread pools, JIT compilation,
     first-touch memory, and the cores the call runs on awake (blockrnn.bench.run.WARMUP_S).
     With `max_seconds`, go on while less than that has passed in all, until the process's
-    heap has settled (WARMUP_MAX_S): the last call took no new minor page fault, or the
-    last STEADY_CALLS calls took the same number to within STEADY_FAULTS_REL. Every call
-    counts, those of the first `seconds` too. `faults()` reads the process's fault count
-    (minor_faults; the tests give their own). Returns the number of calls."""
+    heap has settled (WARMUP_MAX_S): a call after the first took no new minor page fault,
+    or the last STEADY_CALLS calls took the same number to within STEADY_FAULTS_REL. Every
+    call counts, those of the first `seconds` too, but the first never settles it alone
+    (it is a workload's first in its process: its arrays, code and caches are new).
+    `faults()` reads the process's fault count (minor_faults; the tests give their own).
+    Returns the number of calls."""
     start = time.perf_counter()
     counts = []                        # new minor faults of each call
     while True:
@@ -99,7 +101,9 @@ def warm_up(fn, seconds, max_seconds=None, faults=minor_faults):
         elapsed = time.perf_counter() - start
         if elapsed < seconds:
             continue
-        if max_seconds is None or elapsed >= max_seconds or counts[-1] == 0:
+        if max_seconds is None or elapsed >= max_seconds:
+            return len(counts)
+        if counts[-1] == 0 and len(counts) > 1:
             return len(counts)
         last = counts[-STEADY_CALLS:]
         if len(last) == STEADY_CALLS and max(last) - min(last) <= STEADY_FAULTS_REL * max(last):
