@@ -37,7 +37,7 @@ Method:
    imports only the implementation it times): rounds alternate the implementations --
    blockrnn, TensorFlow, PyTorch, ONNX Runtime, JAX, then again -- ``--rounds`` rounds
    (default 7, --quick 2; ``--big-rounds``, default 5, at the shapes with >= BIG_FLOPS
-   LSTM forward flops, i.e. 100,64,512,512, so that a default run fits in ~15 minutes on
+   LSTM forward flops, i.e. 100,64,512,512, so that a default run fits in ~16 minutes on
    2 cores). In a round, the worker of one implementation runs all its
    workloads: each is called for ``--warmup`` seconds to warm up (default WARMUP_S, at
    least once: a core that sat idle runs its first milliseconds slowly on a VM), and on
@@ -123,7 +123,7 @@ WARMUP_MAX_S = 1.0
 QUICK_WARMUP_MAX_S = 0.25
 # Shapes whose LSTM forward has at least this many matmul flops (100,64,512,512: 26.8e9)
 # run --big-rounds rounds (default 5) instead of --rounds: they take most of the time of
-# a default run, which fits in ~15 minutes on 2 cores that way.
+# a default run, which fits in ~16 minutes on 2 cores that way (924-1012 s).
 BIG_FLOPS = 1e10
 BIG_ROUNDS = 5
 MODES = ("all", "one")
