@@ -302,10 +302,10 @@ cdef inline Py_ssize_t lstm_infer_workspace(Py_ssize_t L, Py_ssize_t B,
 cdef void lstm_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* bar,
                           brnn_barrier* rows_bar, int cores) noexcept nogil:
     """Thread tid of nt's share of the float32 LSTM inference forward (see the
-    top of this file; run by infer_run):
-    its cells' columns of the hoisted input projection, then every step's
-    cells, one barrier per step (bar, which can shed: thread 0 then runs
-    every cell) and, by rows (gates_by_rows), one more (rows_bar)."""
+    top of this file; run by infer_run): its cells' columns of the hoisted
+    input projection, then every step's cells, one barrier per step (bar,
+    which can shed: thread 0 then runs every cell) and, by rows
+    (gates_by_rows), one more (rows_bar)."""
     cdef Py_ssize_t t, L = c.L, B = c.B, I = c.K, H = c.H, BH = B * H, G4 = 4 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* g = c.ws
@@ -893,6 +893,7 @@ cdef class _PackedBase:
         cdef CallPlan plan = self._plan(L_, B, self.gate_cols, nt)
         y = new_f32_rows(T, B, H, plan.threads > 1)
         cdef InferCall c
+        memset(&c, 0, sizeof(c))   # a GRU leaves the LSTM's fields at NULL / 0
         self._fill(&c)
         c.T, c.L, c.B, c.K, c.H = T, L_, B, self.input_size, H
         cdef Py_ssize_t nws = self._workspace(L_, B)
