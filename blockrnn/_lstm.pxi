@@ -633,13 +633,15 @@ cdef int lstm_forward_packed(
     step's barrier, since step t+1 reads all of h[t]. No BLAS call inside.
     Each product element is one packed-kernel sum, the same as when x[t] @
     W_x ran inside each step: the bits depend neither on n_threads nor on
-    the hoist (nor on the split of the gates). At batch 1 the step
-    barrier can shed (step_barrier). Returns the threads the caller gives
-    back to the budget (region_threads)."""
+    the hoist (nor on the split of the gates). The step barrier can shed
+    (step_barrier, sequence_patient): thread 0 then runs every cell and row
+    of the steps left. Returns the threads the caller gives back to the
+    budget (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H)
     cdef float* packed_x = packed + 4 * brnn_packed_size(H, H)
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint patient = sequence_patient(B, H, 4 * H, n_threads)
     cdef int q, tid, nt, cores = brnn_omp_get_num_procs()
     cdef float* dst[4]    # the gate output of W's column block q
     cdef brnn_barrier bar, rows_bar
@@ -673,7 +675,7 @@ cdef int lstm_forward_packed(
                 h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
                 cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1, r0, r1,
                 &rows_bar if nt > 1 and by_rows else NULL, nt)
-            if nt > 1 and step_barrier(&bar, nt, cores, B == 1):
+            if nt > 1 and step_barrier(&bar, nt, cores, patient):
                 if tid != 0:   # shed: thread 0 runs every cell of the steps left
                     break
                 nt, u0, u1, r0, r1 = 1, 0, H, 0, B
@@ -726,8 +728,9 @@ cdef void block_lstm_forward_compute(
     (once per call, from a 64-byte boundary), computes their x[:L] @ W_x into
     the gate outputs, then at each step h[t-1] @ W_h into g. At batch 1 a step's
     product is a GEMV, W_h's blocks read in the wide layout of
-    include/brnn_inference.h (the inference forward's sums, so its bits), and
-    the step barrier sheds a partner thread that stalls (step_barrier).
+    include/brnn_inference.h (the inference forward's sums, so its bits). At
+    every batch size the step barrier sheds a partner thread that stalls, or
+    one that another caller needs (step_barrier).
     Against the GEMV per step the one-row kernel replaced (fresh processes,
     alternated, median, one thread): 50,1,128,128 forward 0.236 -> 0.178 ms,
     TF GRU 0.144 -> 0.116, reset-after GRU 0.212 -> 0.151; at 100,1,256,600
@@ -756,9 +759,7 @@ cdef void block_lstm_forward_compute(
     cdef int granted
     cdef bint wide = B == 1 and row1_wide
     if floating is float:
-        # (batch 1 counts the recurrent product alone, as the inference forward)
-        granted = brnn_budget_take(sequence_threads(B, H if B == 1 else I + H, G4, H,
-                                                    max_threads), max_threads)
+        granted = brnn_budget_take(sequence_threads(B, H, G4, H, max_threads), max_threads)
         brnn_budget_give(lstm_forward_packed(
             L, B, I, H, off, w_x, w_h, s, align64(ws + B * G4), wide, x, cs_prev, h_prev, b,
             wci, wcf, wco, forget_bias, cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci,
@@ -926,14 +927,16 @@ cdef int lstm_backward_packed(
     By cells, its next step reads only its own cells' carries, and dG has
     one buffer per step, so one barrier per step is enough; by rows, a
     second barrier follows the product (the next step's rows read every
-    column of dh). At batch 1 the barrier can
-    shed (step_barrier): thread 0 then computes dh for every cell, from this
-    step on. The bits do not depend on n_threads. Returns the threads the
-    caller gives back to the budget (region_threads)."""
+    column of dh). The step barrier can shed (step_barrier,
+    sequence_patient): thread 0 then computes every row's gates and every
+    cell's dh, from this step on. The bits do not depend on n_threads.
+    Returns the threads the caller gives back to the budget
+    (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
     cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar, rows_bar
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint patient = sequence_patient(B, H, 4 * H, n_threads)
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
@@ -967,10 +970,10 @@ cdef int lstm_backward_packed(
                     h_prev_grad + rk, wci, wcf, wco, use_peephole, True,
                     lengths_from(lengths, r0), t, dg + (t - t0) * B * G4 + r0 * G4,
                     cs_prev_grad + rk, 0 if by_rows else u0, H if by_rows else u1 - u0)
-            if nt > 1 and step_barrier(&bar, nt, cores, B == 1):
-                if tid != 0:   # shed: thread 0 computes dh for every cell from here
+            if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                if tid != 0:   # shed: thread 0 computes every row and cell from here
                     break
-                nt, u0, u1 = 1, 0, H
+                nt, u0, u1, r0, r1, rk = 1, 0, H, 0, B, 0
             if u1 > u0:
                 recurrent_product(B, G4, dg + (t - t0) * B * G4, packed_t, wide, H, u0, u1,
                                   False, h_prev_grad, H)

@@ -326,6 +326,12 @@ def sequence_threads_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
     return sequence_threads(B, K, N, H, limit)
 
 
+def sequence_patient_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, int n_threads):
+    """sequence_patient: whether a training loop's step barrier is patient
+    with a stalled partner (for the tests)."""
+    return sequence_patient(B, K, N, n_threads)
+
+
 def gates_by_rows_for(Py_ssize_t B, int n_threads):
     """gates_by_rows: whether a sequence loop on n_threads threads splits its
     gate math by rows (for the tests)."""
@@ -429,6 +435,17 @@ cdef enum:
     # on 1 thread, 15.6 ms on 2 with 2^17 multiply-adds per step and thread;
     # 50,4,128,128 1.06 ms on 1, 12.3 ms on 2 with 2^18).
     PACKED_WORK_PER_THREAD = 1 << 20
+    # The LSTM's training loops of 2+ rows (sequence_threads), whose steps
+    # shed a partner thread that stalls (step_barrier) and hoist the input
+    # projection: a second thread from 2^16 multiply-adds of a step's
+    # recurrent product B x H x 4H. Measured on a quiet 2-core Zen 4 VM,
+    # T=50, I=H, 2 threads / 1 (forward, backward): batch 2 H=128 0.70, 0.78;
+    # batch 4 H=64 0.92, 0.91; batch 8 H=64 0.85, 0.87, H=128 0.65, 0.85;
+    # batch 16 H=128 backward 0.79; below 2^16, batch 8 H=32 1.13, 1.11 and
+    # batch 2 H=64 backward 1.14. With a busy process on the other core the
+    # 2-thread call sheds at its first stall: batch 8 H=128 1.06x, 1.07x the
+    # one-thread time (1.41x, 1.25x when patient).
+    SEQUENCE_WORK_PER_THREAD = 1 << 15
     # Sequence calls of fewer rows do not run the tiled route: at one row a
     # tile is one FMA chain per panel (a GEMV per step beat it: 0.60 vs 0.82 ms
     # for the LSTM forward at 50,1,128,128, GRU 0.32 vs 0.41, LSTM backward
@@ -459,30 +476,36 @@ cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
 
 cdef inline int sequence_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
                                  int limit) noexcept nogil:
-    """Threads a float32 training sequence loop asks of the budget, its steps'
-    product [B, K] @ [K, N] over H cells: packed_threads from 2 rows on; at
-    batch 1 the inference forward's rule for its one-row steps (one thread per
-    INFER_WORK_PER_THREAD multiply-adds of a step, at most one per panel),
-    whose step barrier sheds a partner thread that stalls (step_barrier)."""
-    if B != 1:
-        return packed_threads(B, K, N, H, limit)
-    return <int>max(1, min(K * N // INFER_WORK_PER_THREAD, (H + BRNN_NR - 1) // BRNN_NR,
+    """Threads a float32 LSTM training loop asks of the budget, its steps'
+    recurrent product [B, K] @ [K, N] over H cells (the input projection is
+    hoisted out of the steps): one per INFER_WORK_PER_THREAD multiply-adds of
+    a step at batch 1 (the inference forward's rule for its one-row steps),
+    per SEQUENCE_WORK_PER_THREAD from 2 rows on (their gate math by rows
+    adds a barrier, gates_by_rows); at most one per 16-cell panel, at most
+    `limit`, at least 1."""
+    cdef Py_ssize_t per = INFER_WORK_PER_THREAD if B == 1 else SEQUENCE_WORK_PER_THREAD
+    return <int>max(1, min(B * K * N // per, (H + BRNN_NR - 1) // BRNN_NR,
                            <Py_ssize_t>limit))
 
 
+cdef inline bint sequence_patient(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N,
+                                  int n_threads) noexcept nogil:
+    """Whether the step barrier of an LSTM training loop on n_threads, steps'
+    recurrent product [B, K] @ [K, N], is patient with a stalled partner:
+    the inference calls' rule (infer_patient). A loop whose step gives each
+    thread at most INFER_SHORT_STEP_WORK multiply-adds sheds at the first
+    stall (a step of ~1-10 us against a stall of 1 ms or more)."""
+    return B * K * N > INFER_SHORT_STEP_WORK * <Py_ssize_t>n_threads
+
+
 cdef inline bint step_barrier(brnn_barrier* bar, int nt, int cores,
-                              bint may_shed) noexcept nogil:
-    """The barrier that ends a step of a sequence loop on nt threads: True if
-    the call goes on with thread 0 alone (brnn_barrier_wait_shed, if
-    may_shed: another caller needed a thread, or a partner thread stalled),
-    the same answer on every thread. The loops shed at batch 1, where a step
-    is ~1 us and a stall of 1 ms is hundreds of them; a larger step keeps
-    its threads (a stall costs it less, and training calls have no object
-    to remember a slow core by, as the inference objects do)."""
-    if may_shed:
-        return brnn_barrier_wait_shed(bar, nt, cores, 1)
-    brnn_barrier_wait(bar, nt)
-    return False
+                              bint patient) noexcept nogil:
+    """The barrier that ends a step of an LSTM training loop on nt threads:
+    True if the call goes on with thread 0 alone (brnn_barrier_wait_shed:
+    another caller needed a thread, or a partner thread stalled; `patient`:
+    sequence_patient), the same answer on every thread. The loop then hands
+    thread 0 every cell and every row (the split never changes a bit)."""
+    return brnn_barrier_wait_shed(bar, nt, cores, patient)
 
 
 cdef inline int region_threads(brnn_barrier* bar, int granted) noexcept nogil:

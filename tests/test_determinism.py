@@ -152,6 +152,43 @@ def test_concurrent_callers_change_no_bit(dtype, callers):
     assert _kernels.thread_budget_in_use() == 0
 
 
+@pytest.mark.parametrize("T,B,I,H", [(20, 8, 32, 128), (20, 3, 24, 80)])
+def test_lstm_training_calls_that_shed_for_another_caller_keep_the_bits(T, B, I, H):
+    """Two Python threads calling the float32 LSTM forward and backward at once, 150
+    times each: a call on 2 threads sheds its partner at a step barrier whenever the
+    other caller takes a thread of the budget (step_barrier), and thread 0 goes on
+    with every row and cell. Small batches, gate math by rows, so the rows thread 0
+    takes over are the partner's (a shed that kept thread 0's own rows gave wrong
+    gradients in ~20% of such calls)."""
+    assert _kernels.sequence_threads_for(B, H, 4 * H, H, 2) == 2
+    assert _kernels.sequence_threads_for(B, 4 * H, H, H, 2) == 2
+    assert _kernels.gates_by_rows_for(B, 2)
+    assert not _kernels.sequence_patient_for(B, H, 4 * H, 2)   # sheds at the first stall too
+    p = _problem(T, B, I, H, np.float32, seed=5)
+    args = (T, p["x"], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
+
+    def run(lengths):
+        f = blockrnn.block_lstm_v2(*args, use_peephole=True, sequence_length=lengths)
+        return f, blockrnn.block_lstm_grad_v2(*args, *f, p["dcs"], p["dh"],
+                                              use_peephole=True, sequence_length=lengths)
+
+    cases = [None, p["lengths"]]
+    want = [run(lengths) for lengths in cases]
+
+    def caller(k):
+        bad = 0
+        for n in range(150):
+            got = run(cases[(n + k) % 2])
+            expected = want[(n + k) % 2]
+            bad += any(not np.array_equal(g, e) for a, b in zip(got, expected)
+                       for g, e in zip(a, b))
+        return bad
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        assert list(pool.map(caller, range(2))) == [0, 0]
+    assert _kernels.thread_budget_in_use() == 0
+
+
 def test_the_shapes_reach_the_threaded_routes():
     """The first shape runs the reverse loop and the GEMM driver on 2 threads when
     2 are allowed (else the thread-count test checks little)."""
