@@ -164,6 +164,8 @@ def test_lstm_training_calls_that_shed_for_another_caller_keep_the_bits(T, B, I,
     assert _kernels.sequence_threads_for(B, 4 * H, H, H, 2) == 2
     assert _kernels.gates_by_rows_for(B, 2)
     assert not _kernels.sequence_patient_for(B, H, 4 * H, 2)   # sheds at the first stall too
+    assert not _kernels.sequence_patient_for(1, 128, 4 * 128, 2)   # batch 1: so does it
+    assert _kernels.sequence_patient_for(32, 256, 4 * 256, 2)   # > 2^20 a thread: patient
     p = _problem(T, B, I, H, np.float32, seed=5)
     args = (T, p["x"], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
 
