@@ -197,7 +197,7 @@ cdef void gru_ra_forward_packed_step(
                                 h + k, u0, u1 - u0)
 
 
-cdef void gru_ra_forward_packed(
+cdef int gru_ra_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
         const float* x, const float* h_prev, const float* b_ih, const float* b_hh,
@@ -213,15 +213,19 @@ cdef void gru_ra_forward_packed(
     the gates: with gates_by_rows those of its block of rows, every cell,
     after a barrier (as lstm_forward_packed), else those of its cells (it
     reads back only the columns it wrote); then the step's barrier (step t+1
-    reads all of h[t]). Each product element is
-    one packed-kernel sum, as when x[t] @ w_ih^T ran inside each step: the
-    bits depend neither on n_threads nor on the hoist."""
+    reads all of h[t]), which can shed as the LSTM's (step_barrier,
+    sequence_patient: thread 0 then runs every cell and row of the steps
+    left). Each product element is one packed-kernel sum, as when x[t] @
+    w_ih^T ran inside each step: the bits depend neither on n_threads nor on
+    the hoist. Returns the threads the caller gives back to the budget
+    (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H)
     cdef const float* packed_x = packed + 3 * brnn_packed_size(H, H)
-    cdef int tid, nt
+    cdef int tid, nt, cores = brnn_omp_get_num_procs()
     cdef float* dst[3]
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint patient = sequence_patient(B, H, 3 * H, n_threads)
     cdef brnn_barrier bar, rows_bar
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
@@ -232,7 +236,7 @@ cdef void gru_ra_forward_packed(
             gru_ra_forward_packed_step(t, B, H, packed, h_prev if t == 0 else h + (t - 1) * BH,
                                        b_ih, b_hh, lengths, g, r, z, n, hn, h, 0, H, 0, B,
                                        NULL, 1)
-        return
+        return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
@@ -244,8 +248,12 @@ cdef void gru_ra_forward_packed(
         for t in range(L):
             gru_ra_forward_packed_step(t, B, H, packed, h_prev if t == 0 else h + (t - 1) * BH,
                                        b_ih, b_hh, lengths, g, r, z, n, hn, h, u0, u1, r0, r1,
-                                       &rows_bar if by_rows else NULL, nt)
-            brnn_barrier_wait(&bar, nt)
+                                       &rows_bar if nt > 1 and by_rows else NULL, nt)
+            if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                if tid != 0:   # shed: thread 0 runs every cell of the steps left
+                    break
+                nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+    return region_threads(&bar, n_threads)
 
 
 cdef void gru_ra_forward_row1(
@@ -333,10 +341,9 @@ cdef void block_gru_ra_forward_compute(
         for q in range(3):   # W(k, j) = w[q*H + j, k]: strides sk = 1, sn = row length
             brnn_pack_f32(H, H, w_hh + q * H * H, 1, H, packed + q * ps)
             brnn_pack_f32(I, H, w_ih + q * H * I, 1, I, packed + 3 * ps + q * psx)
-        granted = brnn_budget_take(packed_threads(B, I + H, H3, H, max_threads), max_threads)
-        gru_ra_forward_packed(L, B, I, H, packed, x, h_prev, b_ih, b_hh, lengths, g,
-                              r, z, n, hn, h, granted)
-        brnn_budget_give(granted)
+        granted = brnn_budget_take(sequence_threads(B, H, H3, H, max_threads), max_threads)
+        brnn_budget_give(gru_ra_forward_packed(L, B, I, H, packed, x, h_prev, b_ih, b_hh,
+                                               lengths, g, r, z, n, hn, h, granted))
     elif floating is float:   # batch 1 (or 0): packed as above, aligned; inputs hoisted
         packed = align64(packed)
         for q in range(3):
@@ -428,7 +435,7 @@ cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_
     return S * B * 4 * H + driver + 1
 
 
-cdef void gru_ra_backward_packed(
+cdef int gru_ra_backward_packed(
         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H,
         const float* w_hh,        # IN  [3H, H]: packed into `packed` first if `pack`
         bint pack,
@@ -447,10 +454,15 @@ cdef void gru_ra_backward_packed(
     dG[t]), carry[:, u0:u1] += dG_h[t] @ w_hh[:, u0:u1] in the packed
     kernel. By cells its next step reads only its own cells' carry, and dG
     has one buffer per step, so one barrier per step is enough; by rows a
-    second barrier follows the product. The bits do not depend on n_threads."""
+    second barrier follows the product. The step barrier can shed as the
+    LSTM's (step_barrier, sequence_patient): thread 0 then computes every
+    row's gates and every cell's carry from that step on. The bits do not
+    depend on n_threads. Returns the threads the caller gives back to the
+    budget (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
-    cdef int tid = 0, nt = 1
+    cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint patient = sequence_patient(B, 3 * H, H, n_threads)
     cdef brnn_barrier bar, rows_bar
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
@@ -463,7 +475,7 @@ cdef void gru_ra_backward_packed(
                 n + t * BH, hn + t * BH, h_grad + t * BH, lengths, t, carry,
                 dg + (t - t0) * B * G4)
             packed_product(B, 3 * H, dg + (t - t0) * B * G4, G4, packed, 0, H, True, carry, H)
-        return
+        return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
@@ -482,12 +494,16 @@ cdef void gru_ra_backward_packed(
                     h_grad + t * BH + rk, lengths_from(lengths, r0), t, carry + rk,
                     dg + (t - t0) * B * G4 + r0 * G4, 0 if by_rows else u0,
                     H if by_rows else u1 - u0)
-            brnn_barrier_wait(&bar, nt)
+            if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                if tid != 0:   # shed: thread 0 computes every row and cell from here
+                    break
+                nt, u0, u1, r0, r1, rk = 1, 0, H, 0, B, 0
             if u1 > u0:
                 packed_product(B, 3 * H, dg + (t - t0) * B * G4, G4, packed, u0, u1, True,
                                carry, H)
             if by_rows:   # the next step's gates read every cell of the carry
                 brnn_barrier_wait(&rows_bar, nt)
+    return region_threads(&bar, n_threads)
 
 
 cdef void gru_ra_backward_products(
@@ -576,10 +592,10 @@ cdef void block_gru_ra_backward_compute(
     while t1 > 0:
         t0 = max(0, t1 - S)
         if floating is float and use_packed:
-            granted = brnn_budget_take(packed_threads(B, H3, H, H, max_threads), max_threads)
-            gru_ra_backward_packed(t0, t1, B, H, w_hh, t1 == L, packed, h_prev, r, z, n, hn,
-                                   h, h_grad, lengths, dg, h_prev_grad, granted)
-            brnn_budget_give(granted)
+            granted = brnn_budget_take(sequence_threads(B, H3, H, H, max_threads), max_threads)
+            brnn_budget_give(gru_ra_backward_packed(
+                t0, t1, B, H, w_hh, t1 == L, packed, h_prev, r, z, n, hn, h, h_grad, lengths,
+                dg, h_prev_grad, granted))
         else:
             for t in range(t1 - 1, t0 - 1, -1):
                 gru_ra_backward_rows(B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH,

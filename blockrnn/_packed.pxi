@@ -435,11 +435,12 @@ cdef enum:
     # on 1 thread, 15.6 ms on 2 with 2^17 multiply-adds per step and thread;
     # 50,4,128,128 1.06 ms on 1, 12.3 ms on 2 with 2^18).
     PACKED_WORK_PER_THREAD = 1 << 20
-    # The LSTM's training loops of 2+ rows (sequence_threads), whose steps
-    # shed a partner thread that stalls (step_barrier) and hoist the input
-    # projection: a second thread from 2^16 multiply-adds of a step's
-    # recurrent product B x H x 4H. Measured on a quiet 2-core Zen 4 VM,
-    # T=50, I=H, 2 threads / 1 (forward, backward): batch 2 H=128 0.70, 0.78;
+    # The LSTM's and the reset-after GRU's training loops of 2+ rows
+    # (sequence_threads), whose steps shed a partner thread that stalls
+    # (step_barrier) and hoist the input projection: a second thread from
+    # 2^16 multiply-adds of a step's recurrent product (B x H x 4H, 3H for the
+    # GRU). Measured on the LSTM on a quiet 2-core Zen 4 VM, T=50, I=H,
+    # 2 threads / 1 (forward, backward): batch 2 H=128 0.70, 0.78;
     # batch 4 H=64 0.92, 0.91; batch 8 H=64 0.85, 0.87, H=128 0.65, 0.85;
     # batch 16 H=128 backward 0.79; below 2^16, batch 8 H=32 1.13, 1.11 and
     # batch 2 H=64 backward 1.14. With a busy process on the other core the
@@ -476,13 +477,14 @@ cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
 
 cdef inline int sequence_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
                                  int limit) noexcept nogil:
-    """Threads a float32 LSTM training loop asks of the budget, its steps'
-    recurrent product [B, K] @ [K, N] over H cells (the input projection is
-    hoisted out of the steps): one per INFER_WORK_PER_THREAD multiply-adds of
-    a step at batch 1 (the inference forward's rule for its one-row steps),
-    per SEQUENCE_WORK_PER_THREAD from 2 rows on (their gate math by rows
-    adds a barrier, gates_by_rows); at most one per 16-cell panel, at most
-    `limit`, at least 1."""
+    """Threads a float32 training loop of the LSTM or the reset-after GRU asks
+    of the budget, its steps' recurrent product [B, K] @ [K, N] over H cells
+    (the input projection is hoisted out of the steps): one per
+    INFER_WORK_PER_THREAD multiply-adds of a step at batch 1 (the inference
+    forward's rule for its one-row steps: the LSTM's loops), per
+    SEQUENCE_WORK_PER_THREAD from 2 rows on (their gate math by rows adds a
+    barrier, gates_by_rows); at most one per 16-cell panel, at most `limit`,
+    at least 1."""
     cdef Py_ssize_t per = INFER_WORK_PER_THREAD if B == 1 else SEQUENCE_WORK_PER_THREAD
     return <int>max(1, min(B * K * N // per, (H + BRNN_NR - 1) // BRNN_NR,
                            <Py_ssize_t>limit))
@@ -490,17 +492,17 @@ cdef inline int sequence_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ss
 
 cdef inline bint sequence_patient(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N,
                                   int n_threads) noexcept nogil:
-    """Whether the step barrier of an LSTM training loop on n_threads, steps'
-    recurrent product [B, K] @ [K, N], is patient with a stalled partner:
-    the inference calls' rule (infer_patient). A loop whose step gives each
-    thread at most INFER_SHORT_STEP_WORK multiply-adds sheds at the first
-    stall (a step of ~1-10 us against a stall of 1 ms or more)."""
+    """Whether the step barrier of a training loop (LSTM, reset-after GRU) on
+    n_threads, steps' recurrent product [B, K] @ [K, N], is patient with a
+    stalled partner: the inference calls' rule (infer_patient). A loop whose
+    step gives each thread at most INFER_SHORT_STEP_WORK multiply-adds sheds
+    at the first stall (a step of ~1-10 us against a stall of 1 ms or more)."""
     return B * K * N > INFER_SHORT_STEP_WORK * <Py_ssize_t>n_threads
 
 
 cdef inline bint step_barrier(brnn_barrier* bar, int nt, int cores,
                               bint patient) noexcept nogil:
-    """The barrier that ends a step of an LSTM training loop on nt threads:
+    """The barrier that ends a step of a training loop on nt threads:
     True if the call goes on with thread 0 alone (brnn_barrier_wait_shed:
     another caller needed a thread, or a partner thread stalled; `patient`:
     sequence_patient), the same answer on every thread. The loop then hands

@@ -152,28 +152,43 @@ def test_concurrent_callers_change_no_bit(dtype, callers):
     assert _kernels.thread_budget_in_use() == 0
 
 
-@pytest.mark.parametrize("T,B,I,H", [(20, 8, 32, 128), (20, 3, 24, 80)])
-def test_lstm_training_calls_that_shed_for_another_caller_keep_the_bits(T, B, I, H):
-    """Two Python threads calling the float32 LSTM forward and backward at once, 150
-    times each: a call on 2 threads sheds its partner at a step barrier whenever the
-    other caller takes a thread of the budget (step_barrier), and thread 0 goes on
-    with every row and cell. Small batches, gate math by rows, so the rows thread 0
-    takes over are the partner's (a shed that kept thread 0's own rows gave wrong
-    gradients in ~20% of such calls)."""
-    assert _kernels.sequence_threads_for(B, H, 4 * H, H, 2) == 2
-    assert _kernels.sequence_threads_for(B, 4 * H, H, H, 2) == 2
-    assert _kernels.gates_by_rows_for(B, 2)
-    assert not _kernels.sequence_patient_for(B, H, 4 * H, 2)   # sheds at the first stall too
-    assert not _kernels.sequence_patient_for(1, 128, 4 * 128, 2)   # batch 1: so does it
-    assert _kernels.sequence_patient_for(32, 256, 4 * 256, 2)   # > 2^20 a thread: patient
-    p = _problem(T, B, I, H, np.float32, seed=5)
-    args = (T, p["x"], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
+def _shedding_ops(p, cell):
+    """run(lengths) -> (forward outputs, gradients) of the float32 sequence op `cell`
+    ("lstm": block_lstm_v2, "gru": the reset-after GRU), and its steps' recurrent
+    product's gate count (4 or 3)."""
+    T = p["T"]
+    if cell == "lstm":
+        args = (T, p["x"], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
+
+        def run(lengths):
+            f = blockrnn.block_lstm_v2(*args, use_peephole=True, sequence_length=lengths)
+            return f, blockrnn.block_lstm_grad_v2(*args, *f, p["dcs"], p["dh"],
+                                                  use_peephole=True, sequence_length=lengths)
+        return run, 4
+    args = (T, p["x"], p["h"], p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"])
 
     def run(lengths):
-        f = blockrnn.block_lstm_v2(*args, use_peephole=True, sequence_length=lengths)
-        return f, blockrnn.block_lstm_grad_v2(*args, *f, p["dcs"], p["dh"],
-                                              use_peephole=True, sequence_length=lengths)
+        f = blockrnn.block_gru_reset_after(*args, sequence_length=lengths)
+        return f, blockrnn.block_gru_reset_after_grad(*args, *f, p["dh"],
+                                                      sequence_length=lengths)
+    return run, 3
 
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("T,B,I,H", [(20, 8, 32, 128), (20, 3, 24, 100)])
+def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I, H):
+    """Two Python threads calling the float32 LSTM (reset-after GRU) forward and
+    backward at once, 150 times each: a call on 2 threads sheds its partner at a step
+    barrier whenever the other caller takes a thread of the budget (step_barrier), and
+    thread 0 goes on with every row and cell. Small batches, gate math by rows, so the
+    rows thread 0 takes over are the partner's (an LSTM backward whose shed kept thread
+    0's own rows gave wrong gradients in ~20% of such calls)."""
+    p = _problem(T, B, I, H, np.float32, seed=5)
+    run, gates = _shedding_ops(p, cell)
+    assert _kernels.sequence_threads_for(B, H, gates * H, H, 2) == 2
+    assert _kernels.sequence_threads_for(B, gates * H, H, H, 2) == 2
+    assert _kernels.gates_by_rows_for(B, 2)
+    assert not _kernels.sequence_patient_for(B, H, gates * H, 2)   # sheds at a first stall
     cases = [None, p["lengths"]]
     want = [run(lengths) for lengths in cases]
 
@@ -189,6 +204,17 @@ def test_lstm_training_calls_that_shed_for_another_caller_keep_the_bits(T, B, I,
     with ThreadPoolExecutor(max_workers=2) as pool:
         assert list(pool.map(caller, range(2))) == [0, 0]
     assert _kernels.thread_budget_in_use() == 0
+
+
+def test_training_loops_are_patient_only_with_long_steps():
+    """A training loop sheds at a partner's first stall unless a step gives each thread
+    more than 2^20 multiply-adds (the inference calls' rule)."""
+    assert not _kernels.sequence_patient_for(1, 128, 4 * 128, 2)   # batch 1
+    assert not _kernels.sequence_patient_for(8, 128, 4 * 128, 2)
+    assert not _kernels.sequence_patient_for(8, 256, 4 * 256, 2)   # 2^20 a thread: not over
+    assert _kernels.sequence_patient_for(9, 256, 4 * 256, 2)
+    assert _kernels.sequence_patient_for(32, 256, 4 * 256, 2)   # 2^22 a thread
+    assert not _kernels.sequence_patient_for(32, 256, 4 * 256, 8)   # 2^20 a thread
 
 
 def test_the_shapes_reach_the_threaded_routes():
