@@ -132,12 +132,9 @@ cdef inline Py_ssize_t infer_step_work(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
 
 cdef inline bint infer_patient(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
                                Py_ssize_t G, int threads) noexcept nogil:
-    """Whether a call on `threads` threads is patient with a stalled partner
-    (brnn_barrier_wait_shed): while a step gives each of them at most
-    INFER_SHORT_STEP_WORK multiply-adds (infer_step_work) it sheds at the
-    first stall, else only once the waits add up (brnn_patient_sheds)."""
-    cdef Py_ssize_t work = infer_step_work(L, B, I, H, G)
-    return work > INFER_SHORT_STEP_WORK * <Py_ssize_t>threads
+    """Whether a call on `threads` threads is patient with a stalled partner:
+    patient_with_stalls on its step's multiply-adds (infer_step_work)."""
+    return patient_with_stalls(infer_step_work(L, B, I, H, G), threads)
 
 
 def inference_patient_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,

@@ -490,14 +490,22 @@ cdef inline int sequence_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ss
                            <Py_ssize_t>limit))
 
 
+cdef inline bint patient_with_stalls(Py_ssize_t step_work, int n_threads) noexcept nogil:
+    """Whether a call whose step is step_work multiply-adds on n_threads is
+    patient with a stalled partner (brnn_barrier_wait_shed): while a step gives
+    each thread at most INFER_SHORT_STEP_WORK multiply-adds (~10 us) it sheds
+    at the first stall (a stall is 1 ms or more), else only once the waits add
+    up (brnn_patient_sheds). The one rule of the inference calls
+    (infer_patient) and the training loops (sequence_patient)."""
+    return step_work > INFER_SHORT_STEP_WORK * <Py_ssize_t>n_threads
+
+
 cdef inline bint sequence_patient(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N,
                                   int n_threads) noexcept nogil:
     """Whether the step barrier of a training loop (LSTM, reset-after GRU) on
     n_threads, steps' recurrent product [B, K] @ [K, N], is patient with a
-    stalled partner: the inference calls' rule (infer_patient). A loop whose
-    step gives each thread at most INFER_SHORT_STEP_WORK multiply-adds sheds
-    at the first stall (a step of ~1-10 us against a stall of 1 ms or more)."""
-    return B * K * N > INFER_SHORT_STEP_WORK * <Py_ssize_t>n_threads
+    stalled partner (patient_with_stalls)."""
+    return patient_with_stalls(B * K * N, n_threads)
 
 
 cdef inline bint step_barrier(brnn_barrier* bar, int nt, int cores,

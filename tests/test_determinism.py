@@ -218,10 +218,12 @@ def test_training_loops_are_patient_only_with_long_steps():
 
 
 def test_the_shapes_reach_the_threaded_routes():
-    """The first shape runs the reverse loop and the GEMM driver on 2 threads when
-    2 are allowed (else the thread-count test checks little)."""
+    """The first shape runs the LSTM's forward and reverse loops and the GEMM
+    driver on 2+ threads when 2 are allowed (else the thread-count test checks
+    little)."""
     T, B, I, H = SHAPES[0]
-    assert _kernels.packed_threads_for(B, 4 * H, H, H, 4) >= 2
+    assert _kernels.sequence_threads_for(B, H, 4 * H, H, 4) >= 2
+    assert _kernels.sequence_threads_for(B, 4 * H, H, H, 4) >= 2
     assert _kernels.packed_gemm_threads_for(T * B * 4 * H * (2 * I + H), 4) == 4
     assert SHAPES[1][1] == 1 and SHAPES[2][3] % 16 != 0
     # the step's gate math by rows (batch 16; batch 3 on 2 or 3 threads) and by
