@@ -374,7 +374,25 @@ cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
     return B * 3 * H + 1
 
 
-cdef void gru_forward_packed(
+cdef inline int tf_gru_sequence_threads(Py_ssize_t B, Py_ssize_t H, int limit) noexcept nogil:
+    """Threads a float32 training loop of the TF GRU (forward, backward) asks
+    of the budget: one per SEQUENCE_WORK_PER_THREAD multiply-adds of a step's
+    recurrent products (B x H x 3H) at every batch size, batch 1 included
+    (unlike sequence_threads: a step here has two barriers, the c product
+    reading every cell's r * h[t-1]); at most one per 16-cell panel, at most
+    `limit`, at least 1. Batch 1, T=50, I=H, quiet 2-core Zen 4 VM, forward
+    p25 2 threads / 1, calls alternating in one process: H=128 1.07-1.23
+    (kept on 1), H=160 1.04, H=192 0.99, H=224 0.88, H=256 0.76."""
+    return <int>max(1, min(B * H * 3 * H // SEQUENCE_WORK_PER_THREAD,
+                           (H + BRNN_NR - 1) // BRNN_NR, <Py_ssize_t>limit))
+
+
+def tf_gru_sequence_threads_for(Py_ssize_t B, Py_ssize_t H, int limit):
+    """tf_gru_sequence_threads (for the tests)."""
+    return tf_gru_sequence_threads(B, H, limit)
+
+
+cdef int gru_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_ru's r and u blocks and w_c, each [I + H, H] as
                                   #     its rows [:I] then [I:] packed
@@ -396,11 +414,15 @@ cdef void gru_forward_packed(
     row (gates_by_rows); else that of its cells, reading back only the
     columns it wrote. Every product element is one packed-kernel sum, as when
     x[t] @ W_x ran inside each step: the bits depend neither on n_threads, nor
-    on the hoist, nor on the split of the gates."""
+    on the hoist, nor on the split of the gates. The barrier that ends a step
+    can shed (step_barrier, sequence_patient): thread 0 then runs every cell
+    and row of the steps left. Returns the threads the caller gives back to
+    the budget (region_threads)."""
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B, BH = B * H
-    cdef int tid = 0, nt = 1, half
+    cdef int tid = 0, nt = 1, half, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint patient = sequence_patient(B, H, 3 * H, n_threads)
     cdef float* dst[3]
     cdef brnn_barrier bar, rows_bar
     memset(&bar, 0, sizeof(bar))
@@ -412,8 +434,9 @@ cdef void gru_forward_packed(
             for half in range(2):
                 gru_forward_packed_half(half, t, B, H, packed, ps, psx,
                                         h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
-                                        lengths, ru, rh, r, u, c, h, 0, H, 0, B, NULL, 1)
-        return
+                                        lengths, ru, rh, r, u, c, h, 0, H, 0, B, NULL, 1,
+                                        NULL)
+        return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
@@ -427,8 +450,14 @@ cdef void gru_forward_packed(
                 gru_forward_packed_half(half, t, B, H, packed, ps, psx,
                                         h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
                                         lengths, ru, rh, r, u, c, h, u0, u1, r0, r1,
-                                        &rows_bar if by_rows else NULL, nt)
-                brnn_barrier_wait(&bar, nt)
+                                        &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
+                if half == 0 and nt > 1:   # a stall here counts at the step's end
+                    brnn_barrier_wait_within(&bar, nt, &bar)
+            if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                if tid != 0:   # shed: thread 0 runs every cell and row of the steps left
+                    break
+                nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+    return region_threads(&bar, n_threads)
 
 
 cdef void gru_forward_packed_half(
@@ -437,12 +466,12 @@ cdef void gru_forward_packed_half(
         const float* h_in, const float* b_ru, const float* b_c, const int64_t* lengths,
         float* ru, float* rh, float* r, float* u, float* c, float* h,
         Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
-        brnn_barrier* rows_bar, int nt) noexcept nogil:
+        brnn_barrier* rows_bar, int nt, brnn_barrier* step_bar) noexcept nogil:
     """Half 0 or 1 of step t of gru_forward_packed (r[t], u[t], c[t] hold
     x[t] @ W_x already): the product's columns of the cells [u0, u1), then
     with rows_bar the gate math of the rows [r0, r1), every cell, after a
-    barrier of the nt threads; without, that of the cells [u0, u1), every
-    row. Packed block q (r, u, c) starts at packed + q * ps: its x rows, then
+    barrier of the nt threads (within the step's shedding barrier step_bar);
+    without, that of the cells [u0, u1), every row. Packed block q (r, u, c) starts at packed + q * ps: its x rows, then
     at + psx its h rows."""
     cdef Py_ssize_t BH = B * H, row, k
     if u1 > u0:
@@ -451,7 +480,7 @@ cdef void gru_forward_packed_half(
             packed_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
         else:
             packed_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, c + t * BH, H)
-    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
+    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
     if u1 <= u0:
         return
     for row in range(r0, r1):
@@ -493,7 +522,7 @@ cdef void gru_forward_row1_half(
         brnn_gru_output_row_f32(nu, b_c + u0, h_in + u0, u + k, c + k, h + k)
 
 
-cdef void gru_forward_row1(
+cdef int gru_forward_row1(
         Py_ssize_t L, Py_ssize_t H,
         const float* packed_h,    # IN  the h rows of w_ru's r, u blocks and of w_c packed
         const float* h_prev, const float* b_ru, const float* b_c, const int64_t* lengths,
@@ -504,19 +533,21 @@ cdef void gru_forward_row1(
     projection hoisted: the recurrent products by the one-row kernel, the
     inference forward's (gru_infer_half: the same sums and gate calls, so the
     same bits), on n_threads threads owning whole panels, two barriers per
-    step as gru_forward_packed. The bits do not depend on n_threads."""
+    step as gru_forward_packed, the second of which can shed (step_barrier).
+    The bits do not depend on n_threads. Returns the threads the caller
+    gives back to the budget (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = H, ps = brnn_packed_size(H, H)
-    cdef int tid = 0, nt = 1, half
+    cdef int tid = 0, nt = 1, half, cores = brnn_omp_get_num_procs()
+    cdef bint patient = sequence_patient(1, H, 3 * H, n_threads)
     cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    memset(&bar, 0, sizeof(bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         for t in range(L):
             for half in range(2):
                 gru_forward_row1_half(half, t, H, packed_h, ps,
                                       h_prev if t == 0 else h + (t - 1) * H, b_ru, b_c,
                                       lengths, ru, rh, r, u, c, h, 0, H)
-        return
+        return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
@@ -525,10 +556,15 @@ cdef void gru_forward_row1(
         for t in range(L):
             gru_forward_row1_half(0, t, H, packed_h, ps, h_prev if t == 0 else h + (t - 1) * H,
                                   b_ru, b_c, lengths, ru, rh, r, u, c, h, u0, u1)
-            brnn_barrier_wait(&bar, nt)
+            if nt > 1:   # a stall here counts at the step's end
+                brnn_barrier_wait_within(&bar, nt, &bar)
             gru_forward_row1_half(1, t, H, packed_h, ps, h_prev if t == 0 else h + (t - 1) * H,
                                   b_ru, b_c, lengths, ru, rh, r, u, c, h, u0, u1)
-            brnn_barrier_wait(&bar, nt)
+            if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                if tid != 0:   # shed: thread 0 runs every cell of the steps left
+                    break
+                nt, u0, u1 = 1, 0, H
+    return region_threads(&bar, n_threads)
 
 
 cdef void block_gru_forward_compute(
@@ -581,11 +617,10 @@ cdef void block_gru_forward_compute(
             brnn_pack_f32(H, H, w_ru + I * 2 * H + q * H, 2 * H, 1, packed + q * ps + psx)
         brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * ps)
         brnn_pack_f32(H, H, w_c + I * H, H, 1, packed + 2 * ps + psx)
-        granted = brnn_budget_take(packed_threads(B, I + H, 3 * H, H, max_threads),
+        granted = brnn_budget_take(tf_gru_sequence_threads(B, H, max_threads),
                                    max_threads)
-        gru_forward_packed(L, B, I, H, packed, x, h_prev, b_ru, b_c, lengths, ru, rh,
-                           r, u, c, h, granted)
-        brnn_budget_give(granted)
+        brnn_budget_give(gru_forward_packed(L, B, I, H, packed, x, h_prev, b_ru, b_c,
+                                            lengths, ru, rh, r, u, c, h, granted))
     elif floating is float:   # batch 1 (or 0): the x rows' three blocks, then the h rows'
         packed = align64(packed)
         brnn_pack_f32(I, H, w_ru, 2 * H, 1, packed)
@@ -598,11 +633,10 @@ cdef void block_gru_forward_compute(
         dst[0], dst[1], dst[2] = r, u, c
         packed_inputs(L * B, I, H, 3, x, packed, dst, max_threads)
         if B == 1:
-            granted = brnn_budget_take(packed_threads(1, H, 3 * H, H, max_threads),
+            granted = brnn_budget_take(tf_gru_sequence_threads(1, H, max_threads),
                                        max_threads)
-            gru_forward_row1(L, H, packed + 3 * psx, h_prev, b_ru, b_c, lengths, ru, rh,
-                             r, u, c, h, granted)
-            brnn_budget_give(granted)
+            brnn_budget_give(gru_forward_row1(L, H, packed + 3 * psx, h_prev, b_ru, b_c,
+                                              lengths, ru, rh, r, u, c, h, granted))
     else:
         if recurrent_weights_transposed(L, B, H):
             w_ru_t = rh + B * H
@@ -766,7 +800,7 @@ cdef void gru_backward_gemms(
     run_gemm_specs(njobs, jobs, ws, threads)
 
 
-cdef void gru_backward_packed(
+cdef int gru_backward_packed(
         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H,
         const float* w_c_t, const float* w_ru_t,  # IN w_c[I:]^T [H, H], w_ru[I:]^T [2H, H]
                                                   #    packed
@@ -784,11 +818,14 @@ cdef void gru_backward_packed(
     The gate math (the output and reset parts) is that of the thread's block
     of rows, every cell, whenever every thread gets a row (gates_by_rows):
     then a barrier follows each product (the rows read every cell of d_hr,
-    and of the carry); else that of its cells. The bits do not depend on
-    n_threads."""
+    and of the carry); else that of its cells. The second barrier of a step
+    can shed (step_barrier, sequence_patient): thread 0 then computes every
+    cell and row from there on. The bits do not depend on n_threads. Returns
+    the threads the caller gives back to the budget (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B
-    cdef int tid = 0, nt = 1, part
+    cdef int tid = 0, nt = 1, part, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint patient = sequence_patient(B, 3 * H, H, n_threads)
     cdef brnn_barrier bar, rows_bar
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
@@ -797,8 +834,8 @@ cdef void gru_backward_packed(
             for part in range(3):
                 gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h,
                                          h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H,
-                                         0, B, NULL, 1)
-        return
+                                         0, B, NULL, 1, NULL)
+        return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
@@ -807,12 +844,22 @@ cdef void gru_backward_packed(
         r0 = tid * B // nt
         r1 = (tid + 1) * B // nt
         for t in range(t1 - 1, t0 - 1, -1):
-            for part in range(3):
-                gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h,
-                                         h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1,
-                                         r0, r1, &rows_bar if by_rows else NULL, nt)
-                if part < 2:
-                    brnn_barrier_wait(&bar, nt)
+            gru_backward_packed_part(0, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1, r0, r1,
+                                     &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
+            if nt > 1:   # a stall here counts at the step's end
+                brnn_barrier_wait_within(&bar, nt, &bar)
+            gru_backward_packed_part(1, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1, r0, r1,
+                                     &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
+            if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                if tid != 0:   # shed: thread 0 computes every cell and row from here
+                    break
+                nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+            gru_backward_packed_part(2, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1, r0, r1,
+                                     NULL, nt, NULL)
+    return region_threads(&bar, n_threads)
 
 
 cdef void gru_backward_packed_part(
@@ -821,13 +868,14 @@ cdef void gru_backward_packed_part(
         const float* c, const float* h, const float* h_grad, const int64_t* lengths,
         float* d_ru, float* d_c, float* d_hr, float* h_prev_grad,
         Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
-        brnn_barrier* rows_bar, int nt) noexcept nogil:
+        brnn_barrier* rows_bar, int nt, brnn_barrier* step_bar) noexcept nogil:
     """Part 0, 1 or 2 of step t of gru_backward_packed (d_ru and d_c: the
     chunk from step t0 on): its product's columns of the cells [u0, u1)
     (parts 1 and 2), then the gate math of parts 0 and 1 (gate_math_block:
     with rows_bar, that of the rows [r0, r1), every cell, after a barrier of
-    the nt threads; part 0's follows the product of part 2 of the step
-    before, which wrote the carry; without, that of the cells [u0, u1))."""
+    the nt threads within the shedding barrier step_bar; part 0's follows
+    the product of part 2 of the step before, which wrote the carry;
+    without, that of the cells [u0, u1))."""
     cdef Py_ssize_t BH = B * H, k, nu
     cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
     cdef float* dct = d_c + (t - t0) * BH
@@ -838,7 +886,7 @@ cdef void gru_backward_packed_part(
         return
     if u1 > u0 and part == 1:
         packed_product(B, H, dct, H, w_c_t, u0, u1, False, d_hr, H)
-    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
+    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     k, nu = r0 * H, u1 - u0
@@ -918,11 +966,11 @@ cdef void block_gru_backward_compute(
     while t1 > 0:
         t0 = max(0, t1 - S)
         if floating is float and use_packed:
-            granted = brnn_budget_take(packed_threads(B, 3 * H, H, H, max_threads),
+            granted = brnn_budget_take(tf_gru_sequence_threads(B, H, max_threads),
                                        max_threads)
-            gru_backward_packed(t0, t1, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                lengths, d_ru, d_c, d_hr, h_prev_grad, granted)
-            brnn_budget_give(granted)
+            brnn_budget_give(gru_backward_packed(t0, t1, B, H, w_c_t, w_ru_t, h_prev, r, u,
+                                                 c, h, h_grad, lengths, d_ru, d_c, d_hr,
+                                                 h_prev_grad, granted))
         else:
             for t in range(t1 - 1, t0 - 1, -1):
                 h_in = h_prev if t == 0 else h + (t - 1) * BH

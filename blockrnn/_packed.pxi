@@ -436,10 +436,11 @@ cdef enum:
     # 50,4,128,128 1.06 ms on 1, 12.3 ms on 2 with 2^18).
     PACKED_WORK_PER_THREAD = 1 << 20
     # The LSTM's and the reset-after GRU's training loops of 2+ rows
-    # (sequence_threads), whose steps shed a partner thread that stalls
-    # (step_barrier) and hoist the input projection: a second thread from
-    # 2^16 multiply-adds of a step's recurrent product (B x H x 4H, 3H for the
-    # GRU). Measured on the LSTM on a quiet 2-core Zen 4 VM, T=50, I=H,
+    # (sequence_threads), and the TF GRU's at every batch size
+    # (tf_gru_sequence_threads, _gru.pxi), whose steps shed a partner thread
+    # that stalls (step_barrier) and hoist the input projection: a second
+    # thread from 2^16 multiply-adds of a step's recurrent product (B x H x
+    # 4H, 3H for the GRUs). Measured on the LSTM on a quiet 2-core Zen 4 VM, T=50, I=H,
     # 2 threads / 1 (forward, backward): batch 2 H=128 0.70, 0.78;
     # batch 4 H=64 0.92, 0.91; batch 8 H=64 0.85, 0.87, H=128 0.65, 0.85;
     # batch 16 H=128 backward 0.79; below 2^16, batch 8 H=32 1.13, 1.11 and
@@ -502,7 +503,7 @@ cdef inline bint patient_with_stalls(Py_ssize_t step_work, int n_threads) noexce
 
 cdef inline bint sequence_patient(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N,
                                   int n_threads) noexcept nogil:
-    """Whether the step barrier of a training loop (LSTM, reset-after GRU) on
+    """Whether the step barrier of a training loop (LSTM, GRUs) on
     n_threads, steps' recurrent product [B, K] @ [K, N], is patient with a
     stalled partner (patient_with_stalls)."""
     return patient_with_stalls(B * K * N, n_threads)

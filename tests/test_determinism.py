@@ -154,9 +154,16 @@ def test_concurrent_callers_change_no_bit(dtype, callers):
 
 def _shedding_ops(p, cell):
     """run(lengths) -> (forward outputs, gradients) of the float32 sequence op `cell`
-    ("lstm": block_lstm_v2, "gru": the reset-after GRU), and its steps' recurrent
-    product's gate count (4 or 3)."""
+    ("lstm": block_lstm_v2, "gru": the reset-after GRU, "tf_gru": block_gru), and its
+    steps' recurrent product's gate count (4 or 3)."""
     T = p["T"]
+    if cell == "tf_gru":
+        args = (T, p["x"], p["h"], p["w_ru"], p["w_c"], p["b_ru"], p["b_c"])
+
+        def run(lengths):
+            f = blockrnn.block_gru(*args, sequence_length=lengths)
+            return f, blockrnn.block_gru_grad(*args, *f, p["dh"], sequence_length=lengths)
+        return run, 3
     if cell == "lstm":
         args = (T, p["x"], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
 
@@ -174,20 +181,27 @@ def _shedding_ops(p, cell):
     return run, 3
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
-@pytest.mark.parametrize("T,B,I,H", [(20, 8, 32, 128), (20, 3, 24, 100)])
+@pytest.mark.parametrize("cell,T,B,I,H", [
+    (cell, *shape) for cell in ("lstm", "gru", "tf_gru")
+    for shape in [(20, 8, 32, 128), (20, 3, 24, 100)]] + [
+    # batch 1: the LSTM's and the TF GRU's one-row loops (the forward's; the
+    # LSTM's backward too) on 2 threads
+    ("lstm", 20, 1, 24, 256), ("tf_gru", 20, 1, 24, 256)])
 def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I, H):
-    """Two Python threads calling the float32 LSTM (reset-after GRU) forward and
-    backward at once, 150 times each: a call on 2 threads sheds its partner at a step
+    """Two Python threads calling the float32 LSTM (reset-after GRU, TF GRU) forward
+    and backward at once, 150 times each: a call on 2 threads sheds its partner at a step
     barrier whenever the other caller takes a thread of the budget (step_barrier), and
     thread 0 goes on with every row and cell. Small batches, gate math by rows, so the
     rows thread 0 takes over are the partner's (an LSTM backward whose shed kept thread
     0's own rows gave wrong gradients in ~20% of such calls)."""
     p = _problem(T, B, I, H, np.float32, seed=5)
     run, gates = _shedding_ops(p, cell)
-    assert _kernels.sequence_threads_for(B, H, gates * H, H, 2) == 2
-    assert _kernels.sequence_threads_for(B, gates * H, H, H, 2) == 2
-    assert _kernels.gates_by_rows_for(B, 2)
+    if cell == "tf_gru":
+        assert _kernels.tf_gru_sequence_threads_for(B, H, 2) == 2
+    else:
+        assert _kernels.sequence_threads_for(B, H, gates * H, H, 2) == 2
+        assert _kernels.sequence_threads_for(B, gates * H, H, H, 2) == 2
+    assert _kernels.gates_by_rows_for(B, 2) == (B > 1)
     assert not _kernels.sequence_patient_for(B, H, gates * H, 2)   # sheds at a first stall
     cases = [None, p["lengths"]]
     want = [run(lengths) for lengths in cases]
@@ -215,6 +229,19 @@ def test_training_loops_are_patient_only_with_long_steps():
     assert _kernels.sequence_patient_for(9, 256, 4 * 256, 2)
     assert _kernels.sequence_patient_for(32, 256, 4 * 256, 2)   # 2^22 a thread
     assert not _kernels.sequence_patient_for(32, 256, 4 * 256, 8)   # 2^20 a thread
+
+
+def test_tf_gru_loops_take_a_second_thread_from_2_16_multiply_adds():
+    """The TF GRU's training loops (two barriers a step) ask one thread per 2^15
+    multiply-adds of a step's recurrent products B x H x 3H at every batch size:
+    batch 1 at H = 128 stays on one thread, where two were slower."""
+    assert _kernels.tf_gru_sequence_threads_for(1, 128, 2) == 1
+    assert _kernels.tf_gru_sequence_threads_for(1, 256, 2) == 2
+    assert _kernels.tf_gru_sequence_threads_for(8, 32, 2) == 1   # 24576
+    assert _kernels.tf_gru_sequence_threads_for(2, 128, 2) == 2
+    assert _kernels.tf_gru_sequence_threads_for(8, 128, 1) == 1
+    assert _kernels.tf_gru_sequence_threads_for(8, 128, 8) == 8
+    assert _kernels.tf_gru_sequence_threads_for(64, 40, 8) == 3   # 3 panels of 16
 
 
 def test_the_shapes_reach_the_threaded_routes():
