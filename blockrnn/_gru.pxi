@@ -374,24 +374,6 @@ cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
     return B * 3 * H + 1
 
 
-cdef inline int tf_gru_sequence_threads(Py_ssize_t B, Py_ssize_t H, int limit) noexcept nogil:
-    """Threads a float32 training loop of the TF GRU (forward, backward) asks
-    of the budget: one per SEQUENCE_WORK_PER_THREAD multiply-adds of a step's
-    recurrent products (B x H x 3H) at every batch size, batch 1 included
-    (unlike sequence_threads: a step here has two barriers, the c product
-    reading every cell's r * h[t-1]); at most one per 16-cell panel, at most
-    `limit`, at least 1. Batch 1, T=50, I=H, quiet 2-core Zen 4 VM, forward
-    p25 2 threads / 1, calls alternating in one process: H=128 1.07-1.23
-    (kept on 1), H=160 1.04, H=192 0.99, H=224 0.88, H=256 0.76."""
-    return <int>max(1, min(B * H * 3 * H // SEQUENCE_WORK_PER_THREAD,
-                           (H + BRNN_NR - 1) // BRNN_NR, <Py_ssize_t>limit))
-
-
-def tf_gru_sequence_threads_for(Py_ssize_t B, Py_ssize_t H, int limit):
-    """tf_gru_sequence_threads (for the tests)."""
-    return tf_gru_sequence_threads(B, H, limit)
-
-
 cdef int gru_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_ru's r and u blocks and w_c, each [I + H, H] as
@@ -617,7 +599,7 @@ cdef void block_gru_forward_compute(
             brnn_pack_f32(H, H, w_ru + I * 2 * H + q * H, 2 * H, 1, packed + q * ps + psx)
         brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * ps)
         brnn_pack_f32(H, H, w_c + I * H, H, 1, packed + 2 * ps + psx)
-        granted = brnn_budget_take(tf_gru_sequence_threads(B, H, max_threads),
+        granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads),
                                    max_threads)
         brnn_budget_give(gru_forward_packed(L, B, I, H, packed, x, h_prev, b_ru, b_c,
                                             lengths, ru, rh, r, u, c, h, granted))
@@ -633,7 +615,7 @@ cdef void block_gru_forward_compute(
         dst[0], dst[1], dst[2] = r, u, c
         packed_inputs(L * B, I, H, 3, x, packed, dst, max_threads)
         if B == 1:
-            granted = brnn_budget_take(tf_gru_sequence_threads(1, H, max_threads),
+            granted = brnn_budget_take(gru_sequence_threads(1, H, max_threads),
                                        max_threads)
             brnn_budget_give(gru_forward_row1(L, H, packed + 3 * psx, h_prev, b_ru, b_c,
                                               lengths, ru, rh, r, u, c, h, granted))
@@ -966,7 +948,7 @@ cdef void block_gru_backward_compute(
     while t1 > 0:
         t0 = max(0, t1 - S)
         if floating is float and use_packed:
-            granted = brnn_budget_take(tf_gru_sequence_threads(B, H, max_threads),
+            granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads),
                                        max_threads)
             brnn_budget_give(gru_backward_packed(t0, t1, B, H, w_c_t, w_ru_t, h_prev, r, u,
                                                  c, h, h_grad, lengths, d_ru, d_c, d_hr,

@@ -256,7 +256,7 @@ cdef int gru_ra_forward_packed(
     return region_threads(&bar, n_threads)
 
 
-cdef void gru_ra_forward_row1(
+cdef int gru_ra_forward_row1(
         Py_ssize_t L, Py_ssize_t H,
         const float* packed,      # IN  w_hh's three gate blocks packed
         const float* h_prev, const float* b_ih, const float* b_hh, const int64_t* lengths,
@@ -267,14 +267,16 @@ cdef void gru_ra_forward_row1(
     hoisted (r, z, n [:L] hold x @ w_ih^T's blocks): per step g = h[t-1] @
     w_hh^T by the one-row kernel (step_product), the inference forward's
     (gru_ra_infer_step: the same sums and gate calls, so the same bits), then
-    the gates; n_threads threads own whole panels, one barrier per step. The
-    bits do not depend on n_threads."""
+    the gates; n_threads threads own whole panels, one barrier per step,
+    which can shed (step_barrier, sequence_patient): thread 0 then runs every
+    cell of the steps left. The bits do not depend on n_threads. Returns the
+    threads the caller gives back to the budget (region_threads)."""
     cdef Py_ssize_t t, q, u0 = 0, u1 = 0, ps = brnn_packed_size(H, H)
     cdef const float* h_in
-    cdef int tid, nt
+    cdef int tid, nt, cores = brnn_omp_get_num_procs()
+    cdef bint patient = sequence_patient(1, H, 3 * H, n_threads)
     cdef brnn_barrier bar
-    bar.count = 0
-    bar.gen = 0
+    memset(&bar, 0, sizeof(bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         for t in range(L):
             h_in = h_prev if t == 0 else h + (t - 1) * H
@@ -283,7 +285,7 @@ cdef void gru_ra_forward_row1(
                                   g + q * H, 3 * H)
             gru_ra_forward_block[float](1, H, g, b_ih, b_hh, h_in, lengths, t, r + t * H,
                                         z + t * H, n + t * H, hn + t * H, h + t * H)
-        return
+        return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
@@ -299,7 +301,11 @@ cdef void gru_ra_forward_row1(
                                             h_prev if t == 0 else h + (t - 1) * H, lengths, t,
                                             r + t * H, z + t * H, n + t * H, hn + t * H,
                                             h + t * H, u0, u1 - u0)
-            brnn_barrier_wait(&bar, nt)
+            if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                if tid != 0:   # shed: thread 0 runs every cell of the steps left
+                    break
+                nt, u0, u1 = 1, 0, H
+    return region_threads(&bar, n_threads)
 
 
 cdef void block_gru_ra_forward_compute(
@@ -341,7 +347,7 @@ cdef void block_gru_ra_forward_compute(
         for q in range(3):   # W(k, j) = w[q*H + j, k]: strides sk = 1, sn = row length
             brnn_pack_f32(H, H, w_hh + q * H * H, 1, H, packed + q * ps)
             brnn_pack_f32(I, H, w_ih + q * H * I, 1, I, packed + 3 * ps + q * psx)
-        granted = brnn_budget_take(sequence_threads(B, H, H3, H, max_threads), max_threads)
+        granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads), max_threads)
         brnn_budget_give(gru_ra_forward_packed(L, B, I, H, packed, x, h_prev, b_ih, b_hh,
                                                lengths, g, r, z, n, hn, h, granted))
     elif floating is float:   # batch 1 (or 0): packed as above, aligned; inputs hoisted
@@ -352,10 +358,9 @@ cdef void block_gru_ra_forward_compute(
             fdst[q] = dst[q]
         packed_inputs(L * B, I, H, 3, x, packed + 3 * ps, fdst, max_threads)
         if B == 1:
-            granted = brnn_budget_take(packed_threads(1, H, H3, H, max_threads), max_threads)
-            gru_ra_forward_row1(L, H, packed, h_prev, b_ih, b_hh, lengths, g, r, z, n, hn, h,
-                                granted)
-            brnn_budget_give(granted)
+            granted = brnn_budget_take(gru_sequence_threads(1, H, max_threads), max_threads)
+            brnn_budget_give(gru_ra_forward_row1(L, H, packed, h_prev, b_ih, b_hh, lengths, g,
+                                                 r, z, n, hn, h, granted))
     else:
         for q in range(3):   # x[:L] @ w_ih[q-block]^T
             gemm(False, True, L * B, H, I, 1, x, I, w_ih + q * H * I, I, 0, dst[q], H)
@@ -592,7 +597,7 @@ cdef void block_gru_ra_backward_compute(
     while t1 > 0:
         t0 = max(0, t1 - S)
         if floating is float and use_packed:
-            granted = brnn_budget_take(sequence_threads(B, H3, H, H, max_threads), max_threads)
+            granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads), max_threads)
             brnn_budget_give(gru_ra_backward_packed(
                 t0, t1, B, H, w_hh, t1 == L, packed, h_prev, r, z, n, hn, h, h_grad, lengths,
                 dg, h_prev_grad, granted))

@@ -16,7 +16,8 @@
 # to the thread budget's threads, each thread owning whole 16-column panels of
 # the H cells (unit_start(H)) and of the P projected features (unit_start(P));
 # two barriers per step (the projection needs all of m[t], the next product all of
-# h[t]; in the backward dm needs all of dH[t], dh_rec all of dG[t]). float64: BLAS
+# h[t]; in the backward dm needs all of dH[t], dh_rec all of dG[t]), the second
+# of which can shed (step_barrier, as the LSTM's loops). float64: BLAS
 # per step on the calling thread. The products after the backward's loop use the
 # GEMM driver's threads. Threads split rows or panels, never a sum: no thread
 # count changes a bit.
@@ -24,10 +25,11 @@
 
 cdef inline int lstm_proj_step_threads(Py_ssize_t B, Py_ssize_t H, Py_ssize_t P,
                                        int limit) noexcept nogil:
-    """Threads of the float32 time loop: one per PACKED_WORK_PER_THREAD
-    multiply-adds of a step's products (B * P * 5H), at most one per 16-feature
-    panel of P (< H), at most limit."""
-    return packed_threads(B, P, 5 * H, P, limit)
+    """Threads of the float32 time loops: one per SEQUENCE_WORK_PER_THREAD
+    multiply-adds of a step's products (B * P * 5H) at every batch size (two
+    barriers a step, as the GRUs' loops, gru_sequence_threads), at most
+    one per 16-feature panel of P (< H), at most limit."""
+    return step_threads(B * P * 5 * H, SEQUENCE_WORK_PER_THREAD, P, limit)
 
 
 def lstm_proj_step_threads_for(Py_ssize_t B, Py_ssize_t H, Py_ssize_t P, int limit):
@@ -76,17 +78,18 @@ cdef void lstm_proj_forward_cells(
         const float* h_in, const float* c_in, const float* b, const int64_t* lengths,
         float* g, float* i_, float* f, float* o, float* ci, float* cs, float* co, float* m,
         Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1, brnn_barrier* rows_bar,
-        int nt) noexcept nogil:
+        int nt, brnn_barrier* step_bar) noexcept nogil:
     """Step t of the float32 forward: the cells [u0, u1)'s columns of the four
     gate blocks of g = h_in @ w_hh^T (packed kernel), then the gates, c and m
     (the gate outputs hold x[t] @ w_ih^T on entry): with rows_bar those of
-    the rows [r0, r1), every cell, after a barrier of the nt threads;
-    without, those of the cells [u0, u1), every row."""
+    the rows [r0, r1), every cell, after a barrier of the nt threads (within
+    the step's shedding barrier step_bar); without, those of the cells
+    [u0, u1), every row."""
     cdef Py_ssize_t q, BH = B * H, ps = brnn_packed_size(P, H)
     if u1 > u0:
         for q in range(4):
             packed_product(B, P, h_in, P, pw_hh + q * ps, u0, u1, False, g + q * H, 4 * H)
-    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
+    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     BH = t * BH + r0 * H
@@ -96,7 +99,7 @@ cdef void lstm_proj_forward_cells(
                               o + BH, ci + BH, co + BH, m + BH, u0, u1 - u0)
 
 
-cdef void lstm_proj_forward_packed(
+cdef int lstm_proj_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t P,
         const float* pw_hh,       # IN  w_hh's gate blocks, transposed and packed
         const float* pw_hr,       # IN  w_hr^T packed [H, P]
@@ -108,10 +111,14 @@ cdef void lstm_proj_forward_packed(
     region): per step, each thread computes its cells' gate columns and the
     gates (lstm_proj_forward_cells: by rows, after a barrier, whenever every
     thread gets a row, gates_by_rows), barrier, its features [p0, p1) of
-    h[t] = m[t] @ w_hr^T, barrier."""
+    h[t] = m[t] @ w_hr^T, barrier. The last barrier of a step can shed
+    (step_barrier, sequence_patient; a stall at the others counts for it):
+    thread 0 then runs every cell, feature and row of the steps left. Returns
+    the threads the caller gives back to the budget (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = H, p0 = 0, p1 = P, r0 = 0, r1 = B, BH = B * H, BP = B * P
-    cdef int tid, nt
+    cdef int tid, nt, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint patient = sequence_patient(B, P, 5 * H, n_threads)
     cdef brnn_barrier bar, rows_bar
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
@@ -119,9 +126,9 @@ cdef void lstm_proj_forward_packed(
         for t in range(L):
             lstm_proj_forward_cells(t, B, H, P, pw_hh, h0 if t == 0 else h + (t - 1) * BP,
                                     c0 if t == 0 else cs + (t - 1) * BH, b, lengths, g,
-                                    i_, f, o, ci, cs, co, m, 0, H, 0, B, NULL, 1)
+                                    i_, f, o, ci, cs, co, m, 0, H, 0, B, NULL, 1, NULL)
             packed_product(B, H, m + t * BH, H, pw_hr, 0, P, False, h + t * BP, P)
-        return
+        return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
@@ -135,11 +142,16 @@ cdef void lstm_proj_forward_packed(
             lstm_proj_forward_cells(t, B, H, P, pw_hh, h0 if t == 0 else h + (t - 1) * BP,
                                     c0 if t == 0 else cs + (t - 1) * BH, b, lengths, g,
                                     i_, f, o, ci, cs, co, m, u0, u1, r0, r1,
-                                    &rows_bar if by_rows else NULL, nt)
-            brnn_barrier_wait(&bar, nt)
+                                    &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
+            if nt > 1:   # a stall here counts at the step's end
+                brnn_barrier_wait_within(&bar, nt, &bar)
             if p1 > p0:
                 packed_product(B, H, m + t * BH, H, pw_hr, p0, p1, False, h + t * BP, P)
-            brnn_barrier_wait(&bar, nt)
+            if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                if tid != 0:   # shed: thread 0 runs every cell, feature and row from here
+                    break
+                nt, u0, u1, p0, p1, r0, r1 = 1, 0, H, 0, P, 0, B
+    return region_threads(&bar, n_threads)
 
 
 cdef void block_lstm_proj_forward_compute(
@@ -187,9 +199,8 @@ cdef void block_lstm_proj_forward_compute(
     run_gemm_specs(4, jobs, gws, lstm_proj_gemm_threads(L, B, I, H, P, max_threads))
     if floating is float:
         granted = brnn_budget_take(lstm_proj_step_threads(B, H, P, max_threads), max_threads)
-        lstm_proj_forward_packed(L, B, H, P, pw_hh, pw_hr, h0, c0, b, lengths, g, i_, f, o,
-                                 ci, cs, co, m, h, granted)
-        brnn_budget_give(granted)
+        brnn_budget_give(lstm_proj_forward_packed(L, B, H, P, pw_hh, pw_hr, h0, c0, b, lengths,
+                                                  g, i_, f, o, ci, cs, co, m, h, granted))
     else:
         for t in range(L):
             h_in = h0 if t == 0 else h + (t - 1) * BP
@@ -282,7 +293,7 @@ cdef void lstm_proj_backward_products(
     memset(x_grad + LB * I, 0, (T - L) * B * I * sizeof(floating))
 
 
-cdef void lstm_proj_backward_packed(
+cdef int lstm_proj_backward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t P,
         const float* pw_hr,       # IN  w_hr packed [P, H]
         const float* pw_hh,       # IN  w_hh packed [4H, P]
@@ -299,10 +310,15 @@ cdef void lstm_proj_backward_packed(
     and the gate gradients dG[t] (and c carry): those of its block of rows,
     every cell, after a barrier, whenever every thread gets a row
     (gates_by_rows), else those of its cells; barrier, its features of
-    dh_rec = dG[t] @ w_hh (only it reads them next)."""
+    dh_rec = dG[t] @ w_hh (only it reads them next). The barrier before that
+    product can shed (step_barrier, sequence_patient; a stall at the others
+    counts for it): thread 0 then computes every feature, cell and row from
+    there on. Returns the threads the caller gives back to the budget
+    (region_threads)."""
     cdef Py_ssize_t t, u0 = 0, u1 = H, p0 = 0, p1 = P, r0 = 0, r1 = B
-    cdef int tid, nt
+    cdef int tid, nt, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint patient = sequence_patient(B, P, 5 * H, n_threads)
     cdef brnn_barrier bar, rows_bar
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
@@ -310,9 +326,10 @@ cdef void lstm_proj_backward_packed(
         for t in range(L - 1, -1, -1):
             lstm_proj_backward_features(t, B, P, h_grad, lengths, dh, dh_rec, 0, P)
             lstm_proj_backward_cells(t, B, H, P, pw_hr, c0, i_, f, o, ci, cs, co, cs_grad,
-                                     lengths, zero, dg, dh, dm, carry, 0, H, 0, B, NULL, 1)
+                                     lengths, zero, dg, dh, dm, carry, 0, H, 0, B, NULL, 1,
+                                     NULL)
             packed_product(B, 4 * H, dg + t * B * 4 * H, 4 * H, pw_hh, 0, P, False, dh_rec, P)
-        return
+        return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
@@ -324,14 +341,19 @@ cdef void lstm_proj_backward_packed(
         r1 = (tid + 1) * B // nt
         for t in range(L - 1, -1, -1):
             lstm_proj_backward_features(t, B, P, h_grad, lengths, dh, dh_rec, p0, p1)
-            brnn_barrier_wait(&bar, nt)
+            if nt > 1:   # a stall here counts at the step's shedding barrier
+                brnn_barrier_wait_within(&bar, nt, &bar)
             lstm_proj_backward_cells(t, B, H, P, pw_hr, c0, i_, f, o, ci, cs, co, cs_grad,
                                      lengths, zero, dg, dh, dm, carry, u0, u1, r0, r1,
-                                     &rows_bar if by_rows else NULL, nt)
-            brnn_barrier_wait(&bar, nt)
+                                     &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
+            if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                if tid != 0:   # shed: thread 0 computes every feature, cell and row from here
+                    break
+                nt, u0, u1, p0, p1, r0, r1 = 1, 0, H, 0, P, 0, B
             if p1 > p0:
                 packed_product(B, 4 * H, dg + t * B * 4 * H, 4 * H, pw_hh, p0, p1, False,
                                dh_rec, P)
+    return region_threads(&bar, n_threads)
 
 
 cdef void lstm_proj_backward_features(
@@ -357,15 +379,16 @@ cdef void lstm_proj_backward_cells(
         const float* cs, const float* co, const float* cs_grad, const int64_t* lengths,
         const float* zero, float* dg, const float* dh, float* dm, float* carry,
         Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1, brnn_barrier* rows_bar,
-        int nt) noexcept nogil:
+        int nt, brnn_barrier* step_bar) noexcept nogil:
     """Step t of the float32 backward: the cells [u0, u1)'s columns of dm =
     dH[t] @ w_hr (packed kernel), then the cell backward into dG[t] and the c
     carry: with rows_bar that of the rows [r0, r1), every cell, after a
-    barrier of the nt threads; without, that of the cells [u0, u1)."""
+    barrier of the nt threads (within the shedding barrier step_bar);
+    without, that of the cells [u0, u1)."""
     cdef Py_ssize_t BH = B * H, rk
     if u1 > u0:
         packed_product(B, P, dh + t * B * P, P, pw_hr, u0, u1, False, dm, H)
-    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
+    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     rk = r0 * H
@@ -431,9 +454,9 @@ cdef void block_lstm_proj_backward_compute(
     memset(zero, 0, BH * sizeof(floating))
     if floating is float:
         granted = brnn_budget_take(lstm_proj_step_threads(B, H, P, max_threads), max_threads)
-        lstm_proj_backward_packed(L, B, H, P, pw_hr, pw_hh, c0, i_, f, o, ci, cs, co, cs_grad,
-                                  h_grad, lengths, zero, dg, dh, dm, h0_grad, c0_grad, granted)
-        brnn_budget_give(granted)
+        brnn_budget_give(lstm_proj_backward_packed(L, B, H, P, pw_hr, pw_hh, c0, i_, f, o, ci,
+                                                   cs, co, cs_grad, h_grad, lengths, zero, dg,
+                                                   dh, dm, h0_grad, c0_grad, granted))
     else:
         for t in range(L - 1, -1, -1):
             dht = dh + t * BP

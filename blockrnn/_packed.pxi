@@ -314,16 +314,16 @@ def packed_product_memview(const float[:, ::1] a, const float[:, :] w, bint accu
                &c[0, 0], N)
 
 
-def packed_threads_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H, int limit):
-    """packed_threads: the threads a sequence call's per-step products
-    [B, K] @ [K, N] over H cells ask of the budget (for the tests)."""
-    return packed_threads(B, K, N, H, limit)
-
-
 def sequence_threads_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H, int limit):
     """sequence_threads: the threads a float32 training sequence loop asks of
     the budget (for the tests)."""
     return sequence_threads(B, K, N, H, limit)
+
+
+def gru_sequence_threads_for(Py_ssize_t B, Py_ssize_t H, int limit):
+    """gru_sequence_threads: the threads a float32 training loop of a GRU asks
+    of the budget (for the tests)."""
+    return gru_sequence_threads(B, H, limit)
 
 
 def sequence_patient_for(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, int n_threads):
@@ -429,18 +429,14 @@ def thread_budget_in_use():
 
 
 cdef enum:
-    # Multiply-adds of one step's products per thread below which a further
-    # thread costs more (its share of the step's barrier) than it saves
-    # (measured on a loaded 2-core machine: LSTM forward 50,1,128,128 0.69 ms
-    # on 1 thread, 15.6 ms on 2 with 2^17 multiply-adds per step and thread;
-    # 50,4,128,128 1.06 ms on 1, 12.3 ms on 2 with 2^18).
-    PACKED_WORK_PER_THREAD = 1 << 20
-    # The LSTM's and the reset-after GRU's training loops of 2+ rows
-    # (sequence_threads), and the TF GRU's at every batch size
-    # (tf_gru_sequence_threads, _gru.pxi), whose steps shed a partner thread
-    # that stalls (step_barrier) and hoist the input projection: a second
-    # thread from 2^16 multiply-adds of a step's recurrent product (B x H x
-    # 4H, 3H for the GRUs). Measured on the LSTM on a quiet 2-core Zen 4 VM, T=50, I=H,
+    # The training loops' threads: the LSTM's and the reset-after GRU's of 2+
+    # rows (sequence_threads), the TF GRU's and the projected LSTM's at every
+    # batch size (gru_sequence_threads, lstm_proj_step_threads), whose
+    # steps shed a partner thread that stalls (step_barrier): a second thread
+    # from 2^16 multiply-adds of a step's recurrent products (B x H x 4H, 3H
+    # for the GRUs, B x P x 5H projected). (Until stops 46-47 they asked for one
+    # thread per 2^20, measured on a loaded machine before any loop could
+    # shed: LSTM forward 50,1,128,128 0.69 ms on 1 thread, 15.6 ms on 2.) Measured on the LSTM on a quiet 2-core Zen 4 VM, T=50, I=H,
     # 2 threads / 1 (forward, backward): batch 2 H=128 0.70, 0.78;
     # batch 4 H=64 0.92, 0.91; batch 8 H=64 0.85, 0.87, H=128 0.65, 0.85;
     # batch 16 H=128 backward 0.79; below 2^16, batch 8 H=32 1.13, 1.11 and
@@ -459,13 +455,13 @@ cdef enum:
     PACKED_MIN_ROWS = 2
 
 
-cdef inline int packed_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
-                               int limit) noexcept nogil:
-    """Threads a sequence call's per-step products [B, K] @ [K, N] over H
-    cells can use: one per PACKED_WORK_PER_THREAD multiply-adds, at most one
-    per 16-cell panel, at most `limit`, at least 1."""
-    cdef Py_ssize_t n = min(B * K * N // PACKED_WORK_PER_THREAD, (H + BRNN_NR - 1) // BRNN_NR)
-    return <int>max(1, min(n, limit))
+cdef inline int step_threads(Py_ssize_t step_work, Py_ssize_t per_thread, Py_ssize_t H,
+                             int limit) noexcept nogil:
+    """Threads a loop whose steps take step_work multiply-adds, split by
+    16-column panels of H, asks of the budget: one per per_thread of them, at
+    most one per panel, at most `limit`, at least 1."""
+    return <int>max(1, min(step_work // per_thread, (H + BRNN_NR - 1) // BRNN_NR,
+                           <Py_ssize_t>limit))
 
 
 cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
@@ -478,17 +474,29 @@ cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
 
 cdef inline int sequence_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
                                  int limit) noexcept nogil:
-    """Threads a float32 training loop of the LSTM or the reset-after GRU asks
-    of the budget, its steps' recurrent product [B, K] @ [K, N] over H cells
-    (the input projection is hoisted out of the steps): one per
-    INFER_WORK_PER_THREAD multiply-adds of a step at batch 1 (the inference
-    forward's rule for its one-row steps: the LSTM's loops), per
-    SEQUENCE_WORK_PER_THREAD from 2 rows on (their gate math by rows adds a
-    barrier, gates_by_rows); at most one per 16-cell panel, at most `limit`,
-    at least 1."""
-    cdef Py_ssize_t per = INFER_WORK_PER_THREAD if B == 1 else SEQUENCE_WORK_PER_THREAD
-    return <int>max(1, min(B * K * N // per, (H + BRNN_NR - 1) // BRNN_NR,
-                           <Py_ssize_t>limit))
+    """Threads a float32 training loop of the LSTM asks of the budget, its
+    steps' recurrent product [B, K] @ [K, N] over H cells (the input
+    projection is hoisted out of the steps): one per INFER_WORK_PER_THREAD
+    multiply-adds of a step at batch 1 (the inference forward's rule for its
+    one-row steps), per SEQUENCE_WORK_PER_THREAD from 2 rows on (their gate
+    math by rows adds a barrier, gates_by_rows); at most one per 16-cell
+    panel, at most `limit`, at least 1."""
+    return step_threads(B * K * N,
+                        INFER_WORK_PER_THREAD if B == 1 else SEQUENCE_WORK_PER_THREAD, H, limit)
+
+
+cdef inline int gru_sequence_threads(Py_ssize_t B, Py_ssize_t H, int limit) noexcept nogil:
+    """Threads a float32 training loop of a GRU asks of the budget (TF's and
+    the reset-after GRU's, forward and backward): one per
+    SEQUENCE_WORK_PER_THREAD multiply-adds of a step's recurrent products
+    (B x H x 3H) at every batch size, batch 1 included (unlike the LSTM's,
+    sequence_threads); at most one per 16-cell panel, at most `limit`, at
+    least 1. Batch 1, T=50, I=H, quiet 2-core Zen 4 VM, forward p25 2 threads
+    / 1, calls alternating in one process: TF GRU (two barriers a step)
+    H=128 1.07-1.23 (kept on 1), H=160 1.04, H=192 0.99, H=224 0.88, H=256
+    0.76; reset-after GRU H=128 1.15-1.16 (kept on 1), H=160 0.95, H=192
+    0.94, H=256 0.73."""
+    return step_threads(B * H * 3 * H, SEQUENCE_WORK_PER_THREAD, H, limit)
 
 
 cdef inline bint patient_with_stalls(Py_ssize_t step_work, int n_threads) noexcept nogil:

@@ -26,6 +26,7 @@ from threadpoolctl import threadpool_limits
 
 import blockrnn
 from blockrnn import _kernels
+from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
 
 # T, B, I, H: large enough for every route (several threads in the reverse loop,
 # the GEMM driver after it); batch 1 (GEMV steps, packed input projection); H
@@ -154,16 +155,10 @@ def test_concurrent_callers_change_no_bit(dtype, callers):
 
 def _shedding_ops(p, cell):
     """run(lengths) -> (forward outputs, gradients) of the float32 sequence op `cell`
-    ("lstm": block_lstm_v2, "gru": the reset-after GRU, "tf_gru": block_gru), and its
-    steps' recurrent product's gate count (4 or 3)."""
-    T = p["T"]
-    if cell == "tf_gru":
-        args = (T, p["x"], p["h"], p["w_ru"], p["w_c"], p["b_ru"], p["b_c"])
-
-        def run(lengths):
-            f = blockrnn.block_gru(*args, sequence_length=lengths)
-            return f, blockrnn.block_gru_grad(*args, *f, p["dh"], sequence_length=lengths)
-        return run, 3
+    ("lstm": block_lstm_v2, "gru": the reset-after GRU, "tf_gru": block_gru,
+    "lstm_proj": block_lstm_proj with P = H / 2); the threads its time loops ask of a
+    budget of 2; and its step's recurrent product (K, N) (sequence_patient)."""
+    T, B, H = p["T"], p["h"].shape[0], p["h"].shape[1]
     if cell == "lstm":
         args = (T, p["x"], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
 
@@ -171,38 +166,53 @@ def _shedding_ops(p, cell):
             f = blockrnn.block_lstm_v2(*args, use_peephole=True, sequence_length=lengths)
             return f, blockrnn.block_lstm_grad_v2(*args, *f, p["dcs"], p["dh"],
                                                   use_peephole=True, sequence_length=lengths)
-        return run, 4
+        return run, [_kernels.sequence_threads_for(B, H, 4 * H, H, 2),
+                     _kernels.sequence_threads_for(B, 4 * H, H, H, 2)], (H, 4 * H)
+    if cell == "tf_gru":
+        args = (T, p["x"], p["h"], p["w_ru"], p["w_c"], p["b_ru"], p["b_c"])
+
+        def run(lengths):
+            f = blockrnn.block_gru(*args, sequence_length=lengths)
+            return f, blockrnn.block_gru_grad(*args, *f, p["dh"], sequence_length=lengths)
+        return run, [_kernels.gru_sequence_threads_for(B, H, 2)], (H, 3 * H)
+    if cell == "lstm_proj":
+        P = H // 2
+        rng = np.random.default_rng(7)
+        r = lambda *s: rng.uniform(-1, 1, s).astype(np.float32) / 4  # noqa: E731
+        args = (T, p["x"], p["h"][:, :P], p["cs"], p["w"][:p["x"].shape[2]].T.copy(),
+                r(4 * H, P), p["b"], r(4 * H), r(P, H))
+        dh = p["dh"][:, :, :P].copy()
+
+        def run(lengths):
+            f = block_lstm_proj(*args, sequence_length=lengths)
+            return f, block_lstm_proj_grad(*args, *f, p["dcs"], dh,
+                                                    sequence_length=lengths)
+        return run, [_kernels.lstm_proj_step_threads_for(B, H, P, 2)], (P, 5 * H)
     args = (T, p["x"], p["h"], p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"])
 
     def run(lengths):
         f = blockrnn.block_gru_reset_after(*args, sequence_length=lengths)
         return f, blockrnn.block_gru_reset_after_grad(*args, *f, p["dh"],
                                                       sequence_length=lengths)
-    return run, 3
+    # batch 1's backward runs its steps on the calling thread (BLAS)
+    return run, [_kernels.gru_sequence_threads_for(B, H, 2)], (H, 3 * H)
 
 
 @pytest.mark.parametrize("cell,T,B,I,H", [
-    (cell, *shape) for cell in ("lstm", "gru", "tf_gru")
-    for shape in [(20, 8, 32, 128), (20, 3, 24, 100)]] + [
-    # batch 1: the LSTM's and the TF GRU's one-row loops (the forward's; the
-    # LSTM's backward too) on 2 threads
-    ("lstm", 20, 1, 24, 256), ("tf_gru", 20, 1, 24, 256)])
+    (cell, *shape) for cell in ("lstm", "gru", "tf_gru", "lstm_proj")
+    for shape in [(20, 8, 32, 128), (20, 3, 24, 100), (20, 1, 24, 256)]])
 def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I, H):
-    """Two Python threads calling the float32 LSTM (reset-after GRU, TF GRU) forward
-    and backward at once, 150 times each: a call on 2 threads sheds its partner at a step
-    barrier whenever the other caller takes a thread of the budget (step_barrier), and
-    thread 0 goes on with every row and cell. Small batches, gate math by rows, so the
-    rows thread 0 takes over are the partner's (an LSTM backward whose shed kept thread
-    0's own rows gave wrong gradients in ~20% of such calls)."""
+    """Two Python threads calling a float32 sequence op's forward and backward at once,
+    150 times each: a call on 2 threads sheds its partner at a step barrier whenever
+    the other caller takes a thread of the budget (step_barrier), and thread 0 goes on
+    with every row and cell. Small batches, gate math by rows, so the rows thread 0
+    takes over are the partner's (an LSTM backward whose shed kept thread 0's own rows
+    gave wrong gradients in ~20% of such calls); batch 1, the one-row loops."""
     p = _problem(T, B, I, H, np.float32, seed=5)
-    run, gates = _shedding_ops(p, cell)
-    if cell == "tf_gru":
-        assert _kernels.tf_gru_sequence_threads_for(B, H, 2) == 2
-    else:
-        assert _kernels.sequence_threads_for(B, H, gates * H, H, 2) == 2
-        assert _kernels.sequence_threads_for(B, gates * H, H, H, 2) == 2
+    run, threads, (K, N) = _shedding_ops(p, cell)
+    assert threads and all(n == 2 for n in threads)
     assert _kernels.gates_by_rows_for(B, 2) == (B > 1)
-    assert not _kernels.sequence_patient_for(B, H, gates * H, 2)   # sheds at a first stall
+    assert not _kernels.sequence_patient_for(B, K, N, 2)   # sheds at a first stall
     cases = [None, p["lengths"]]
     want = [run(lengths) for lengths in cases]
 
@@ -231,17 +241,22 @@ def test_training_loops_are_patient_only_with_long_steps():
     assert not _kernels.sequence_patient_for(32, 256, 4 * 256, 8)   # 2^20 a thread
 
 
-def test_tf_gru_loops_take_a_second_thread_from_2_16_multiply_adds():
-    """The TF GRU's training loops (two barriers a step) ask one thread per 2^15
-    multiply-adds of a step's recurrent products B x H x 3H at every batch size:
-    batch 1 at H = 128 stays on one thread, where two were slower."""
-    assert _kernels.tf_gru_sequence_threads_for(1, 128, 2) == 1
-    assert _kernels.tf_gru_sequence_threads_for(1, 256, 2) == 2
-    assert _kernels.tf_gru_sequence_threads_for(8, 32, 2) == 1   # 24576
-    assert _kernels.tf_gru_sequence_threads_for(2, 128, 2) == 2
-    assert _kernels.tf_gru_sequence_threads_for(8, 128, 1) == 1
-    assert _kernels.tf_gru_sequence_threads_for(8, 128, 8) == 8
-    assert _kernels.tf_gru_sequence_threads_for(64, 40, 8) == 3   # 3 panels of 16
+def test_gru_and_projected_lstm_loops_take_a_second_thread_from_2_16_multiply_adds():
+    """The GRUs' training loops ask one thread per 2^15 multiply-adds of a step's
+    recurrent products B x H x 3H at every batch size: batch 1 at H = 128 stays on
+    one thread, where two were slower (the LSTM's batch-1 loops take two). The
+    projected LSTM's likewise on B x P x 5H, split by panels of P."""
+    assert _kernels.sequence_threads_for(1, 128, 4 * 128, 128, 2) == 2
+    assert _kernels.gru_sequence_threads_for(1, 128, 2) == 1
+    assert _kernels.gru_sequence_threads_for(1, 256, 2) == 2
+    assert _kernels.gru_sequence_threads_for(8, 32, 2) == 1   # 24576
+    assert _kernels.gru_sequence_threads_for(2, 128, 2) == 2
+    assert _kernels.gru_sequence_threads_for(8, 128, 1) == 1
+    assert _kernels.gru_sequence_threads_for(8, 128, 8) == 8
+    assert _kernels.gru_sequence_threads_for(64, 40, 8) == 3   # 3 panels of 16
+    assert _kernels.lstm_proj_step_threads_for(1, 256, 128, 2) == 2   # 163840
+    assert _kernels.lstm_proj_step_threads_for(1, 128, 32, 2) == 1    # 20480
+    assert _kernels.lstm_proj_step_threads_for(8, 256, 40, 8) == 3    # 3 panels of P
 
 
 def test_the_shapes_reach_the_threaded_routes():

@@ -243,11 +243,13 @@ def _run32(shape, seed, lengths):
 
 
 def test_the_shapes_below_do_run_on_several_threads():
-    assert _kernels.packed_threads_for(24, 60 + 200, 3 * 200, 200, 4) == 3   # forward
-    assert _kernels.packed_threads_for(24, 3 * 200, 200, 200, 4) == 2        # backward
-    assert _kernels.packed_threads_for(2, 64 + 600, 3 * 600, 600, 4) == 2
+    """The training loops' rule (gru_sequence_threads on a step's recurrent product)."""
+    assert _kernels.gru_sequence_threads_for(24, 200, 4) == 4      # forward, backward
+    assert _kernels.gru_sequence_threads_for(2, 600, 4) == 4
+    assert _kernels.gru_sequence_threads_for(3, 37, 4) == 1
     assert _kernels.packed_input_threads_for(64, 320, 3 * 160, 160, 4) == 2  # batch 1
-    assert _kernels.packed_threads_for(1, 848, 3 * 848, 848, 4) == 2         # its steps
+    assert _kernels.gru_sequence_threads_for(1, 160, 4) == 2       # its steps
+    assert _kernels.gru_sequence_threads_for(1, 848, 4) == 4
 
 
 @pytest.mark.parametrize("shape", THREAD_SHAPES, ids=lambda s: "x".join(map(str, s)))

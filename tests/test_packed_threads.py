@@ -66,18 +66,19 @@ def test_large_enough_calls_do_run_on_several_threads():
     """The shapes above reach the threaded route (else the test above checks nothing)."""
     if _kernels.openmp_max_threads() < 2 and blockrnn.build_config()["usable_cpus"] < 2:
         pytest.fail("this machine runs one thread: the thread-count test proves nothing")
-    assert _kernels.packed_threads_for(13, 20 + 200, 4 * 200, 200, 4) == 2
-    assert _kernels.packed_threads_for(2, 64 + 600, 4 * 600, 600, 4) == 3
-    assert _kernels.packed_threads_for(7, 5 + 100, 4 * 100, 100, 4) == 1
-    assert _kernels.packed_threads_for(4, 128 + 128, 4 * 128, 128, 4) == 1
-    assert _kernels.packed_threads_for(13, 20 + 200, 3 * 200, 200, 4) == 1   # GRU
-    assert _kernels.packed_threads_for(24, 60 + 200, 3 * 200, 200, 4) == 3   # GRU
-    assert _kernels.packed_threads_for(24, 3 * 200, 200, 200, 4) == 2   # GRU backward
+    # the LSTM's loops: its steps' recurrent product B x H x 4H (forward), B x 4H x H
+    for B, H in [(13, 200), (2, 600), (7, 100), (24, 200), (1, 848)]:
+        assert _kernels.sequence_threads_for(B, H, 4 * H, H, 4) == 4
+        assert _kernels.sequence_threads_for(B, 4 * H, H, H, 4) == 4
+    assert _kernels.sequence_threads_for(3, 37, 4 * 37, 37, 4) == 1
+    # TensorFlow's GRU's loops (block_gru), forward and backward
+    for B, H in [(13, 200), (2, 600), (7, 100), (24, 200), (1, 848)]:
+        assert _kernels.gru_sequence_threads_for(B, H, 4) == 4
+    assert _kernels.gru_sequence_threads_for(3, 37, 4) == 1
+    assert _kernels.gru_sequence_threads_for(1, 160, 4) == 2   # 76800 multiply-adds
     assert _kernels.packed_input_threads_for(64, 320, 4 * 160, 160, 4) == 3   # batch 1
     assert _kernels.packed_input_threads_for(64, 320, 3 * 160, 160, 4) == 2   # GRU
     assert _kernels.packed_input_threads_for(50, 128, 4 * 128, 128, 4) == 1   # bench
-    assert _kernels.packed_threads_for(1, 848, 4 * 848, 848, 4) == 2   # batch-1 steps
-    assert _kernels.packed_threads_for(1, 848, 3 * 848, 848, 4) == 2   # GRU
 
 
 def test_concurrent_callers_give_the_serial_bits():
