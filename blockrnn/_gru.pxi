@@ -453,8 +453,8 @@ cdef void gru_forward_packed_half(
     x[t] @ W_x already): the product's columns of the cells [u0, u1), then
     with rows_bar the gate math of the rows [r0, r1), every cell, after a
     barrier of the nt threads (within the step's shedding barrier step_bar);
-    without, that of the cells [u0, u1), every row. Packed block q (r, u, c) starts at packed + q * ps: its x rows, then
-    at + psx its h rows."""
+    without, that of the cells [u0, u1), every row. Packed block q (r, u, c)
+    starts at packed + q * ps: its x rows, then at + psx its h rows."""
     cdef Py_ssize_t BH = B * H, row, k
     if u1 > u0:
         if half == 0:

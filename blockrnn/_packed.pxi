@@ -429,20 +429,21 @@ def thread_budget_in_use():
 
 
 cdef enum:
-    # The training loops' threads: the LSTM's and the reset-after GRU's of 2+
-    # rows (sequence_threads), the TF GRU's and the projected LSTM's at every
-    # batch size (gru_sequence_threads, lstm_proj_step_threads), whose
-    # steps shed a partner thread that stalls (step_barrier): a second thread
-    # from 2^16 multiply-adds of a step's recurrent products (B x H x 4H, 3H
-    # for the GRUs, B x P x 5H projected). (Until stops 46-47 they asked for one
-    # thread per 2^20, measured on a loaded machine before any loop could
-    # shed: LSTM forward 50,1,128,128 0.69 ms on 1 thread, 15.6 ms on 2.) Measured on the LSTM on a quiet 2-core Zen 4 VM, T=50, I=H,
-    # 2 threads / 1 (forward, backward): batch 2 H=128 0.70, 0.78;
-    # batch 4 H=64 0.92, 0.91; batch 8 H=64 0.85, 0.87, H=128 0.65, 0.85;
-    # batch 16 H=128 backward 0.79; below 2^16, batch 8 H=32 1.13, 1.11 and
-    # batch 2 H=64 backward 1.14. With a busy process on the other core the
-    # 2-thread call sheds at its first stall: batch 8 H=128 1.06x, 1.07x the
-    # one-thread time (1.41x, 1.25x when patient).
+    # The training loops' threads: the LSTM's of 2+ rows (sequence_threads),
+    # the GRUs' and the projected LSTM's at every batch size
+    # (gru_sequence_threads, lstm_proj_step_threads), whose steps shed a
+    # partner thread that stalls (step_barrier): a second thread from 2^16
+    # multiply-adds of a step's recurrent products (B x H x 4H, 3H for the
+    # GRUs, B x P x 5H projected). Measured on the LSTM on a quiet 2-core
+    # Zen 4 VM, T=50, I=H, 2 threads / 1 (forward, backward): batch 2 H=128
+    # 0.70, 0.78; batch 4 H=64 0.92, 0.91; batch 8 H=64 0.85, 0.87, H=128
+    # 0.65, 0.85; batch 16 H=128 backward 0.79; below 2^16, batch 8 H=32 1.13,
+    # 1.11 and batch 2 H=64 backward 1.14. With a busy process on the other
+    # core the 2-thread call sheds at its first stall: batch 8 H=128 1.06x,
+    # 1.07x the one-thread time (1.41x, 1.25x when patient). (Until stops
+    # 46-47 the loops asked for one thread per 2^20, measured on a loaded
+    # machine before any loop could shed: LSTM forward 50,1,128,128 0.69 ms
+    # on 1 thread, 15.6 ms on 2.)
     SEQUENCE_WORK_PER_THREAD = 1 << 15
     # Sequence calls of fewer rows do not run the tiled route: at one row a
     # tile is one FMA chain per panel (a GEMV per step beat it: 0.60 vs 0.82 ms
