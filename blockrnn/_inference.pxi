@@ -149,10 +149,8 @@ cdef inline int inference_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_s
     """Threads a call asks of the budget: one per work_per_thread multiply-adds
     of a step (B x (H, + I unless hoisted) x G; 0: no limit), at most one per
     16-cell panel, at most max_threads, at least 1."""
-    cdef Py_ssize_t n = (H + BRNN_NR - 1) // BRNN_NR
-    if work_per_thread > 0:
-        n = min(n, infer_step_work(L, B, I, H, G) // work_per_thread)
-    return <int>max(1, min(n, <Py_ssize_t>max_threads))
+    return step_threads(infer_step_work(L, B, I, H, G), max(work_per_thread, 1), H,
+                        max_threads)
 
 
 def inference_threads_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
