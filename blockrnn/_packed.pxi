@@ -583,10 +583,8 @@ cdef inline int packed_input_threads(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t N
                                      int limit) noexcept nogil:
     """Threads packed_inputs asks of the budget for [rows, I] @ [I, N] over H
     cells: one per PACKED_INPUT_WORK_PER_THREAD multiply-adds, at most one per
-    16-cell panel, at most `limit`, at least 1."""
-    cdef Py_ssize_t n = min(rows * I * N // PACKED_INPUT_WORK_PER_THREAD,
-                            (H + BRNN_NR - 1) // BRNN_NR)
-    return <int>max(1, min(n, limit))
+    16-cell panel, at most `limit`, at least 1 (step_threads)."""
+    return step_threads(rows * I * N, PACKED_INPUT_WORK_PER_THREAD, H, limit)
 
 
 cdef void packed_inputs(
