@@ -27,7 +27,11 @@
 # 110-113 on one; reset-after GRU 55-56 -> 51-53 on 2, 81-83 -> 78-81 on one.
 #
 # Threads: ONE parallel region per call on up to max_threads threads from the
-# thread budget (brnn_budget_take), also at batch 1: each thread owns whole
+# thread budget (brnn_budget_take), also at batch 1. From 4 rows a thread
+# (infer_split) each thread runs every step of its own block of rows, with no
+# barrier in the time loop (infer_split_part: a thread that another caller
+# needs, or that is behind when thread 0 is done, leaves at the end of a step
+# and the caller runs the rest of its rows). Otherwise each thread owns whole
 # 16-cell panels (unit_start) of the products; one barrier per step (two for
 # the TF GRU, whose c product reads every cell's r * h), and from batch 2 on
 # (gates_by_rows) one more after each product, before the gate math, which
@@ -201,6 +205,21 @@ ctypedef struct InferCall:
 
 ctypedef void (*infer_part_fn)(const InferCall* c, int tid, int nt, brnn_barrier* bar,
                                brnn_barrier* rows_bar, int cores) noexcept nogil
+# A family's pieces of a call split by rows (infer_split_part): the hoisted
+# input projection of the [L*B] rows [f0, f1), every gate column; step t of
+# the batch rows [r0, r1), every cell, on the calling thread alone.
+ctypedef void (*infer_inputs_fn)(const InferCall* c, Py_ssize_t f0,
+                                 Py_ssize_t f1) noexcept nogil
+ctypedef void (*infer_rows_fn)(const InferCall* c, Py_ssize_t t, Py_ssize_t r0,
+                               Py_ssize_t r1) noexcept nogil
+
+
+# One family's functions of a call (set by its class).
+ctypedef struct InferFamily:
+    infer_part_fn part            # the split by cells (one barrier or more a step)
+    infer_inputs_fn inputs        # the split by rows: the hoisted projection
+    infer_rows_fn rows            #                    and the steps of some rows
+    int nq                        # gate blocks of H columns: 4 (LSTM) or 3 (GRUs)
 
 
 cdef inline bint last_step(const int64_t* lengths, Py_ssize_t row, Py_ssize_t t,
@@ -220,8 +239,8 @@ cdef void lstm_infer_step(
         GateOffsets off, const float* packed, const float* b,
         const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint peep, const int64_t* lengths,
-        const float* x, const float* h_in, const float* c_in, bint hoisted,
-        const float* gates, float* xg, float* g, float* c_out, float* y,
+        const float* xt, const float* h_in, const float* c_in, bint hoisted,
+        const float* gates, float* xg, float* g, float* c_out, float* yt,
         float* h_n, float* c_n, Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
         brnn_barrier* rows_bar, int nt, brnn_barrier* step_bar) noexcept nogil:
     """Step t for the cells [u0, u1): xg = x[t] @ W_x (unless hoisted: then xg
@@ -238,11 +257,10 @@ cdef void lstm_infer_step(
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* xr
     cdef float* gr
-    cdef float* yt = y + t * B * H
     cdef float gp[64]   # one panel's gate columns: [4, 16], W's gate order
     if nu > 0 and not hoisted:
         for q in range(4):
-            step_product(B, I, x + t * B * I, I, packed + 4 * ps + q * psx, u0, u1, False,
+            step_product(B, I, xt, I, packed + 4 * ps + q * psx, u0, u1, False,
                          xg + q * H, G4)
     if gates != NULL:   # batch 1: every step t < L = lengths[0] is valid
         if nu <= 0:
@@ -317,15 +335,41 @@ cdef void lstm_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* bar
         infer_inputs(L * B, I, H, 4, c.x, c.packed + 4 * ps, psx, xg, u0, u1)
     for t in range(L):
         lstm_infer_step(t, L, B, I, H, c.off, c.packed, c.b1, c.wci, c.wcf, c.wco,
-                        c.forget_bias, c.cell_clip, c.peep, c.lengths, c.x,
+                        c.forget_bias, c.cell_clip, c.peep, c.lengths, c.x + t * B * I,
                         c.h0 if t == 0 else c.y + (t - 1) * BH,
                         c.c0 if t == 0 else cbuf + ((t - 1) % 2) * BH, hoisted, c.wide,
-                        xg + t * xstep, g, cbuf + (t % 2) * BH, c.y, c.h_n, c.c_n,
+                        xg + t * xstep, g, cbuf + (t % 2) * BH, c.y + t * BH, c.h_n, c.c_n,
                         u0, u1, r0, r1, rows_bar if nt > 1 and by_rows else NULL, nt, bar)
         if step_end(bar, nt, cores, patient):
             if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
                 break
             nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+
+
+cdef void lstm_infer_inputs(const InferCall* c, Py_ssize_t f0, Py_ssize_t f1) noexcept nogil:
+    """The hoisted input projection of the [L*B] rows [f0, f1) (infer_split_part)."""
+    cdef Py_ssize_t H = c.H, G4 = 4 * H
+    infer_inputs(f1 - f0, c.K, H, 4, c.x + f0 * c.K, c.packed + 4 * brnn_packed_size(H, H),
+                 brnn_packed_size(c.K, H), c.ws + c.B * G4 + 2 * c.B * H + f0 * G4, 0, H)
+
+
+cdef void lstm_infer_rows(const InferCall* c, Py_ssize_t t, Py_ssize_t r0,
+                          Py_ssize_t r1) noexcept nogil:
+    """Step t of the rows [r0, r1), every cell, no barrier (infer_split_part):
+    lstm_infer_step on those rows' blocks of every array (workspace as
+    lstm_infer_part's)."""
+    cdef Py_ssize_t B = c.B, H = c.H, BH = B * H, G4 = 4 * H, o = r0 * H
+    cdef float* g = c.ws
+    cdef float* cbuf = g + B * G4
+    cdef float* xg = cbuf + 2 * BH
+    if infer_hoisted(c.L, B, G4):
+        xg += t * B * G4
+    lstm_infer_step(t, c.L, r1 - r0, c.K, H, c.off, c.packed, c.b1, c.wci, c.wcf, c.wco,
+                    c.forget_bias, c.cell_clip, c.peep, lengths_from(c.lengths, r0),
+                    c.x + (t * B + r0) * c.K, (c.h0 if t == 0 else c.y + (t - 1) * BH) + o,
+                    (c.c0 if t == 0 else cbuf + ((t - 1) % 2) * BH) + o, infer_hoisted(c.L, B, G4),
+                    NULL, xg + r0 * G4, g + r0 * G4, cbuf + (t % 2) * BH + o, c.y + t * BH + o,
+                    c.h_n + o, c.c_n + o, 0, H, 0, r1 - r0, NULL, 1, NULL)
 
 
 # ---------------------------------------------------------------------------
@@ -335,8 +379,8 @@ cdef void lstm_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* bar
 cdef void gru_infer_half(
         int half, Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed, const float* b_ru, const float* b_c, const int64_t* lengths,
-        const float* x, const float* h_in, bint hoisted, const float* wide, float* xg,
-        float* ru, float* rh, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1,
+        const float* xt, const float* h_in, bint hoisted, const float* wide, float* xg,
+        float* ru, float* rh, float* yt, float* h_n, Py_ssize_t u0, Py_ssize_t u1,
         Py_ssize_t r0, Py_ssize_t r1, brnn_barrier* rows_bar, int nt,
         brnn_barrier* step_bar) noexcept nogil:
     """Half 0 or 1 of step t, as gru_forward_packed_half but into the scratch
@@ -350,12 +394,11 @@ cdef void gru_infer_half(
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     cdef Py_ssize_t psh = brnn_packed_size(H, H)
     cdef bint w1 = wide != NULL
-    cdef Py_ssize_t BH = B * H, H3 = 3 * H, row, k, kx, nu, q
-    cdef float* yt = y + t * BH
+    cdef Py_ssize_t H3 = 3 * H, row, k, kx, nu, q
     if u1 > u0 and half == 0:
         if not hoisted:
             for q in range(3):
-                step_product(B, I, x + t * B * I, I, packed + q * ps, u0, u1, False,
+                step_product(B, I, xt, I, packed + q * ps, u0, u1, False,
                              xg + q * H, H3)
         recurrent_product(B, H, h_in, wide if w1 else packed + psx, w1, H, u0, u1, False,
                           ru, 2 * H)
@@ -413,9 +456,9 @@ cdef void gru_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* bar,
         infer_inputs(L * B, I, H, 3, c.x, c.packed, ps, xg, u0, u1)
     for t in range(L):
         for half in range(2):
-            gru_infer_half(half, t, L, B, I, H, c.packed, c.b1, c.b2, c.lengths, c.x,
-                           c.h0 if t == 0 else c.y + (t - 1) * BH, hoisted, c.wide,
-                           xg + t * xstep, ru, rh, c.y, c.h_n, u0, u1, r0, r1,
+            gru_infer_half(half, t, L, B, I, H, c.packed, c.b1, c.b2, c.lengths,
+                           c.x + t * B * I, c.h0 if t == 0 else c.y + (t - 1) * BH, hoisted,
+                           c.wide, xg + t * xstep, ru, rh, c.y + t * BH, c.h_n, u0, u1, r0, r1,
                            rows_bar if nt > 1 and by_rows else NULL, nt, bar)
             if half == 0 and nt > 1:
                 brnn_barrier_wait(bar, nt)
@@ -425,6 +468,34 @@ cdef void gru_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* bar,
             nt, u0, u1, r0, r1 = 1, 0, H, 0, B
 
 
+cdef void gru_infer_inputs(const InferCall* c, Py_ssize_t f0, Py_ssize_t f1) noexcept nogil:
+    """The hoisted input projection of the [L*B] rows [f0, f1) (infer_split_part)."""
+    cdef Py_ssize_t H = c.H
+    infer_inputs(f1 - f0, c.K, H, 3, c.x + f0 * c.K, c.packed,
+                 brnn_packed_size(c.K, H) + brnn_packed_size(H, H),
+                 c.ws + 4 * c.B * H + f0 * 3 * H, 0, H)
+
+
+cdef void gru_infer_rows(const InferCall* c, Py_ssize_t t, Py_ssize_t r0,
+                         Py_ssize_t r1) noexcept nogil:
+    """Step t of the rows [r0, r1), every cell, no barrier (infer_split_part):
+    both halves of gru_infer_half on those rows (workspace as gru_infer_part's)."""
+    cdef Py_ssize_t B = c.B, H = c.H, BH = B * H, o = r0 * H
+    cdef float* ru = c.ws
+    cdef float* rh = c.ws + 2 * BH
+    cdef float* xg = rh + 2 * BH
+    cdef bint hoisted = infer_hoisted(c.L, B, 3 * H)
+    cdef int half
+    if hoisted:
+        xg += t * B * 3 * H
+    for half in range(2):
+        gru_infer_half(half, t, c.L, r1 - r0, c.K, H, c.packed, c.b1, c.b2,
+                       lengths_from(c.lengths, r0), c.x + (t * B + r0) * c.K,
+                       (c.h0 if t == 0 else c.y + (t - 1) * BH) + o, hoisted, NULL,
+                       xg + 3 * o, ru + 2 * o, rh + o, c.y + t * BH + o, c.h_n + o, 0, H,
+                       0, r1 - r0, NULL, 1, NULL)
+
+
 # ---------------------------------------------------------------------------
 # Reset-after GRU (nn.GRU)
 # ---------------------------------------------------------------------------
@@ -432,8 +503,8 @@ cdef void gru_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* bar,
 cdef void gru_ra_infer_step(
         Py_ssize_t t, Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed, const float* b_ih, const float* b_hh, const int64_t* lengths,
-        const float* x, const float* h_in, bint hoisted, const float* gates, float* xg,
-        float* g, float* hn, float* y, float* h_n, Py_ssize_t u0, Py_ssize_t u1,
+        const float* xt, const float* h_in, bint hoisted, const float* gates, float* xg,
+        float* g, float* hn, float* yt, float* h_n, Py_ssize_t u0, Py_ssize_t u1,
         Py_ssize_t r0, Py_ssize_t r1, brnn_barrier* rows_bar, int nt,
         brnn_barrier* step_bar) noexcept nogil:
     """Step t for the cells [u0, u1): xg = x[t] @ w_ih^T (unless hoisted),
@@ -445,11 +516,10 @@ cdef void gru_ra_infer_step(
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef float* xr
     cdef float* gr
-    cdef float* yt = y + t * B * H
     cdef float gp[48]   # one panel's gate columns: [3, 16], r, z, n
     if nu > 0 and not hoisted:
         for q in range(3):
-            step_product(B, I, x + t * B * I, I, packed + 3 * ps + q * psx, u0, u1, False,
+            step_product(B, I, xt, I, packed + 3 * ps + q * psx, u0, u1, False,
                          xg + q * H, H3)
     if gates != NULL:   # batch 1: every step t < L = lengths[0] is valid
         if nu <= 0:
@@ -507,9 +577,9 @@ cdef void gru_ra_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* b
     if hoisted:
         infer_inputs(L * B, I, H, 3, c.x, c.packed + 3 * ps, psx, xg, u0, u1)
     for t in range(L):
-        gru_ra_infer_step(t, L, B, I, H, c.packed, c.b1, c.b2, c.lengths, c.x,
+        gru_ra_infer_step(t, L, B, I, H, c.packed, c.b1, c.b2, c.lengths, c.x + t * B * I,
                           c.h0 if t == 0 else c.y + (t - 1) * BH, hoisted, c.wide,
-                          xg + t * xstep, g, hn, c.y, c.h_n, u0, u1, r0, r1,
+                          xg + t * xstep, g, hn, c.y + t * BH, c.h_n, u0, u1, r0, r1,
                           rows_bar if nt > 1 and by_rows else NULL, nt, bar)
         if step_end(bar, nt, cores, patient):
             if tid != 0:   # shed (brnn_barrier_wait_shed): thread 0 runs every cell
@@ -517,33 +587,146 @@ cdef void gru_ra_infer_part(const InferCall* c, int tid, int nt, brnn_barrier* b
             nt, u0, u1, r0, r1 = 1, 0, H, 0, B
 
 
+cdef void gru_ra_infer_inputs(const InferCall* c, Py_ssize_t f0, Py_ssize_t f1) noexcept nogil:
+    """The hoisted input projection of the [L*B] rows [f0, f1) (infer_split_part)."""
+    cdef Py_ssize_t H = c.H
+    infer_inputs(f1 - f0, c.K, H, 3, c.x + f0 * c.K, c.packed + 3 * brnn_packed_size(H, H),
+                 brnn_packed_size(c.K, H), c.ws + 4 * c.B * H + f0 * 3 * H, 0, H)
+
+
+cdef void gru_ra_infer_rows(const InferCall* c, Py_ssize_t t, Py_ssize_t r0,
+                            Py_ssize_t r1) noexcept nogil:
+    """Step t of the rows [r0, r1), every cell, no barrier (infer_split_part):
+    gru_ra_infer_step on those rows (workspace as gru_ra_infer_part's)."""
+    cdef Py_ssize_t B = c.B, H = c.H, BH = B * H, o = r0 * H
+    cdef float* g = c.ws
+    cdef float* hn = g + 3 * BH
+    cdef float* xg = hn + BH
+    cdef bint hoisted = infer_hoisted(c.L, B, 3 * H)
+    if hoisted:
+        xg += t * B * 3 * H
+    gru_ra_infer_step(t, c.L, r1 - r0, c.K, H, c.packed, c.b1, c.b2,
+                      lengths_from(c.lengths, r0), c.x + (t * B + r0) * c.K,
+                      (c.h0 if t == 0 else c.y + (t - 1) * BH) + o, hoisted, NULL, xg + 3 * o,
+                      g + 3 * o, hn + o, c.y + t * BH + o, c.h_n + o, 0, H, 0, r1 - r0, NULL,
+                      1, NULL)
+
+
 # ---------------------------------------------------------------------------
 # Running a call: one region (infer_run)
 # ---------------------------------------------------------------------------
 
-cdef int infer_run(infer_part_fn part, const InferCall* c, int want,
+cdef enum:
+    # From INFER_SPLIT_ROWS rows a thread, a call splits the batch between its
+    # threads instead of the cells (infer_split_part): each runs every step of
+    # its own rows, with no barrier in the time loop, where the split by cells
+    # waits at one or two barriers a step. Measured on the 2-core Zen 4 VM
+    # (AVX-512), T=64, I=H, 2 threads, in one process alternating the two
+    # splits (8 rounds, median of each round's p10), time by rows / by cells:
+    # LSTM B=8 H=128 0.81, B=16 H=64 0.90, B=8 H=256 1.00; reset-after GRU
+    # B=8 H=128 0.92, B=16 H=256 0.94, B=32 H=128 1.00; TF GRU B=8 H=128
+    # 0.88, B=12 H=64 0.78. At 3 rows a thread it lost (LSTM B=6 H=128 1.08):
+    # a tile of 3 rows is the packed kernel's slowest per row (one thread, us
+    # per row at B=3 / 4 / 8: 227 / 177 / 166).
+    INFER_SPLIT_ROWS = 4
+    INFER_SPLIT_MAX_THREADS = 64
+
+
+# A call split by rows: what its threads tell each other and the caller.
+ctypedef struct InferSplit:
+    int nt          # the region's threads
+    int stop        # thread 0 ran all its steps: the others stop at the end of a step
+    int over        # a thread left because another caller needed it
+    int given       # threads given back to the budget inside the region
+    Py_ssize_t resume[INFER_SPLIT_MAX_THREADS]   # thread k's rows: the first step not run
+
+
+cdef inline bint infer_split(Py_ssize_t B, int threads) noexcept nogil:
+    """Whether a call of B rows on `threads` threads splits its rows
+    (infer_split_part) rather than its cells."""
+    return 1 < threads <= INFER_SPLIT_MAX_THREADS and B >= INFER_SPLIT_ROWS * threads
+
+
+def inference_split_for(Py_ssize_t B, int threads):
+    """infer_split (for the tests)."""
+    return infer_split(B, threads)
+
+
+cdef void infer_split_part(const InferCall* c, const InferFamily* fam, int tid, int nt,
+                           brnn_barrier* bar, InferSplit* sp, int cores) noexcept nogil:
+    """Thread tid of nt's share of a call split by rows: the hoisted input
+    projection of its block of the [L*B] rows (then one barrier: a step reads
+    every thread's block), then every step of its batch rows [B*tid/nt,
+    B*(tid+1)/nt). Every row's steps run the same code whichever thread runs
+    them, so the split changes no bit. A thread other than 0 leaves at the end
+    of a step when another caller needs a thread (the budget is
+    over-committed) or thread 0 has run all its steps (its partner is behind:
+    another process holds that core, or it started late); it gives its thread
+    back, and the caller runs the rest of its rows' steps after the region
+    (infer_run)."""
+    cdef Py_ssize_t t, L = c.L, B = c.B
+    cdef Py_ssize_t r0 = tid * B // nt, r1 = (tid + 1) * B // nt
+    cdef bint over
+    if tid == 0:
+        sp.nt = nt
+    if infer_hoisted(L, B, fam.nq * c.H):
+        fam.inputs(c, tid * L * B // nt, (tid + 1) * L * B // nt)
+        brnn_barrier_wait(bar, nt)
+    for t in range(L):
+        fam.rows(c, t, r0, r1)
+        if tid != 0 and t + 1 < L:
+            over = brnn_budget_in_use() > cores
+            if over or brnn_atomic_load(&sp.stop):
+                sp.resume[tid] = t + 1
+                if over:
+                    brnn_atomic_add(&sp.over, 1)
+                brnn_atomic_add(&sp.given, 1)
+                brnn_budget_give(1)
+                return
+    sp.resume[tid] = L
+    if tid == 0:
+        brnn_atomic_add(&sp.stop, 1)
+
+
+cdef int infer_run(const InferFamily* fam, const InferCall* c, int want,
                    int max_threads) noexcept nogil:
     """One inference call: h_n (and c_n) start as h0 (c0: a row of length 0
     keeps them), then the part of each of up to `want` threads from the budget
-    (no OpenMP region at all on one: cheaper, and safe after fork), then the
-    steps past L are zeros. Returns region_end's answer."""
-    cdef int tid, granted, cores = brnn_omp_get_num_procs()
+    (no OpenMP region at all on one: cheaper, and safe after fork): split by
+    rows (infer_split) or by cells (fam.part); then the steps past L are
+    zeros. Returns 0, or 1 / 2 if it shed for another caller / for a partner
+    thread that was not running (region_end)."""
+    cdef int tid, k, granted, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar, rows_bar
-    cdef Py_ssize_t BH = c.B * c.H
+    cdef InferSplit sp
+    cdef Py_ssize_t t, BH = c.B * c.H
+    cdef int shed = 0
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
     memcpy(c.h_n, c.h0, BH * sizeof(float))
     if c.c_n != NULL:
         memcpy(c.c_n, c.c0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
-    if granted == 1:
-        part(c, 0, 1, &bar, &rows_bar, cores)
-    else:
+    if infer_split(c.B, granted):
+        memset(&sp, 0, sizeof(sp))
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()
-            part(c, tid, brnn_omp_get_num_threads(), &bar, &rows_bar, cores)
+            infer_split_part(c, fam, tid, brnn_omp_get_num_threads(), &bar, &sp, cores)
+        for k in range(1, sp.nt):   # the steps left by threads that left early
+            for t in range(sp.resume[k], c.L):
+                fam.rows(c, t, k * c.B // sp.nt, (k + 1) * c.B // sp.nt)
+        brnn_budget_give(granted - sp.given)
+        shed = 1 if sp.over else 0
+    else:
+        if granted == 1:
+            fam.part(c, 0, 1, &bar, &rows_bar, cores)
+        else:
+            with parallel(num_threads=granted):
+                tid = brnn_omp_get_thread_num()
+                fam.part(c, tid, brnn_omp_get_num_threads(), &bar, &rows_bar, cores)
+        shed = region_end(&bar, granted)
     memset(c.y + c.L * BH, 0, (c.T - c.L) * BH * sizeof(float))
-    return region_end(&bar, granted)
+    return shed
 
 
 # ---------------------------------------------------------------------------
@@ -711,8 +894,8 @@ cdef class _PackedBase:
     # and for a user who wonders.
     cdef readonly int last_threads
     cdef PlanRule last_rule
-    # The family: its threads' part of a call, its gate columns (4H, 3H).
-    cdef infer_part_fn part
+    # The family: its functions of a call (InferFamily), its gate columns (4H, 3H).
+    cdef InferFamily family
     cdef Py_ssize_t gate_cols
 
     @property
@@ -904,7 +1087,7 @@ cdef class _PackedBase:
         c.c_n = fdata(finals[1]) if ns == 2 else NULL
         c.wide = self._wide_for(B)
         with nogil:
-            self._ran(plan, infer_run(self.part, &c, plan.threads, nt))
+            self._ran(plan, infer_run(&self.family, &c, plan.threads, nt))
         PyMem_RawFree(ws_block)
         return _stored(xd, (y, *finals))
 
@@ -979,7 +1162,8 @@ cdef class PackedLSTMWeights(_PackedBase):
         self.packings = 1
         self.work_per_thread = work_per_thread
         self.idle_ns = idle_ns
-        self.part, self.gate_cols = lstm_infer_part, 4 * self.hidden_size
+        self.family = InferFamily(lstm_infer_part, lstm_infer_inputs, lstm_infer_rows, 4)
+        self.gate_cols = 4 * self.hidden_size
 
     cdef Py_ssize_t _workspace(self, Py_ssize_t L, Py_ssize_t B) noexcept nogil:
         return lstm_infer_workspace(L, B, self.hidden_size)
@@ -1032,7 +1216,8 @@ cdef class PackedGRUWeights(_PackedBase):
         self.packings = 1
         self.work_per_thread = work_per_thread
         self.idle_ns = idle_ns
-        self.part, self.gate_cols = gru_infer_part, 3 * self.hidden_size
+        self.family = InferFamily(gru_infer_part, gru_infer_inputs, gru_infer_rows, 3)
+        self.gate_cols = 3 * self.hidden_size
 
     @property
     def nbytes(self):
@@ -1077,7 +1262,8 @@ cdef class PackedGRUResetAfterWeights(_PackedBase):
         self.packings = 1
         self.work_per_thread = work_per_thread
         self.idle_ns = idle_ns
-        self.part, self.gate_cols = gru_ra_infer_part, 3 * self.hidden_size
+        self.family = InferFamily(gru_ra_infer_part, gru_ra_infer_inputs, gru_ra_infer_rows, 3)
+        self.gate_cols = 3 * self.hidden_size
 
     cdef Py_ssize_t _workspace(self, Py_ssize_t L, Py_ssize_t B) noexcept nogil:
         return gru_infer_workspace(L, B, self.hidden_size)

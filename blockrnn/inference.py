@@ -37,7 +37,8 @@ on the number of threads. A call asks for one thread per 12288 multiply-adds
 of a step (``work_per_thread``; 0: one per 16-cell panel), at most
 ``max_threads``: a lone batch-1 request runs on 2 cores from H = 96, batch 8
 from H = 64 (0.44-0.82x the time of one thread at T = 64 on a quiet 2-core
-Zen 5). A call gives its extra threads back at the end of a step when another
+Zen 5). From 4 rows a thread each thread runs every step of its own rows (no
+barrier in the time loop); below, the threads split the cells of every step. A call gives its extra threads back at the end of a step when another
 caller needs one, or when a partner thread waited for over 1 ms (another process
 holds its core); after the latter the object runs its calls on one thread for a
 spell, then tries again (``sheds`` counts the calls that shed): 4 ms, doubled up

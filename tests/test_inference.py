@@ -236,20 +236,49 @@ def test_inference_thread_rule_and_a_concurrent_caller():
     assert _kernels.thread_budget_in_use() == 0
 
 
+@pytest.mark.parametrize("name,make", LAYERS)
+def test_calls_split_by_rows_keep_the_bits(name, make):
+    """From 4 rows a thread (infer_split) a call splits its batch rows between its
+    threads, with no barrier in the time loop: y and the final states are still the
+    training forward's at 1-4 threads, with and without lengths (rows of length 0 and
+    T in the first and the last thread's block), the input projection hoisted (B < 12)
+    or in each step."""
+    split = _kernels.inference_split_for
+    assert split(8, 2) and split(16, 4) and split(64, 2)
+    assert not split(7, 2) and not split(15, 4) and not split(64, 1)
+    layer = make(np.float32)
+    infer = type(layer.inference())(layer, work_per_thread=0, idle_ns=0)  # threads at any size
+    rng = np.random.default_rng(12)
+    for B in (8, 9, 13, 16):
+        x = _rand(rng, (T, B, I))
+        lens = rng.integers(0, T + 1, B)
+        lens[0], lens[-1] = 0, T
+        for lengths in (None, lens):
+            y, s, _ = layer.forward(x, sequence_length=lengths)
+            for n in (1, 2, 3, 4):
+                with threadpool_limits(n, user_api="openmp"):
+                    y2, s2 = infer(x, sequence_length=lengths)
+                _equal((y2, *_states(s2)), (y, *_states(s)))
+    assert _kernels.thread_budget_in_use() == 0
+
+
 SHED_LAYERS = [("lstm", lambda: blockrnn.LSTM(64, 256, seed=3)),
                ("gru", lambda: blockrnn.GRU(64, 256, seed=3)),
                ("tf-gru", lambda: blockrnn.GRU(64, 256, reset_after=False, seed=3))]
 
 
+@pytest.mark.parametrize("B", [1, 8])
 @pytest.mark.parametrize("name,make", SHED_LAYERS)
-def test_two_callers_shed_the_extra_thread_and_keep_the_bits(name, make):
-    """Batch 1 at H = 256 asks for 2 threads. When a second caller starts while a
-    call holds both, it is granted its own thread beyond the budget, and the first
-    call gives its extra thread back at the end of its step (brnn_barrier_wait_shed):
-    the sheds are counted, every answer keeps the serial bits, the budget ends at 0."""
+def test_two_callers_shed_the_extra_thread_and_keep_the_bits(name, make, B):
+    """Batch 1 and 8 at H = 256 ask for 2 threads. When a second caller starts while
+    a call holds both, it is granted its own thread beyond the budget, and the first
+    call gives its extra thread back at the end of its step (batch 1, split by cells:
+    brnn_barrier_wait_shed; batch 8, split by rows: infer_split_part, the caller then
+    runs the rest of the other thread's rows): the sheds are counted, every answer
+    keeps the serial bits, the budget ends at 0."""
     layer = make()
     infer = type(layer.inference())(layer, idle_ns=0)
-    x = np.random.default_rng(4).standard_normal((48, 1, 64)).astype(np.float32)
+    x = np.random.default_rng(4).standard_normal((48, B, 64)).astype(np.float32)
     want = infer(x)[0]
     with threadpool_limits(1, user_api="openmp"):
         assert_equal = np.testing.assert_array_equal
