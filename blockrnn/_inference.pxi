@@ -28,7 +28,7 @@
 #
 # Threads: ONE parallel region per call on up to max_threads threads from the
 # thread budget (brnn_budget_take), also at batch 1. From 4 rows a thread
-# (infer_split) each thread runs every step of its own block of rows, with no
+# (split_rows) each thread runs every step of its own block of rows, with no
 # barrier in the time loop (infer_split_part: a thread that another caller
 # needs, or that is behind when thread 0 is done, leaves at the end of a step
 # and the caller runs the rest of its rows). Otherwise each thread owns whole
@@ -616,76 +616,27 @@ cdef void gru_ra_infer_rows(const InferCall* c, Py_ssize_t t, Py_ssize_t r0,
 # Running a call: one region (infer_run)
 # ---------------------------------------------------------------------------
 
-cdef enum:
-    # From INFER_SPLIT_ROWS rows a thread, a call splits the batch between its
-    # threads instead of the cells (infer_split_part): each runs every step of
-    # its own rows, with no barrier in the time loop, where the split by cells
-    # waits at one or two barriers a step. Measured on the 2-core Zen 4 VM
-    # (AVX-512), T=64, I=H, 2 threads, in one process alternating the two
-    # splits (8 rounds, median of each round's p10), time by rows / by cells:
-    # LSTM B=8 H=128 0.81, B=16 H=64 0.90, B=8 H=256 1.00; reset-after GRU
-    # B=8 H=128 0.92, B=16 H=256 0.94, B=32 H=128 1.00; TF GRU B=8 H=128
-    # 0.88, B=12 H=64 0.78. At 3 rows a thread it lost (LSTM B=6 H=128 1.08):
-    # a tile of 3 rows is the packed kernel's slowest per row (one thread, us
-    # per row at B=3 / 4 / 8: 227 / 177 / 166).
-    INFER_SPLIT_ROWS = 4
-    INFER_SPLIT_MAX_THREADS = 64
-
-
-# A call split by rows: what its threads tell each other and the caller.
-ctypedef struct InferSplit:
-    int nt          # the region's threads
-    int stop        # thread 0 ran all its steps: the others stop at the end of a step
-    int over        # a thread left because another caller needed it
-    int given       # threads given back to the budget inside the region
-    Py_ssize_t resume[INFER_SPLIT_MAX_THREADS]   # thread k's rows: the first step not run
-
-
-cdef inline bint infer_split(Py_ssize_t B, int threads) noexcept nogil:
-    """Whether a call of B rows on `threads` threads splits its rows
-    (infer_split_part) rather than its cells."""
-    return 1 < threads <= INFER_SPLIT_MAX_THREADS and B >= INFER_SPLIT_ROWS * threads
-
-
-def inference_split_for(Py_ssize_t B, int threads):
-    """infer_split (for the tests)."""
-    return infer_split(B, threads)
-
-
 cdef void infer_split_part(const InferCall* c, const InferFamily* fam, int tid, int nt,
-                           brnn_barrier* bar, InferSplit* sp, int cores) noexcept nogil:
+                           brnn_barrier* bar, RowSplit* sp, int cores) noexcept nogil:
     """Thread tid of nt's share of a call split by rows: the hoisted input
     projection of its block of the [L*B] rows (then one barrier: a step reads
     every thread's block), then every step of its batch rows [B*tid/nt,
     B*(tid+1)/nt). Every row's steps run the same code whichever thread runs
     them, so the split changes no bit. A thread other than 0 leaves at the end
-    of a step when another caller needs a thread (the budget is
-    over-committed) or thread 0 has run all its steps (its partner is behind:
-    another process holds that core, or it started late); it gives its thread
-    back, and the caller runs the rest of its rows' steps after the region
-    (infer_run)."""
+    of a step when another caller needs a thread or thread 0 is done
+    (rows_leave), and the caller runs the rest of its rows' steps after the
+    region (infer_run)."""
     cdef Py_ssize_t t, L = c.L, B = c.B
     cdef Py_ssize_t r0 = tid * B // nt, r1 = (tid + 1) * B // nt
-    cdef bint over
-    if tid == 0:
-        sp.nt = nt
     if infer_hoisted(L, B, fam.nq * c.H):
         fam.inputs(c, tid * L * B // nt, (tid + 1) * L * B // nt)
         brnn_barrier_wait(bar, nt)
     for t in range(L):
         fam.rows(c, t, r0, r1)
-        if tid != 0 and t + 1 < L:
-            over = brnn_budget_in_use() > cores
-            if over or brnn_atomic_load(&sp.stop):
-                sp.resume[tid] = t + 1
-                if over:
-                    brnn_atomic_add(&sp.over, 1)
-                brnn_atomic_add(&sp.given, 1)
-                brnn_budget_give(1)
-                return
-    sp.resume[tid] = L
-    if tid == 0:
-        brnn_atomic_add(&sp.stop, 1)
+        if t + 1 < L and rows_leave(sp, tid, cores):
+            rows_done(sp, tid, t + 1)
+            return
+    rows_done(sp, tid, L)
 
 
 cdef int infer_run(const InferFamily* fam, const InferCall* c, int want,
@@ -693,12 +644,12 @@ cdef int infer_run(const InferFamily* fam, const InferCall* c, int want,
     """One inference call: h_n (and c_n) start as h0 (c0: a row of length 0
     keeps them), then the part of each of up to `want` threads from the budget
     (no OpenMP region at all on one: cheaper, and safe after fork): split by
-    rows (infer_split) or by cells (fam.part); then the steps past L are
+    rows (split_rows) or by cells (fam.part); then the steps past L are
     zeros. Returns 0, or 1 / 2 if it shed for another caller / for a partner
     thread that was not running (region_end)."""
     cdef int tid, k, granted, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar, rows_bar
-    cdef InferSplit sp
+    cdef RowSplit sp
     cdef Py_ssize_t t, BH = c.B * c.H
     cdef int shed = 0
     memset(&bar, 0, sizeof(bar))
@@ -707,7 +658,7 @@ cdef int infer_run(const InferFamily* fam, const InferCall* c, int want,
     if c.c_n != NULL:
         memcpy(c.c_n, c.c0, BH * sizeof(float))
     granted = brnn_budget_take(want, max_threads)
-    if infer_split(c.B, granted):
+    if split_rows(c.B, granted):
         memset(&sp, 0, sizeof(sp))
         with parallel(num_threads=granted):
             tid = brnn_omp_get_thread_num()

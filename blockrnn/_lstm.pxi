@@ -596,6 +596,26 @@ cdef void lstm_forward_packed_step(
                               o + BH, ci + BH, co + BH, h + BH, u0, u1 - u0)
 
 
+cdef void lstm_forward_rows_step(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, GateOffsets off, const float* packed,
+        const float* cs_prev, const float* h_prev, const float* b, const float* wci,
+        const float* wcf, const float* wco, float forget_bias, float cell_clip,
+        bint use_peephole, const int64_t* lengths, float* g, float* i_, float* cs, float* f,
+        float* o, float* ci, float* co, float* h, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """Step t of the float32 forward for the rows [r0, r1), every cell, no
+    barrier (a loop split by rows, split_rows): their g = h[t-1] @ W_h, then
+    their gates (the gate outputs at t hold x[t] @ W_x already)."""
+    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), BH = B * H, k = t * BH + r0 * H
+    for q in range(4):
+        recurrent_product(r1 - r0, H, (h_prev if t == 0 else h + (t - 1) * BH) + r0 * H,
+                          packed + q * ps, False, H, 0, H, False, g + r0 * 4 * H + q * H, 4 * H)
+    lstm_forward_block[float](r1 - r0, H, off, g + r0 * 4 * H, b,
+                              (cs_prev if t == 0 else cs + (t - 1) * BH) + r0 * H, wci, wcf,
+                              wco, forget_bias, cell_clip, use_peephole,
+                              lengths_from(lengths, r0), t, True, i_ + k, cs + k, f + k,
+                              o + k, ci + k, co + k, h + k, 0, H)
+
+
 cdef void lstm_pack_cols(Py_ssize_t I, Py_ssize_t H, const float* w_x, const float* w_h,
                          WeightStrides s, bint wide, Py_ssize_t u0, Py_ssize_t u1,
                          float* packed) noexcept nogil:
@@ -635,18 +655,26 @@ cdef int lstm_forward_packed(
     W_x ran inside each step: the bits depend neither on n_threads nor on
     the hoist (nor on the split of the gates). The step barrier can shed
     (step_barrier, sequence_patient): thread 0 then runs every cell and row
-    of the steps left. Returns the threads the caller gives back to the
+    of the steps left. From SPLIT_ROWS rows a thread (split_rows) the steps
+    are split by rows instead, after a barrier that ends the packing and the
+    hoist: each thread runs every step of its block of rows
+    (lstm_forward_rows_step), with no barrier; a thread that leaves early
+    (rows_leave) gives its thread back, and the caller runs the rest of its
+    rows after the region. Returns the threads the caller gives back to the
     budget (region_threads)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
+    cdef Py_ssize_t t, k, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H)
     cdef float* packed_x = packed + 4 * brnn_packed_size(H, H)
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint split = split_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, H, 4 * H, n_threads)
     cdef int q, tid, nt, cores = brnn_omp_get_num_procs()
     cdef float* dst[4]    # the gate output of W's column block q
     cdef brnn_barrier bar, rows_bar
+    cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
+    memset(&sp, 0, sizeof(sp))
     for q in range(4):
         dst[q] = (i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f
                   else o)
@@ -669,16 +697,36 @@ cdef int lstm_forward_packed(
         r1 = (tid + 1) * B // nt
         lstm_pack_cols(I, H, w_x, w_h, s, wide, u0, u1, packed)
         packed_inputs_part(L * B, I, H, 4, x, packed_x, psx, dst, u0, u1)
-        for t in range(L):
-            lstm_forward_packed_step(
-                t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
-                h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
-                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1, r0, r1,
-                &rows_bar if nt > 1 and by_rows else NULL, nt)
-            if nt > 1 and step_barrier(&bar, nt, cores, patient):
-                if tid != 0:   # shed: thread 0 runs every cell of the steps left
+        if split:   # every step of the rows [r0, r1), once all columns are in
+            brnn_barrier_wait(&bar, nt)
+            t = 0
+            while t < L:
+                lstm_forward_rows_step(t, B, H, off, packed, cs_prev, h_prev, b, wci, wcf, wco,
+                                       forget_bias, cell_clip, use_peephole, lengths, g, i_,
+                                       cs, f, o, ci, co, h, r0, r1)
+                t = t + 1
+                if t < L and rows_leave(&sp, tid, cores):
                     break
-                nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+            rows_done(&sp, tid, t)
+        else:
+            for t in range(L):
+                lstm_forward_packed_step(
+                    t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
+                    h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                    cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1, r0,
+                    r1, &rows_bar if nt > 1 and by_rows else NULL, nt)
+                if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                    if tid != 0:   # shed: thread 0 runs every cell of the steps left
+                        break
+                    nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+    if split:   # the steps of the threads that left early, on the caller's thread
+        for k in range(1, sp.nt):
+            for t in range(sp.resume[k], L):
+                lstm_forward_rows_step(t, B, H, off, packed, cs_prev, h_prev, b, wci, wcf, wco,
+                                       forget_bias, cell_clip, use_peephole, lengths, g, i_,
+                                       cs, f, o, ci, co, h, k * B // sp.nt,
+                                       (k + 1) * B // sp.nt)
+        return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
 
@@ -905,6 +953,26 @@ cdef void lstm_backward_gemms(
     run_gemm_specs(njobs, jobs, ws, threads)
 
 
+cdef void lstm_backward_rows_step(
+        Py_ssize_t t, Py_ssize_t t0, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        const float* packed_t, const float* cs_prev, const float* i_, const float* cs,
+        const float* f, const float* o, const float* ci, const float* co,
+        const float* cs_grad, const float* h_grad, const float* wci, const float* wcf,
+        const float* wco, bint use_peephole, const int64_t* lengths, float* dg,
+        float* cs_prev_grad, float* h_prev_grad, Py_ssize_t r0,
+        Py_ssize_t r1) noexcept nogil:
+    """Step t of the reverse loop for the rows [r0, r1), every cell, no
+    barrier (a loop split by rows, split_rows): their dG[t], then their
+    carry dh = dG[t] @ W_h^T."""
+    cdef Py_ssize_t BH = B * H, G4 = 4 * H, rk = r0 * H, k = t * BH + rk
+    cdef float* dgt = dg + (t - t0) * B * G4 + r0 * G4
+    lstm_backward_block[float](
+        r1 - r0, H, off, (cs_prev if t == 0 else cs + (t - 1) * BH) + rk, i_ + k, f + k,
+        o + k, ci + k, co + k, cs_grad + k, h_grad + k, h_prev_grad + rk, wci, wcf, wco,
+        use_peephole, True, lengths_from(lengths, r0), t, dgt, cs_prev_grad + rk, 0, H)
+    recurrent_product(r1 - r0, G4, dgt, packed_t, False, H, 0, H, False, h_prev_grad + rk, H)
+
+
 cdef int lstm_backward_packed(
         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
         const float* w_h, WeightStrides s,  # IN W_h [H, 4H]: packed here if `pack`
@@ -929,16 +997,21 @@ cdef int lstm_backward_packed(
     second barrier follows the product (the next step's rows read every
     column of dh). The step barrier can shed (step_barrier,
     sequence_patient): thread 0 then computes every row's gates and every
-    cell's dh, from this step on. The bits do not depend on n_threads.
-    Returns the threads the caller gives back to the budget
-    (region_threads)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
+    cell's dh, from this step on. From SPLIT_ROWS rows a thread (split_rows)
+    each thread instead runs every step of its block of rows
+    (lstm_backward_rows_step), with no barrier (one after the packing), as
+    lstm_forward_packed. The bits do not depend on n_threads. Returns the
+    threads the caller gives back to the budget (region_threads)."""
+    cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
     cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar, rows_bar
+    cdef RowSplit sp
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint split = split_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, H, 4 * H, n_threads)
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
+    memset(&sp, 0, sizeof(sp))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         if pack:
             pack_cols(G4, H, w_h, s.hn, s.hk, wide, 0, H, packed_t)
@@ -958,27 +1031,48 @@ cdef int lstm_backward_packed(
         u1 = unit_start(H, tid + 1, nt)
         if pack:
             pack_cols(G4, H, w_h, s.hn, s.hk, wide, u0, u1, packed_t)
-        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
-        r1 = (tid + 1) * B // nt if by_rows else B
+        r0 = tid * B // nt if by_rows or split else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows or split else B
         rk = r0 * H
-        for t in range(t1 - 1, t0 - 1, -1):
-            if r1 > r0 and (by_rows or u1 > u0):
-                lstm_backward_block[float](
-                    r1 - r0, H, off, (cs_prev if t == 0 else cs + (t - 1) * BH) + rk,
-                    i_ + t * BH + rk, f + t * BH + rk, o + t * BH + rk, ci + t * BH + rk,
-                    co + t * BH + rk, cs_grad + t * BH + rk, h_grad + t * BH + rk,
-                    h_prev_grad + rk, wci, wcf, wco, use_peephole, True,
-                    lengths_from(lengths, r0), t, dg + (t - t0) * B * G4 + r0 * G4,
-                    cs_prev_grad + rk, 0 if by_rows else u0, H if by_rows else u1 - u0)
-            if nt > 1 and step_barrier(&bar, nt, cores, patient):
-                if tid != 0:   # shed: thread 0 computes every row and cell from here
+        if split:   # every step of the rows [r0, r1), once W_h^T is packed
+            if pack:
+                brnn_barrier_wait(&bar, nt)
+            t = t1
+            while t > t0:
+                t = t - 1
+                lstm_backward_rows_step(t, t0, B, H, off, packed_t, cs_prev, i_, cs, f, o, ci,
+                                        co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
+                                        lengths, dg, cs_prev_grad, h_prev_grad, r0, r1)
+                if t > t0 and rows_leave(&sp, tid, cores):
                     break
-                nt, u0, u1, r0, r1, rk = 1, 0, H, 0, B, 0
-            if u1 > u0:
-                recurrent_product(B, G4, dg + (t - t0) * B * G4, packed_t, wide, H, u0, u1,
-                                  False, h_prev_grad, H)
-            if by_rows:   # the next step's gates read every cell of dh
-                brnn_barrier_wait(&rows_bar, nt)
+            rows_done(&sp, tid, t)
+        else:
+            for t in range(t1 - 1, t0 - 1, -1):
+                if r1 > r0 and (by_rows or u1 > u0):
+                    lstm_backward_block[float](
+                        r1 - r0, H, off, (cs_prev if t == 0 else cs + (t - 1) * BH) + rk,
+                        i_ + t * BH + rk, f + t * BH + rk, o + t * BH + rk, ci + t * BH + rk,
+                        co + t * BH + rk, cs_grad + t * BH + rk, h_grad + t * BH + rk,
+                        h_prev_grad + rk, wci, wcf, wco, use_peephole, True,
+                        lengths_from(lengths, r0), t, dg + (t - t0) * B * G4 + r0 * G4,
+                        cs_prev_grad + rk, 0 if by_rows else u0, H if by_rows else u1 - u0)
+                if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                    if tid != 0:   # shed: thread 0 computes every row and cell from here
+                        break
+                    nt, u0, u1, r0, r1, rk = 1, 0, H, 0, B, 0
+                if u1 > u0:
+                    recurrent_product(B, G4, dg + (t - t0) * B * G4, packed_t, wide, H, u0, u1,
+                                      False, h_prev_grad, H)
+                if by_rows:   # the next step's gates read every cell of dh
+                    brnn_barrier_wait(&rows_bar, nt)
+    if split:   # the steps of the threads that left early, on the caller's thread
+        for k in range(1, sp.nt):
+            for t in range(sp.resume[k] - 1, t0 - 1, -1):
+                lstm_backward_rows_step(t, t0, B, H, off, packed_t, cs_prev, i_, cs, f, o, ci,
+                                        co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
+                                        lengths, dg, cs_prev_grad, h_prev_grad,
+                                        k * B // sp.nt, (k + 1) * B // sp.nt)
+        return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
 

@@ -555,6 +555,72 @@ cdef inline bint gates_by_rows(Py_ssize_t B, int n_threads) noexcept nogil:
     return B >= n_threads
 
 
+cdef enum:
+    # From SPLIT_ROWS rows a thread, a time loop splits the batch between its
+    # threads instead of the cells (split_rows): each runs every step of its
+    # own rows, with no barrier in the time loop, where the split by cells
+    # waits at one or two barriers a step. Measured on the 2-core Zen 4 VM
+    # (AVX-512), T=64, I=H, 2 threads, in one process alternating the two
+    # splits (8 rounds, median of each round's p10), inference forward, time
+    # by rows / by cells: LSTM B=8 H=128 0.81, B=16 H=64 0.90, B=8 H=256
+    # 1.00; reset-after GRU B=8 H=128 0.92, B=16 H=256 0.94, B=32 H=128 1.00;
+    # TF GRU B=8 H=128 0.88, B=12 H=64 0.78. At 3 rows a thread it lost (LSTM
+    # B=6 H=128 1.08): a tile of 3 rows is the packed kernel's slowest per row
+    # (one thread, us per row at B=3 / 4 / 8: 227 / 177 / 166).
+    SPLIT_ROWS = 4
+    SPLIT_MAX_THREADS = 64
+
+
+# A time loop split by rows: what its threads tell each other and the caller.
+ctypedef struct RowSplit:
+    int nt          # the region's threads
+    int stop        # thread 0 ran all its steps: the others stop at the end of a step
+    int over        # a thread left because another caller needed it
+    int given       # threads given back to the budget inside the region
+    Py_ssize_t resume[SPLIT_MAX_THREADS]   # thread k's rows: where their steps not run start
+
+
+cdef inline bint split_rows(Py_ssize_t B, int threads) noexcept nogil:
+    """Whether a time loop of B rows on `threads` threads splits its rows
+    rather than its cells (SPLIT_ROWS rows a thread or more)."""
+    return 1 < threads <= SPLIT_MAX_THREADS and B >= SPLIT_ROWS * threads
+
+
+def split_rows_for(Py_ssize_t B, int threads):
+    """split_rows (for the tests)."""
+    return split_rows(B, threads)
+
+
+cdef inline bint rows_leave(RowSplit* sp, int tid, int cores) noexcept nogil:
+    """At the end of a step of a loop split by rows, with steps left: whether
+    thread tid leaves now, giving its thread back: not thread 0 (the caller's),
+    and the budget is over-committed (another caller needs a thread) or thread
+    0 has run all its steps (this one is behind: it started late, or another
+    process holds its core). The caller then runs the rest of its rows' steps
+    after the region: every row's steps run the same code on any thread."""
+    cdef bint over
+    if tid == 0:
+        return False
+    over = brnn_budget_in_use() > cores
+    if not over and not brnn_atomic_load(&sp.stop):
+        return False
+    if over:
+        brnn_atomic_add(&sp.over, 1)
+    brnn_atomic_add(&sp.given, 1)
+    brnn_budget_give(1)
+    return True
+
+
+cdef inline void rows_done(RowSplit* sp, int tid, Py_ssize_t resume) noexcept nogil:
+    """Thread tid of a loop split by rows stops, its rows' steps from `resume`
+    on not run (the loop's end if it ran them all: thread 0 always does, and
+    then tells the others to stop)."""
+    sp.resume[tid] = resume
+    if tid == 0:
+        sp.nt = brnn_omp_get_num_threads()
+        brnn_atomic_add(&sp.stop, 1)
+
+
 cdef inline void gate_math_block(brnn_barrier* rows_bar, int nt, brnn_barrier* step_bar,
                                  Py_ssize_t H, Py_ssize_t B, Py_ssize_t* u0, Py_ssize_t* u1,
                                  Py_ssize_t* r0, Py_ssize_t* r1) noexcept nogil:

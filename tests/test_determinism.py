@@ -207,7 +207,9 @@ def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I
     the other caller takes a thread of the budget (step_barrier), and thread 0 goes on
     with every row and cell. Small batches, gate math by rows, so the rows thread 0
     takes over are the partner's (an LSTM backward whose shed kept thread 0's own rows
-    gave wrong gradients in ~20% of such calls); batch 1, the one-row loops."""
+    gave wrong gradients in ~20% of such calls); batch 1, the one-row loops. The
+    LSTM's loops at batch 8 split their rows instead (split_rows): the partner leaves
+    at the end of a step (rows_leave) and the caller runs the rest of its rows."""
     p = _problem(T, B, I, H, np.float32, seed=5)
     run, threads, (K, N) = _shedding_ops(p, cell)
     assert threads and all(n == 2 for n in threads)

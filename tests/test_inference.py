@@ -238,12 +238,12 @@ def test_inference_thread_rule_and_a_concurrent_caller():
 
 @pytest.mark.parametrize("name,make", LAYERS)
 def test_calls_split_by_rows_keep_the_bits(name, make):
-    """From 4 rows a thread (infer_split) a call splits its batch rows between its
+    """From 4 rows a thread (split_rows) a call splits its batch rows between its
     threads, with no barrier in the time loop: y and the final states are still the
     training forward's at 1-4 threads, with and without lengths (rows of length 0 and
     T in the first and the last thread's block), the input projection hoisted (B < 12)
     or in each step."""
-    split = _kernels.inference_split_for
+    split = _kernels.split_rows_for
     assert split(8, 2) and split(16, 4) and split(64, 2)
     assert not split(7, 2) and not split(15, 4) and not split(64, 1)
     layer = make(np.float32)
