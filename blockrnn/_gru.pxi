@@ -374,6 +374,34 @@ cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
     return B * 3 * H + 1
 
 
+cdef void gru_forward_rows_step(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, const float* packed, Py_ssize_t ps,
+        Py_ssize_t psx, const float* h_prev, const float* b_ru, const float* b_c,
+        const int64_t* lengths, float* ru, float* rh, float* r, float* u, float* c, float* h,
+        Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """Step t of gru_forward_packed for the rows [r0, r1), every cell, no
+    barrier (a loop split by rows, split_rows): both halves of
+    gru_forward_packed_half on those rows."""
+    cdef Py_ssize_t BH = B * H, row, k, n = r1 - r0
+    cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
+    k = r0 * H
+    packed_product(n, H, h_in + k, H, packed + psx, 0, H, False, ru + 2 * k, 2 * H)
+    packed_product(n, H, h_in + k, H, packed + ps + psx, 0, H, False, ru + 2 * k + H, 2 * H)
+    for row in range(r0, r1):
+        k = row * H
+        brnn_gru_gates_row_f32(H, ru + 2 * k, ru + 2 * k + H, b_ru, b_ru + H, h_in + k, True,
+                               r + t * BH + k, u + t * BH + k, rh + k)
+    k = r0 * H
+    packed_product(n, H, rh + k, H, packed + 2 * ps + psx, 0, H, True, c + t * BH + k, H)
+    for row in range(r0, r1):
+        k = row * H
+        if finished(lengths, row, t):
+            zero_gru_outputs(t * BH + k, H, r, u, c, h)
+        else:
+            brnn_gru_output_row_f32(H, b_c, h_in + k, u + t * BH + k, c + t * BH + k,
+                                    h + t * BH + k)
+
+
 cdef int gru_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_ru's r and u blocks and w_c, each [I + H, H] as
@@ -398,17 +426,23 @@ cdef int gru_forward_packed(
     x[t] @ W_x ran inside each step: the bits depend neither on n_threads, nor
     on the hoist, nor on the split of the gates. The barrier that ends a step
     can shed (step_barrier, sequence_patient): thread 0 then runs every cell
-    and row of the steps left. Returns the threads the caller gives back to
-    the budget (region_threads)."""
+    and row of the steps left. From SPLIT_ROWS rows a thread (split_rows)
+    each thread runs every step of its block of rows instead
+    (gru_forward_rows_step), after a barrier that ends the hoist, as
+    lstm_forward_packed. Returns the threads the caller gives back to the
+    budget (region_threads)."""
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
-    cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B, BH = B * H
+    cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B, BH = B * H
     cdef int tid = 0, nt = 1, half, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint split = split_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, H, 3 * H, n_threads)
     cdef float* dst[3]
     cdef brnn_barrier bar, rows_bar
+    cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
+    memset(&sp, 0, sizeof(sp))
     dst[0], dst[1], dst[2] = r, u, c
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, 0, H)
@@ -427,18 +461,36 @@ cdef int gru_forward_packed(
         r0 = tid * B // nt
         r1 = (tid + 1) * B // nt
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, u0, u1)
-        for t in range(L):
-            for half in range(2):
-                gru_forward_packed_half(half, t, B, H, packed, ps, psx,
-                                        h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
-                                        lengths, ru, rh, r, u, c, h, u0, u1, r0, r1,
-                                        &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
-                if half == 0 and nt > 1:   # a stall here counts at the step's end
-                    brnn_barrier_wait_within(&bar, nt, &bar)
-            if nt > 1 and step_barrier(&bar, nt, cores, patient):
-                if tid != 0:   # shed: thread 0 runs every cell and row of the steps left
+        if split:   # every step of the rows [r0, r1), once every column is projected
+            brnn_barrier_wait(&bar, nt)
+            t = 0
+            while t < L:
+                gru_forward_rows_step(t, B, H, packed, ps, psx, h_prev, b_ru, b_c, lengths, ru,
+                                      rh, r, u, c, h, r0, r1)
+                t = t + 1
+                if t < L and rows_leave(&sp, tid, cores):
                     break
-                nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+            rows_done(&sp, tid, t)
+        else:
+            for t in range(L):
+                for half in range(2):
+                    gru_forward_packed_half(half, t, B, H, packed, ps, psx,
+                                            h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                            lengths, ru, rh, r, u, c, h, u0, u1, r0, r1,
+                                            &rows_bar if nt > 1 and by_rows else NULL, nt,
+                                            &bar)
+                    if half == 0 and nt > 1:   # a stall here counts at the step's end
+                        brnn_barrier_wait_within(&bar, nt, &bar)
+                if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                    if tid != 0:   # shed: thread 0 runs every cell and row of the steps left
+                        break
+                    nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+    if split:   # the steps of the threads that left early, on the caller's thread
+        for k in range(1, sp.nt):
+            for t in range(sp.resume[k], L):
+                gru_forward_rows_step(t, B, H, packed, ps, psx, h_prev, b_ru, b_c, lengths, ru,
+                                      rh, r, u, c, h, k * B // sp.nt, (k + 1) * B // sp.nt)
+        return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
 
@@ -782,6 +834,29 @@ cdef void gru_backward_gemms(
     run_gemm_specs(njobs, jobs, ws, threads)
 
 
+cdef void gru_backward_rows_step(
+        Py_ssize_t t, Py_ssize_t t0, Py_ssize_t B, Py_ssize_t H, const float* w_c_t,
+        const float* w_ru_t, const float* h_prev, const float* r, const float* u,
+        const float* c, const float* h, const float* h_grad, const int64_t* lengths,
+        float* d_ru, float* d_c, float* d_hr, float* h_prev_grad, Py_ssize_t r0,
+        Py_ssize_t r1) noexcept nogil:
+    """Step t of gru_backward_packed for the rows [r0, r1), every cell, no
+    barrier (a loop split by rows, split_rows): the three parts of
+    gru_backward_packed_part on those rows."""
+    cdef Py_ssize_t BH = B * H, k = r0 * H, n = r1 - r0
+    cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
+    cdef float* dct = d_c + (t - t0) * BH
+    cdef float* drt = d_ru + (t - t0) * 2 * BH
+    cdef const int64_t* lens = lengths_from(lengths, r0)
+    gru_backward_output_block[float](n, H, h_in + k, u + t * BH + k, c + t * BH + k,
+                                     h_grad + t * BH + k, True, h_prev_grad + k, dct + k,
+                                     drt + 2 * k, lens, t, 0, H)
+    packed_product(n, H, dct + k, H, w_c_t, 0, H, False, d_hr + k, H)
+    gru_backward_reset_block[float](n, H, h_in + k, r + t * BH + k, d_hr + k, drt + 2 * k,
+                                    h_prev_grad + k, lens, t, 0, H)
+    packed_product(n, 2 * H, drt + 2 * k, 2 * H, w_ru_t, 0, H, True, h_prev_grad + k, H)
+
+
 cdef int gru_backward_packed(
         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H,
         const float* w_c_t, const float* w_ru_t,  # IN w_c[I:]^T [H, H], w_ru[I:]^T [2H, H]
@@ -802,15 +877,21 @@ cdef int gru_backward_packed(
     then a barrier follows each product (the rows read every cell of d_hr,
     and of the carry); else that of its cells. The second barrier of a step
     can shed (step_barrier, sequence_patient): thread 0 then computes every
-    cell and row from there on. The bits do not depend on n_threads. Returns
-    the threads the caller gives back to the budget (region_threads)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B
+    cell and row from there on. From SPLIT_ROWS rows a thread (split_rows)
+    each thread runs every step of its block of rows instead
+    (gru_backward_rows_step), with no barrier, as lstm_backward_packed. The
+    bits do not depend on n_threads. Returns the threads the caller gives
+    back to the budget (region_threads)."""
+    cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B
     cdef int tid = 0, nt = 1, part, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint split = split_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, 3 * H, H, n_threads)
     cdef brnn_barrier bar, rows_bar
+    cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
+    memset(&sp, 0, sizeof(sp))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         for t in range(t1 - 1, t0 - 1, -1):
             for part in range(3):
@@ -825,22 +906,41 @@ cdef int gru_backward_packed(
         u1 = unit_start(H, tid + 1, nt)
         r0 = tid * B // nt
         r1 = (tid + 1) * B // nt
-        for t in range(t1 - 1, t0 - 1, -1):
-            gru_backward_packed_part(0, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1, r0, r1,
-                                     &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
-            if nt > 1:   # a stall here counts at the step's end
-                brnn_barrier_wait_within(&bar, nt, &bar)
-            gru_backward_packed_part(1, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1, r0, r1,
-                                     &rows_bar if nt > 1 and by_rows else NULL, nt, &bar)
-            if nt > 1 and step_barrier(&bar, nt, cores, patient):
-                if tid != 0:   # shed: thread 0 computes every cell and row from here
+        if split:   # every step of the rows [r0, r1) (the weights were packed before)
+            t = t1
+            while t > t0:
+                t = t - 1
+                gru_backward_rows_step(t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                       lengths, d_ru, d_c, d_hr, h_prev_grad, r0, r1)
+                if t > t0 and rows_leave(&sp, tid, cores):
                     break
-                nt, u0, u1, r0, r1 = 1, 0, H, 0, B
-            gru_backward_packed_part(2, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                     lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1, r0, r1,
-                                     NULL, nt, NULL)
+            rows_done(&sp, tid, t)
+        else:
+            for t in range(t1 - 1, t0 - 1, -1):
+                gru_backward_packed_part(0, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h,
+                                         h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1,
+                                         r0, r1, &rows_bar if nt > 1 and by_rows else NULL, nt,
+                                         &bar)
+                if nt > 1:   # a stall here counts at the step's end
+                    brnn_barrier_wait_within(&bar, nt, &bar)
+                gru_backward_packed_part(1, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h,
+                                         h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1,
+                                         r0, r1, &rows_bar if nt > 1 and by_rows else NULL, nt,
+                                         &bar)
+                if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                    if tid != 0:   # shed: thread 0 computes every cell and row from here
+                        break
+                    nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+                gru_backward_packed_part(2, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h,
+                                         h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1,
+                                         r0, r1, NULL, nt, NULL)
+    if split:   # the steps of the threads that left early, on the caller's thread
+        for k in range(1, sp.nt):
+            for t in range(sp.resume[k] - 1, t0 - 1, -1):
+                gru_backward_rows_step(t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                       lengths, d_ru, d_c, d_hr, h_prev_grad, k * B // sp.nt,
+                                       (k + 1) * B // sp.nt)
+        return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
 

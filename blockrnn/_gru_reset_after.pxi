@@ -197,6 +197,23 @@ cdef void gru_ra_forward_packed_step(
                                 h + k, u0, u1 - u0)
 
 
+cdef void gru_ra_forward_rows_step(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, const float* packed, const float* h_prev,
+        const float* b_ih, const float* b_hh, const int64_t* lengths, float* g, float* r,
+        float* z, float* n, float* hn, float* h, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """Step t of the float32 forward for the rows [r0, r1), every cell, no
+    barrier (a loop split by rows, split_rows): their h[t-1] @ w_hh^T, then
+    their gates."""
+    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), k = (t * B + r0) * H
+    cdef const float* h_in = (h_prev if t == 0 else h + (t - 1) * B * H) + r0 * H
+    for q in range(3):
+        packed_product(r1 - r0, H, h_in, H, packed + q * ps, 0, H, False,
+                       g + r0 * 3 * H + q * H, 3 * H)
+    gru_ra_forward_block[float](r1 - r0, H, g + r0 * 3 * H, b_ih, b_hh, h_in,
+                                lengths_from(lengths, r0), t, r + k, z + k, n + k, hn + k,
+                                h + k, 0, H)
+
+
 cdef int gru_ra_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
@@ -215,20 +232,25 @@ cdef int gru_ra_forward_packed(
     reads back only the columns it wrote); then the step's barrier (step t+1
     reads all of h[t]), which can shed as the LSTM's (step_barrier,
     sequence_patient: thread 0 then runs every cell and row of the steps
-    left). Each product element is one packed-kernel sum, as when x[t] @
-    w_ih^T ran inside each step: the bits depend neither on n_threads nor on
-    the hoist. Returns the threads the caller gives back to the budget
-    (region_threads)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
+    left). From SPLIT_ROWS rows a thread (split_rows) each thread runs every
+    step of its block of rows instead (gru_ra_forward_rows_step), after a
+    barrier that ends the hoist, as lstm_forward_packed. Each product element
+    is one packed-kernel sum, as when x[t] @ w_ih^T ran inside each step: the
+    bits depend neither on n_threads nor on the hoist. Returns the threads
+    the caller gives back to the budget (region_threads)."""
+    cdef Py_ssize_t t, k, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H)
     cdef const float* packed_x = packed + 3 * brnn_packed_size(H, H)
     cdef int tid, nt, cores = brnn_omp_get_num_procs()
     cdef float* dst[3]
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint split = split_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, H, 3 * H, n_threads)
     cdef brnn_barrier bar, rows_bar
+    cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
+    memset(&sp, 0, sizeof(sp))
     dst[0], dst[1], dst[2] = r, z, n
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, 0, H)
@@ -245,14 +267,32 @@ cdef int gru_ra_forward_packed(
         r0 = tid * B // nt
         r1 = (tid + 1) * B // nt
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, u0, u1)
-        for t in range(L):
-            gru_ra_forward_packed_step(t, B, H, packed, h_prev if t == 0 else h + (t - 1) * BH,
-                                       b_ih, b_hh, lengths, g, r, z, n, hn, h, u0, u1, r0, r1,
-                                       &rows_bar if nt > 1 and by_rows else NULL, nt)
-            if nt > 1 and step_barrier(&bar, nt, cores, patient):
-                if tid != 0:   # shed: thread 0 runs every cell of the steps left
+        if split:   # every step of the rows [r0, r1), once every column is projected
+            brnn_barrier_wait(&bar, nt)
+            t = 0
+            while t < L:
+                gru_ra_forward_rows_step(t, B, H, packed, h_prev, b_ih, b_hh, lengths, g, r, z,
+                                         n, hn, h, r0, r1)
+                t = t + 1
+                if t < L and rows_leave(&sp, tid, cores):
                     break
-                nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+            rows_done(&sp, tid, t)
+        else:
+            for t in range(L):
+                gru_ra_forward_packed_step(t, B, H, packed,
+                                           h_prev if t == 0 else h + (t - 1) * BH, b_ih, b_hh,
+                                           lengths, g, r, z, n, hn, h, u0, u1, r0, r1,
+                                           &rows_bar if nt > 1 and by_rows else NULL, nt)
+                if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                    if tid != 0:   # shed: thread 0 runs every cell of the steps left
+                        break
+                    nt, u0, u1, r0, r1 = 1, 0, H, 0, B
+    if split:   # the steps of the threads that left early, on the caller's thread
+        for k in range(1, sp.nt):
+            for t in range(sp.resume[k], L):
+                gru_ra_forward_rows_step(t, B, H, packed, h_prev, b_ih, b_hh, lengths, g, r, z,
+                                         n, hn, h, k * B // sp.nt, (k + 1) * B // sp.nt)
+        return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
 
@@ -440,6 +480,22 @@ cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_
     return S * B * 4 * H + driver + 1
 
 
+cdef void gru_ra_backward_rows_step(
+        Py_ssize_t t, Py_ssize_t t0, Py_ssize_t B, Py_ssize_t H, const float* packed,
+        const float* h_prev, const float* r, const float* z, const float* n,
+        const float* hn, const float* h, const float* h_grad, const int64_t* lengths,
+        float* dg, float* carry, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """Step t of the reverse loop for the rows [r0, r1), every cell, no
+    barrier (a loop split by rows, split_rows): their dG[t], then their carry
+    += dG_h[t] @ w_hh."""
+    cdef Py_ssize_t BH = B * H, G4 = 4 * H, rk = r0 * H, k = t * BH + rk
+    cdef float* dgt = dg + (t - t0) * B * G4 + r0 * G4
+    gru_ra_backward_block[float](
+        r1 - r0, H, (h_prev if t == 0 else h + (t - 1) * BH) + rk, r + k, z + k, n + k,
+        hn + k, h_grad + k, lengths_from(lengths, r0), t, carry + rk, dgt, 0, H)
+    packed_product(r1 - r0, 3 * H, dgt, G4, packed, 0, H, True, carry + rk, H)
+
+
 cdef int gru_ra_backward_packed(
         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H,
         const float* w_hh,        # IN  [3H, H]: packed into `packed` first if `pack`
@@ -461,16 +517,21 @@ cdef int gru_ra_backward_packed(
     has one buffer per step, so one barrier per step is enough; by rows a
     second barrier follows the product. The step barrier can shed as the
     LSTM's (step_barrier, sequence_patient): thread 0 then computes every
-    row's gates and every cell's carry from that step on. The bits do not
-    depend on n_threads. Returns the threads the caller gives back to the
+    row's gates and every cell's carry from that step on. From SPLIT_ROWS rows
+    a thread (split_rows) each thread runs every step of its block of rows
+    instead (gru_ra_backward_rows_step), as lstm_backward_packed. The bits do
+    not depend on n_threads. Returns the threads the caller gives back to the
     budget (region_threads)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
+    cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
     cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
+    cdef bint split = split_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, 3 * H, H, n_threads)
     cdef brnn_barrier bar, rows_bar
+    cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
+    memset(&sp, 0, sizeof(sp))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         if pack:
             pack_cols(3 * H, H, w_hh, H, 1, False, 0, H, packed)   # W(k, j) = w_hh[k, j]
@@ -486,28 +547,47 @@ cdef int gru_ra_backward_packed(
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
-        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
-        r1 = (tid + 1) * B // nt if by_rows else B
+        r0 = tid * B // nt if by_rows or split else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows or split else B
         rk = r0 * H
         if pack:
             pack_cols(3 * H, H, w_hh, H, 1, False, u0, u1, packed)
-        for t in range(t1 - 1, t0 - 1, -1):
-            if r1 > r0 and (by_rows or u1 > u0):
-                gru_ra_backward_block[float](
-                    r1 - r0, H, (h_prev if t == 0 else h + (t - 1) * BH) + rk,
-                    r + t * BH + rk, z + t * BH + rk, n + t * BH + rk, hn + t * BH + rk,
-                    h_grad + t * BH + rk, lengths_from(lengths, r0), t, carry + rk,
-                    dg + (t - t0) * B * G4 + r0 * G4, 0 if by_rows else u0,
-                    H if by_rows else u1 - u0)
-            if nt > 1 and step_barrier(&bar, nt, cores, patient):
-                if tid != 0:   # shed: thread 0 computes every row and cell from here
+        if split:   # every step of the rows [r0, r1), once w_hh is packed
+            if pack:
+                brnn_barrier_wait(&bar, nt)
+            t = t1
+            while t > t0:
+                t = t - 1
+                gru_ra_backward_rows_step(t, t0, B, H, packed, h_prev, r, z, n, hn, h, h_grad,
+                                          lengths, dg, carry, r0, r1)
+                if t > t0 and rows_leave(&sp, tid, cores):
                     break
-                nt, u0, u1, r0, r1, rk = 1, 0, H, 0, B, 0
-            if u1 > u0:
-                packed_product(B, 3 * H, dg + (t - t0) * B * G4, G4, packed, u0, u1, True,
-                               carry, H)
-            if by_rows:   # the next step's gates read every cell of the carry
-                brnn_barrier_wait(&rows_bar, nt)
+            rows_done(&sp, tid, t)
+        else:
+            for t in range(t1 - 1, t0 - 1, -1):
+                if r1 > r0 and (by_rows or u1 > u0):
+                    gru_ra_backward_block[float](
+                        r1 - r0, H, (h_prev if t == 0 else h + (t - 1) * BH) + rk,
+                        r + t * BH + rk, z + t * BH + rk, n + t * BH + rk, hn + t * BH + rk,
+                        h_grad + t * BH + rk, lengths_from(lengths, r0), t, carry + rk,
+                        dg + (t - t0) * B * G4 + r0 * G4, 0 if by_rows else u0,
+                        H if by_rows else u1 - u0)
+                if nt > 1 and step_barrier(&bar, nt, cores, patient):
+                    if tid != 0:   # shed: thread 0 computes every row and cell from here
+                        break
+                    nt, u0, u1, r0, r1, rk = 1, 0, H, 0, B, 0
+                if u1 > u0:
+                    packed_product(B, 3 * H, dg + (t - t0) * B * G4, G4, packed, u0, u1, True,
+                                   carry, H)
+                if by_rows:   # the next step's gates read every cell of the carry
+                    brnn_barrier_wait(&rows_bar, nt)
+    if split:   # the steps of the threads that left early, on the caller's thread
+        for k in range(1, sp.nt):
+            for t in range(sp.resume[k] - 1, t0 - 1, -1):
+                gru_ra_backward_rows_step(t, t0, B, H, packed, h_prev, r, z, n, hn, h, h_grad,
+                                          lengths, dg, carry, k * B // sp.nt,
+                                          (k + 1) * B // sp.nt)
+        return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
 

@@ -232,6 +232,31 @@ def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I
     assert _kernels.thread_budget_in_use() == 0
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru", "tf_gru"])
+@pytest.mark.parametrize("T,B,I,H", [(20, 8, 32, 64), (11, 13, 20, 70)])
+def test_training_loops_split_by_rows_keep_the_bits(cell, T, B, I, H):
+    """From 4 rows a thread (split_rows) the LSTM's and both GRUs' float32 loops give
+    each thread every step of its own block of rows (13 rows: blocks of 6 and 7, or
+    3 and 4 at 4 threads, where 4 rows a thread are not reached and the cells split):
+    the forward's outputs and the gradients are those of one thread at 2-4 threads,
+    with lengths 0 and T in the first and last blocks."""
+    assert _kernels.split_rows_for(B, 2) and not _kernels.split_rows_for(7, 2)
+    p = _problem(T, B, I, H, np.float32, seed=11)
+    p["lengths"][0], p["lengths"][-1] = 0, T
+    run, threads, _ = _shedding_ops(p, cell)
+    assert all(n == 2 for n in threads)
+    for lengths in (None, p["lengths"]):
+        with threadpool_limits(1, user_api="openmp"):
+            want = run(lengths)
+        for n in (2, 3, 4):
+            with threadpool_limits(n, user_api="openmp"):
+                got = run(lengths)
+            for a, b in zip(got, want):
+                for g, e in zip(a, b):
+                    np.testing.assert_array_equal(g, e)
+    assert _kernels.thread_budget_in_use() == 0
+
+
 def test_training_loops_are_patient_only_with_long_steps():
     """A training loop sheds at a partner's first stall unless a step gives each thread
     more than 2^20 multiply-adds (the inference calls' rule)."""
