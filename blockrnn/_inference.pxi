@@ -362,13 +362,14 @@ cdef void lstm_infer_rows(const InferCall* c, Py_ssize_t t, Py_ssize_t r0,
     cdef float* g = c.ws
     cdef float* cbuf = g + B * G4
     cdef float* xg = cbuf + 2 * BH
-    if infer_hoisted(c.L, B, G4):
+    cdef bint hoisted = infer_hoisted(c.L, B, G4)
+    if hoisted:
         xg += t * B * G4
     lstm_infer_step(t, c.L, r1 - r0, c.K, H, c.off, c.packed, c.b1, c.wci, c.wcf, c.wco,
                     c.forget_bias, c.cell_clip, c.peep, lengths_from(c.lengths, r0),
                     c.x + (t * B + r0) * c.K, (c.h0 if t == 0 else c.y + (t - 1) * BH) + o,
-                    (c.c0 if t == 0 else cbuf + ((t - 1) % 2) * BH) + o, infer_hoisted(c.L, B, G4),
-                    NULL, xg + r0 * G4, g + r0 * G4, cbuf + (t % 2) * BH + o, c.y + t * BH + o,
+                    (c.c0 if t == 0 else cbuf + ((t - 1) % 2) * BH) + o, hoisted, NULL,
+                    xg + r0 * G4, g + r0 * G4, cbuf + (t % 2) * BH + o, c.y + t * BH + o,
                     c.h_n + o, c.c_n + o, 0, H, 0, r1 - r0, NULL, 1, NULL)
 
 
