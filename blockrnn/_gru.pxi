@@ -374,34 +374,6 @@ cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
     return B * 3 * H + 1
 
 
-cdef void gru_forward_rows_step(
-        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, const float* packed, Py_ssize_t ps,
-        Py_ssize_t psx, const float* h_prev, const float* b_ru, const float* b_c,
-        const int64_t* lengths, float* ru, float* rh, float* r, float* u, float* c, float* h,
-        Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
-    """Step t of gru_forward_packed for the rows [r0, r1), every cell, no
-    barrier (a loop split by rows, split_rows): both halves of
-    gru_forward_packed_half on those rows."""
-    cdef Py_ssize_t BH = B * H, row, k, n = r1 - r0
-    cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
-    k = r0 * H
-    packed_product(n, H, h_in + k, H, packed + psx, 0, H, False, ru + 2 * k, 2 * H)
-    packed_product(n, H, h_in + k, H, packed + ps + psx, 0, H, False, ru + 2 * k + H, 2 * H)
-    for row in range(r0, r1):
-        k = row * H
-        brnn_gru_gates_row_f32(H, ru + 2 * k, ru + 2 * k + H, b_ru, b_ru + H, h_in + k, True,
-                               r + t * BH + k, u + t * BH + k, rh + k)
-    k = r0 * H
-    packed_product(n, H, rh + k, H, packed + 2 * ps + psx, 0, H, True, c + t * BH + k, H)
-    for row in range(r0, r1):
-        k = row * H
-        if finished(lengths, row, t):
-            zero_gru_outputs(t * BH + k, H, r, u, c, h)
-        else:
-            brnn_gru_output_row_f32(H, b_c, h_in + k, u + t * BH + k, c + t * BH + k,
-                                    h + t * BH + k)
-
-
 cdef int gru_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* packed,      # IN  w_ru's r and u blocks and w_c, each [I + H, H] as
@@ -427,8 +399,8 @@ cdef int gru_forward_packed(
     on the hoist, nor on the split of the gates. The barrier that ends a step
     can shed (step_barrier, sequence_patient): thread 0 then runs every cell
     and row of the steps left. From SPLIT_ROWS rows a thread (split_rows)
-    each thread runs every step of its block of rows instead
-    (gru_forward_rows_step), after a barrier that ends the hoist, as
+    each thread runs every step of its block of rows instead (both halves
+    on those rows, every cell), after a barrier that ends the hoist, as
     lstm_forward_packed. Returns the threads the caller gives back to the
     budget (region_threads)."""
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
@@ -442,7 +414,8 @@ cdef int gru_forward_packed(
     cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
-    memset(&sp, 0, sizeof(sp))
+    if split:
+        memset(&sp, 0, sizeof(sp))
     dst[0], dst[1], dst[2] = r, u, c
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, 0, H)
@@ -458,15 +431,18 @@ cdef int gru_forward_packed(
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
-        r0 = tid * B // nt
-        r1 = (tid + 1) * B // nt
+        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows else B
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, u0, u1)
         if split:   # every step of the rows [r0, r1), once every column is projected
             brnn_barrier_wait(&bar, nt)
             t = 0
             while t < L:
-                gru_forward_rows_step(t, B, H, packed, ps, psx, h_prev, b_ru, b_c, lengths, ru,
-                                      rh, r, u, c, h, r0, r1)
+                for half in range(2):
+                    gru_forward_packed_half(half, t, B, H, packed, ps, psx,
+                                            h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                            lengths, ru, rh, r, u, c, h, 0, H, r0, r1, NULL, nt,
+                                            NULL)
                 t = t + 1
                 if t < L and rows_leave(&sp, tid, cores):
                     break
@@ -488,8 +464,11 @@ cdef int gru_forward_packed(
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k], L):
-                gru_forward_rows_step(t, B, H, packed, ps, psx, h_prev, b_ru, b_c, lengths, ru,
-                                      rh, r, u, c, h, k * B // sp.nt, (k + 1) * B // sp.nt)
+                for half in range(2):
+                    gru_forward_packed_half(half, t, B, H, packed, ps, psx,
+                                            h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
+                                            lengths, ru, rh, r, u, c, h, 0, H, k * B // sp.nt,
+                                            (k + 1) * B // sp.nt, NULL, 1, NULL)
         return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
@@ -503,18 +482,25 @@ cdef void gru_forward_packed_half(
         brnn_barrier* rows_bar, int nt, brnn_barrier* step_bar) noexcept nogil:
     """Half 0 or 1 of step t of gru_forward_packed (r[t], u[t], c[t] hold
     x[t] @ W_x already): the product's columns of the cells [u0, u1), then
-    with rows_bar the gate math of the rows [r0, r1), every cell, after a
-    barrier of the nt threads (within the step's shedding barrier step_bar);
-    without, that of the cells [u0, u1), every row. Packed block q (r, u, c)
-    starts at packed + q * ps: its x rows, then at + psx its h rows."""
+    the gate math, both for the rows [r0, r1) without rows_bar (every row in
+    a split by cells, the thread's rows over every cell in a split by rows);
+    with rows_bar, the product of every row, then the gate math of the rows
+    [r0, r1), every cell, after a barrier of the nt threads (within the
+    step's shedding barrier step_bar). Packed block q (r, u, c) starts at
+    packed + q * ps: its x rows, then at + psx its h rows."""
     cdef Py_ssize_t BH = B * H, row, k
+    cdef Py_ssize_t p0 = 0 if rows_bar != NULL else r0, p1 = B if rows_bar != NULL else r1
     if u1 > u0:
+        k = p0 * H
         if half == 0:
-            packed_product(B, H, h_in, H, packed + psx, u0, u1, False, ru, 2 * H)
-            packed_product(B, H, h_in, H, packed + ps + psx, u0, u1, False, ru + H, 2 * H)
+            packed_product(p1 - p0, H, h_in + k, H, packed + psx, u0, u1, False, ru + 2 * k,
+                           2 * H)
+            packed_product(p1 - p0, H, h_in + k, H, packed + ps + psx, u0, u1, False,
+                           ru + 2 * k + H, 2 * H)
         else:
-            packed_product(B, H, rh, H, packed + 2 * ps + psx, u0, u1, True, c + t * BH, H)
-    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
+            packed_product(p1 - p0, H, rh + k, H, packed + 2 * ps + psx, u0, u1, True,
+                           c + t * BH + k, H)
+    gate_math_block(rows_bar, nt, step_bar, H, &u0, &u1, &r0, &r1)
     if u1 <= u0:
         return
     for row in range(r0, r1):
@@ -834,29 +820,6 @@ cdef void gru_backward_gemms(
     run_gemm_specs(njobs, jobs, ws, threads)
 
 
-cdef void gru_backward_rows_step(
-        Py_ssize_t t, Py_ssize_t t0, Py_ssize_t B, Py_ssize_t H, const float* w_c_t,
-        const float* w_ru_t, const float* h_prev, const float* r, const float* u,
-        const float* c, const float* h, const float* h_grad, const int64_t* lengths,
-        float* d_ru, float* d_c, float* d_hr, float* h_prev_grad, Py_ssize_t r0,
-        Py_ssize_t r1) noexcept nogil:
-    """Step t of gru_backward_packed for the rows [r0, r1), every cell, no
-    barrier (a loop split by rows, split_rows): the three parts of
-    gru_backward_packed_part on those rows."""
-    cdef Py_ssize_t BH = B * H, k = r0 * H, n = r1 - r0
-    cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
-    cdef float* dct = d_c + (t - t0) * BH
-    cdef float* drt = d_ru + (t - t0) * 2 * BH
-    cdef const int64_t* lens = lengths_from(lengths, r0)
-    gru_backward_output_block[float](n, H, h_in + k, u + t * BH + k, c + t * BH + k,
-                                     h_grad + t * BH + k, True, h_prev_grad + k, dct + k,
-                                     drt + 2 * k, lens, t, 0, H)
-    packed_product(n, H, dct + k, H, w_c_t, 0, H, False, d_hr + k, H)
-    gru_backward_reset_block[float](n, H, h_in + k, r + t * BH + k, d_hr + k, drt + 2 * k,
-                                    h_prev_grad + k, lens, t, 0, H)
-    packed_product(n, 2 * H, drt + 2 * k, 2 * H, w_ru_t, 0, H, True, h_prev_grad + k, H)
-
-
 cdef int gru_backward_packed(
         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H,
         const float* w_c_t, const float* w_ru_t,  # IN w_c[I:]^T [H, H], w_ru[I:]^T [2H, H]
@@ -878,12 +841,12 @@ cdef int gru_backward_packed(
     and of the carry); else that of its cells. The second barrier of a step
     can shed (step_barrier, sequence_patient): thread 0 then computes every
     cell and row from there on. From SPLIT_ROWS rows a thread (split_rows)
-    each thread runs every step of its block of rows instead
-    (gru_backward_rows_step), with no barrier, as lstm_backward_packed. The
-    bits do not depend on n_threads. Returns the threads the caller gives
-    back to the budget (region_threads)."""
-    cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B
-    cdef int tid = 0, nt = 1, part, cores = brnn_omp_get_num_procs()
+    each thread runs every step of its block of rows instead (the three
+    parts on those rows, every cell), with no barrier, as
+    lstm_backward_packed. The bits do not depend on n_threads. Returns the
+    threads the caller gives back to the budget (region_threads)."""
+    cdef Py_ssize_t t = 0, k, u0 = 0, u1 = H, r0 = 0, r1 = B
+    cdef int tid = 0, nt = 1, part = 0, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
     cdef bint split = split_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, 3 * H, H, n_threads)
@@ -891,7 +854,8 @@ cdef int gru_backward_packed(
     cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
-    memset(&sp, 0, sizeof(sp))
+    if split:
+        memset(&sp, 0, sizeof(sp))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         for t in range(t1 - 1, t0 - 1, -1):
             for part in range(3):
@@ -904,14 +868,16 @@ cdef int gru_backward_packed(
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
-        r0 = tid * B // nt
-        r1 = (tid + 1) * B // nt
+        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows else B
         if split:   # every step of the rows [r0, r1) (the weights were packed before)
             t = t1
             while t > t0:
                 t = t - 1
-                gru_backward_rows_step(t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                       lengths, d_ru, d_c, d_hr, h_prev_grad, r0, r1)
+                for part in range(3):
+                    gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c,
+                                             h, h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad,
+                                             0, H, r0, r1, NULL, nt, NULL)
                 if t > t0 and rows_leave(&sp, tid, cores):
                     break
             rows_done(&sp, tid, t)
@@ -933,13 +899,15 @@ cdef int gru_backward_packed(
                     nt, u0, u1, r0, r1 = 1, 0, H, 0, B
                 gru_backward_packed_part(2, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h,
                                          h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad, u0, u1,
-                                         r0, r1, NULL, nt, NULL)
+                                         0, B, NULL, nt, NULL)   # every row of its cells
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k] - 1, t0 - 1, -1):
-                gru_backward_rows_step(t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
-                                       lengths, d_ru, d_c, d_hr, h_prev_grad, k * B // sp.nt,
-                                       (k + 1) * B // sp.nt)
+                for part in range(3):
+                    gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c,
+                                             h, h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad,
+                                             0, H, k * B // sp.nt, (k + 1) * B // sp.nt, NULL,
+                                             1, NULL)
         return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
@@ -953,22 +921,26 @@ cdef void gru_backward_packed_part(
         brnn_barrier* rows_bar, int nt, brnn_barrier* step_bar) noexcept nogil:
     """Part 0, 1 or 2 of step t of gru_backward_packed (d_ru and d_c: the
     chunk from step t0 on): its product's columns of the cells [u0, u1)
-    (parts 1 and 2), then the gate math of parts 0 and 1 (gate_math_block:
-    with rows_bar, that of the rows [r0, r1), every cell, after a barrier of
-    the nt threads within the shedding barrier step_bar; part 0's follows
-    the product of part 2 of the step before, which wrote the carry;
-    without, that of the cells [u0, u1))."""
+    (parts 1 and 2), then the gate math of parts 0 and 1, both for the rows
+    [r0, r1) without rows_bar (every row in a split by cells, the thread's
+    rows over every cell in a split by rows); with rows_bar, the product of
+    every row, then the gate math of the rows [r0, r1), every cell, after a
+    barrier of the nt threads within the shedding barrier step_bar
+    (gate_math_block; part 0's follows the product of part 2 of the step
+    before, which wrote the carry)."""
     cdef Py_ssize_t BH = B * H, k, nu
+    cdef Py_ssize_t p0 = 0 if rows_bar != NULL else r0, p1 = B if rows_bar != NULL else r1
     cdef const float* h_in = h_prev if t == 0 else h + (t - 1) * BH
     cdef float* dct = d_c + (t - t0) * BH
     cdef float* drt = d_ru + (t - t0) * 2 * BH
     if part == 2:
         if u1 > u0:
-            packed_product(B, 2 * H, drt, 2 * H, w_ru_t, u0, u1, True, h_prev_grad, H)
+            packed_product(p1 - p0, 2 * H, drt + 2 * p0 * H, 2 * H, w_ru_t, u0, u1, True,
+                           h_prev_grad + p0 * H, H)
         return
     if u1 > u0 and part == 1:
-        packed_product(B, H, dct, H, w_c_t, u0, u1, False, d_hr, H)
-    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
+        packed_product(p1 - p0, H, dct + p0 * H, H, w_c_t, u0, u1, False, d_hr + p0 * H, H)
+    gate_math_block(rows_bar, nt, step_bar, H, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     k, nu = r0 * H, u1 - u0

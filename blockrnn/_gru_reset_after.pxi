@@ -180,38 +180,24 @@ cdef void gru_ra_forward_packed_step(
         brnn_barrier* rows_bar, int nt) noexcept nogil:
     """Step t of the float32 forward: the three gate columns of the cells
     [u0, u1) of h_in @ w_hh^T into g by the packed kernel, then the gates
-    (r[t], z[t], n[t] hold x[t] @ w_ih^T already, see gru_ra_forward_packed):
-    with rows_bar, those of the rows [r0, r1), every cell, after a barrier of
-    the nt threads; without, those of the cells [u0, u1), every row."""
-    cdef Py_ssize_t ps = brnn_packed_size(H, H), k
+    (r[t], z[t], n[t] hold x[t] @ w_ih^T already, see gru_ra_forward_packed),
+    both for the rows [r0, r1) without rows_bar (every row in a split by
+    cells, the thread's rows over every cell in a split by rows); with
+    rows_bar, the product of every row, then the gates of the rows [r0, r1),
+    every cell, after a barrier of the nt threads."""
+    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), k
+    cdef Py_ssize_t p0 = 0 if rows_bar != NULL else r0, p1 = B if rows_bar != NULL else r1
     if u1 > u0:
-        packed_product(B, H, h_in, H, packed, u0, u1, False, g, 3 * H)
-        packed_product(B, H, h_in, H, packed + ps, u0, u1, False, g + H, 3 * H)
-        packed_product(B, H, h_in, H, packed + 2 * ps, u0, u1, False, g + 2 * H, 3 * H)
-    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
+        for q in range(3):
+            packed_product(p1 - p0, H, h_in + p0 * H, H, packed + q * ps, u0, u1, False,
+                           g + p0 * 3 * H + q * H, 3 * H)
+    gate_math_block(rows_bar, nt, NULL, H, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     k = (t * B + r0) * H
     gru_ra_forward_block[float](r1 - r0, H, g + r0 * 3 * H, b_ih, b_hh, h_in + r0 * H,
                                 lengths_from(lengths, r0), t, r + k, z + k, n + k, hn + k,
                                 h + k, u0, u1 - u0)
-
-
-cdef void gru_ra_forward_rows_step(
-        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, const float* packed, const float* h_prev,
-        const float* b_ih, const float* b_hh, const int64_t* lengths, float* g, float* r,
-        float* z, float* n, float* hn, float* h, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
-    """Step t of the float32 forward for the rows [r0, r1), every cell, no
-    barrier (a loop split by rows, split_rows): their h[t-1] @ w_hh^T, then
-    their gates."""
-    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), k = (t * B + r0) * H
-    cdef const float* h_in = (h_prev if t == 0 else h + (t - 1) * B * H) + r0 * H
-    for q in range(3):
-        packed_product(r1 - r0, H, h_in, H, packed + q * ps, 0, H, False,
-                       g + r0 * 3 * H + q * H, 3 * H)
-    gru_ra_forward_block[float](r1 - r0, H, g + r0 * 3 * H, b_ih, b_hh, h_in,
-                                lengths_from(lengths, r0), t, r + k, z + k, n + k, hn + k,
-                                h + k, 0, H)
 
 
 cdef int gru_ra_forward_packed(
@@ -233,8 +219,9 @@ cdef int gru_ra_forward_packed(
     reads all of h[t]), which can shed as the LSTM's (step_barrier,
     sequence_patient: thread 0 then runs every cell and row of the steps
     left). From SPLIT_ROWS rows a thread (split_rows) each thread runs every
-    step of its block of rows instead (gru_ra_forward_rows_step), after a
-    barrier that ends the hoist, as lstm_forward_packed. Each product element
+    step of its block of rows instead (gru_ra_forward_packed_step on those
+    rows, every cell), after a barrier that ends the hoist, as
+    lstm_forward_packed. Each product element
     is one packed-kernel sum, as when x[t] @ w_ih^T ran inside each step: the
     bits depend neither on n_threads nor on the hoist. Returns the threads
     the caller gives back to the budget (region_threads)."""
@@ -250,7 +237,8 @@ cdef int gru_ra_forward_packed(
     cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
-    memset(&sp, 0, sizeof(sp))
+    if split:
+        memset(&sp, 0, sizeof(sp))
     dst[0], dst[1], dst[2] = r, z, n
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, 0, H)
@@ -264,15 +252,16 @@ cdef int gru_ra_forward_packed(
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
-        r0 = tid * B // nt
-        r1 = (tid + 1) * B // nt
+        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows else B
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, u0, u1)
         if split:   # every step of the rows [r0, r1), once every column is projected
             brnn_barrier_wait(&bar, nt)
             t = 0
             while t < L:
-                gru_ra_forward_rows_step(t, B, H, packed, h_prev, b_ih, b_hh, lengths, g, r, z,
-                                         n, hn, h, r0, r1)
+                gru_ra_forward_packed_step(t, B, H, packed,
+                                           h_prev if t == 0 else h + (t - 1) * BH, b_ih, b_hh,
+                                           lengths, g, r, z, n, hn, h, 0, H, r0, r1, NULL, nt)
                 t = t + 1
                 if t < L and rows_leave(&sp, tid, cores):
                     break
@@ -290,8 +279,10 @@ cdef int gru_ra_forward_packed(
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k], L):
-                gru_ra_forward_rows_step(t, B, H, packed, h_prev, b_ih, b_hh, lengths, g, r, z,
-                                         n, hn, h, k * B // sp.nt, (k + 1) * B // sp.nt)
+                gru_ra_forward_packed_step(t, B, H, packed,
+                                           h_prev if t == 0 else h + (t - 1) * BH, b_ih, b_hh,
+                                           lengths, g, r, z, n, hn, h, 0, H, k * B // sp.nt,
+                                           (k + 1) * B // sp.nt, NULL, 1)
         return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
@@ -486,8 +477,8 @@ cdef void gru_ra_backward_rows_step(
         const float* hn, const float* h, const float* h_grad, const int64_t* lengths,
         float* dg, float* carry, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
     """Step t of the reverse loop for the rows [r0, r1), every cell, no
-    barrier (a loop split by rows, split_rows): their dG[t], then their carry
-    += dG_h[t] @ w_hh."""
+    barrier (every row on one thread, or a thread's rows in a loop split by
+    rows, split_rows): their dG[t], then their carry += dG_h[t] @ w_hh."""
     cdef Py_ssize_t BH = B * H, G4 = 4 * H, rk = r0 * H, k = t * BH + rk
     cdef float* dgt = dg + (t - t0) * B * G4 + r0 * G4
     gru_ra_backward_block[float](
@@ -531,24 +522,22 @@ cdef int gru_ra_backward_packed(
     cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
-    memset(&sp, 0, sizeof(sp))
+    if split:
+        memset(&sp, 0, sizeof(sp))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         if pack:
             pack_cols(3 * H, H, w_hh, H, 1, False, 0, H, packed)   # W(k, j) = w_hh[k, j]
         for t in range(t1 - 1, t0 - 1, -1):
-            gru_ra_backward_block[float](
-                B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH, z + t * BH,
-                n + t * BH, hn + t * BH, h_grad + t * BH, lengths, t, carry,
-                dg + (t - t0) * B * G4)
-            packed_product(B, 3 * H, dg + (t - t0) * B * G4, G4, packed, 0, H, True, carry, H)
+            gru_ra_backward_rows_step(t, t0, B, H, packed, h_prev, r, z, n, hn, h, h_grad,
+                                      lengths, dg, carry, 0, B)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
-        r0 = tid * B // nt if by_rows or split else 0   # the rows whose gates it computes
-        r1 = (tid + 1) * B // nt if by_rows or split else B
+        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows else B
         rk = r0 * H
         if pack:
             pack_cols(3 * H, H, w_hh, H, 1, False, u0, u1, packed)

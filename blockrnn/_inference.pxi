@@ -283,7 +283,7 @@ cdef void lstm_infer_step(
         for q in range(4):
             recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H,
                               G4)
-    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
+    gate_math_block(rows_bar, nt, step_bar, H, &u0, &u1, &r0, &r1)
     nu = u1 - u0
     if nu <= 0:
         return
@@ -408,7 +408,7 @@ cdef void gru_infer_half(
     elif u1 > u0:
         recurrent_product(B, H, rh, wide + 2 * psh if w1 else packed + 2 * ps + psx, w1, H,
                           u0, u1, True, xg + 2 * H, H3)
-    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
+    gate_math_block(rows_bar, nt, step_bar, H, &u0, &u1, &r0, &r1)
     nu = u1 - u0
     if nu <= 0:
         return
@@ -540,7 +540,7 @@ cdef void gru_ra_infer_step(
         for q in range(3):
             recurrent_product(B, H, h_in, packed + q * ps, False, H, u0, u1, False, g + q * H,
                               H3)
-    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
+    gate_math_block(rows_bar, nt, step_bar, H, &u0, &u1, &r0, &r1)
     nu = u1 - u0
     if nu <= 0:
         return

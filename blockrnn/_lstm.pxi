@@ -577,16 +577,18 @@ cdef void lstm_forward_packed_step(
     """Step t of the float32 forward: the four gate columns of the cells
     [u0, u1) of g = h_in @ W_h (recurrent_product: W_h's blocks in the wide
     layout at batch 1, else panels), then the gates (the gate outputs at t
-    hold x[t] @ W_x already, see lstm_forward_packed). With rows_bar, the
-    gates are those of the rows [r0, r1), every cell, after a barrier of the
-    nt threads (each thread computed only its cells' columns of g); without,
-    those of the cells [u0, u1), every row."""
+    hold x[t] @ W_x already, see lstm_forward_packed). Without rows_bar, both
+    for the rows [r0, r1): every row in a split by cells, the thread's rows
+    over every cell in a split by rows. With rows_bar, the product of every
+    row, then the gates of the rows [r0, r1), every cell, after a barrier of
+    the nt threads (each thread computed only its cells' columns of g)."""
     cdef Py_ssize_t q, ps = brnn_packed_size(H, H), BH = B * H
+    cdef Py_ssize_t p0 = 0 if rows_bar != NULL else r0, p1 = B if rows_bar != NULL else r1
     if u1 > u0:
         for q in range(4):
-            recurrent_product(B, H, h_in, packed + q * ps, wide, H, u0, u1, False, g + q * H,
-                              4 * H)
-    gate_math_block(rows_bar, nt, NULL, H, B, &u0, &u1, &r0, &r1)
+            recurrent_product(p1 - p0, H, h_in + p0 * H, packed + q * ps, wide, H, u0, u1,
+                              False, g + p0 * 4 * H + q * H, 4 * H)
+    gate_math_block(rows_bar, nt, NULL, H, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     BH = t * BH + r0 * H
@@ -594,26 +596,6 @@ cdef void lstm_forward_packed_step(
                               wco, forget_bias, cell_clip, use_peephole,
                               lengths_from(lengths, r0), t, True, i_ + BH, cs + BH, f + BH,
                               o + BH, ci + BH, co + BH, h + BH, u0, u1 - u0)
-
-
-cdef void lstm_forward_rows_step(
-        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, GateOffsets off, const float* packed,
-        const float* cs_prev, const float* h_prev, const float* b, const float* wci,
-        const float* wcf, const float* wco, float forget_bias, float cell_clip,
-        bint use_peephole, const int64_t* lengths, float* g, float* i_, float* cs, float* f,
-        float* o, float* ci, float* co, float* h, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
-    """Step t of the float32 forward for the rows [r0, r1), every cell, no
-    barrier (a loop split by rows, split_rows): their g = h[t-1] @ W_h, then
-    their gates (the gate outputs at t hold x[t] @ W_x already)."""
-    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), BH = B * H, k = t * BH + r0 * H
-    for q in range(4):
-        recurrent_product(r1 - r0, H, (h_prev if t == 0 else h + (t - 1) * BH) + r0 * H,
-                          packed + q * ps, False, H, 0, H, False, g + r0 * 4 * H + q * H, 4 * H)
-    lstm_forward_block[float](r1 - r0, H, off, g + r0 * 4 * H, b,
-                              (cs_prev if t == 0 else cs + (t - 1) * BH) + r0 * H, wci, wcf,
-                              wco, forget_bias, cell_clip, use_peephole,
-                              lengths_from(lengths, r0), t, True, i_ + k, cs + k, f + k,
-                              o + k, ci + k, co + k, h + k, 0, H)
 
 
 cdef void lstm_pack_cols(Py_ssize_t I, Py_ssize_t H, const float* w_x, const float* w_h,
@@ -657,11 +639,11 @@ cdef int lstm_forward_packed(
     (step_barrier, sequence_patient): thread 0 then runs every cell and row
     of the steps left. From SPLIT_ROWS rows a thread (split_rows) the steps
     are split by rows instead, after a barrier that ends the packing and the
-    hoist: each thread runs every step of its block of rows
-    (lstm_forward_rows_step), with no barrier; a thread that leaves early
-    (rows_leave) gives its thread back, and the caller runs the rest of its
-    rows after the region. Returns the threads the caller gives back to the
-    budget (region_threads)."""
+    hoist: each thread runs every step of its block of rows, every cell
+    (lstm_forward_packed_step on those rows), with no barrier; a thread that
+    leaves early (rows_leave) gives its thread back, and the caller runs the
+    rest of its rows after the region. Returns the threads the caller gives
+    back to the budget (region_threads)."""
     cdef Py_ssize_t t, k, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H)
     cdef float* packed_x = packed + 4 * brnn_packed_size(H, H)
@@ -674,7 +656,8 @@ cdef int lstm_forward_packed(
     cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
-    memset(&sp, 0, sizeof(sp))
+    if split:
+        memset(&sp, 0, sizeof(sp))
     for q in range(4):
         dst[q] = (i_ if q * H == off.i else ci if q * H == off.c else f if q * H == off.f
                   else o)
@@ -693,17 +676,19 @@ cdef int lstm_forward_packed(
         nt = brnn_omp_get_num_threads()
         u0 = unit_start(H, tid, nt)
         u1 = unit_start(H, tid + 1, nt)
-        r0 = tid * B // nt
-        r1 = (tid + 1) * B // nt
+        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows else B
         lstm_pack_cols(I, H, w_x, w_h, s, wide, u0, u1, packed)
         packed_inputs_part(L * B, I, H, 4, x, packed_x, psx, dst, u0, u1)
         if split:   # every step of the rows [r0, r1), once all columns are in
             brnn_barrier_wait(&bar, nt)
             t = 0
             while t < L:
-                lstm_forward_rows_step(t, B, H, off, packed, cs_prev, h_prev, b, wci, wcf, wco,
-                                       forget_bias, cell_clip, use_peephole, lengths, g, i_,
-                                       cs, f, o, ci, co, h, r0, r1)
+                lstm_forward_packed_step(
+                    t, B, H, off, packed, False, cs_prev if t == 0 else cs + (t - 1) * BH,
+                    h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                    cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H, r0, r1,
+                    NULL, nt)
                 t = t + 1
                 if t < L and rows_leave(&sp, tid, cores):
                     break
@@ -722,10 +707,11 @@ cdef int lstm_forward_packed(
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k], L):
-                lstm_forward_rows_step(t, B, H, off, packed, cs_prev, h_prev, b, wci, wcf, wco,
-                                       forget_bias, cell_clip, use_peephole, lengths, g, i_,
-                                       cs, f, o, ci, co, h, k * B // sp.nt,
-                                       (k + 1) * B // sp.nt)
+                lstm_forward_packed_step(
+                    t, B, H, off, packed, False, cs_prev if t == 0 else cs + (t - 1) * BH,
+                    h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                    cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H,
+                    k * B // sp.nt, (k + 1) * B // sp.nt, NULL, 1)
         return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
@@ -955,22 +941,23 @@ cdef void lstm_backward_gemms(
 
 cdef void lstm_backward_rows_step(
         Py_ssize_t t, Py_ssize_t t0, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
-        const float* packed_t, const float* cs_prev, const float* i_, const float* cs,
-        const float* f, const float* o, const float* ci, const float* co,
+        const float* packed_t, bint wide, const float* cs_prev, const float* i_,
+        const float* cs, const float* f, const float* o, const float* ci, const float* co,
         const float* cs_grad, const float* h_grad, const float* wci, const float* wcf,
         const float* wco, bint use_peephole, const int64_t* lengths, float* dg,
         float* cs_prev_grad, float* h_prev_grad, Py_ssize_t r0,
         Py_ssize_t r1) noexcept nogil:
     """Step t of the reverse loop for the rows [r0, r1), every cell, no
-    barrier (a loop split by rows, split_rows): their dG[t], then their
-    carry dh = dG[t] @ W_h^T."""
+    barrier (every row on one thread, or a thread's rows in a loop split by
+    rows, split_rows): their dG[t], then their carry dh = dG[t] @ W_h^T
+    (`wide`: W_h^T in the wide layout, batch 1)."""
     cdef Py_ssize_t BH = B * H, G4 = 4 * H, rk = r0 * H, k = t * BH + rk
     cdef float* dgt = dg + (t - t0) * B * G4 + r0 * G4
     lstm_backward_block[float](
         r1 - r0, H, off, (cs_prev if t == 0 else cs + (t - 1) * BH) + rk, i_ + k, f + k,
         o + k, ci + k, co + k, cs_grad + k, h_grad + k, h_prev_grad + rk, wci, wcf, wco,
         use_peephole, True, lengths_from(lengths, r0), t, dgt, cs_prev_grad + rk, 0, H)
-    recurrent_product(r1 - r0, G4, dgt, packed_t, False, H, 0, H, False, h_prev_grad + rk, H)
+    recurrent_product(r1 - r0, G4, dgt, packed_t, wide, H, 0, H, False, h_prev_grad + rk, H)
 
 
 cdef int lstm_backward_packed(
@@ -1011,18 +998,15 @@ cdef int lstm_backward_packed(
     cdef bint patient = sequence_patient(B, H, 4 * H, n_threads)
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
-    memset(&sp, 0, sizeof(sp))
+    if split:
+        memset(&sp, 0, sizeof(sp))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         if pack:
             pack_cols(G4, H, w_h, s.hn, s.hk, wide, 0, H, packed_t)
         for t in range(t1 - 1, t0 - 1, -1):
-            lstm_backward_block[float](
-                B, H, off, cs_prev if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
-                f + t * BH, o + t * BH, ci + t * BH, co + t * BH, cs_grad + t * BH,
-                h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole, True, lengths, t,
-                dg + (t - t0) * B * G4, cs_prev_grad)
-            recurrent_product(B, G4, dg + (t - t0) * B * G4, packed_t, wide, H, 0, H, False,
-                              h_prev_grad, H)
+            lstm_backward_rows_step(t, t0, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o, ci,
+                                    co, cs_grad, h_grad, wci, wcf, wco, use_peephole, lengths,
+                                    dg, cs_prev_grad, h_prev_grad, 0, B)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
@@ -1031,8 +1015,8 @@ cdef int lstm_backward_packed(
         u1 = unit_start(H, tid + 1, nt)
         if pack:
             pack_cols(G4, H, w_h, s.hn, s.hk, wide, u0, u1, packed_t)
-        r0 = tid * B // nt if by_rows or split else 0   # the rows whose gates it computes
-        r1 = (tid + 1) * B // nt if by_rows or split else B
+        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows else B
         rk = r0 * H
         if split:   # every step of the rows [r0, r1), once W_h^T is packed
             if pack:
@@ -1040,8 +1024,8 @@ cdef int lstm_backward_packed(
             t = t1
             while t > t0:
                 t = t - 1
-                lstm_backward_rows_step(t, t0, B, H, off, packed_t, cs_prev, i_, cs, f, o, ci,
-                                        co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
+                lstm_backward_rows_step(t, t0, B, H, off, packed_t, False, cs_prev, i_, cs, f, o,
+                                        ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
                                         lengths, dg, cs_prev_grad, h_prev_grad, r0, r1)
                 if t > t0 and rows_leave(&sp, tid, cores):
                     break
@@ -1068,8 +1052,8 @@ cdef int lstm_backward_packed(
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k] - 1, t0 - 1, -1):
-                lstm_backward_rows_step(t, t0, B, H, off, packed_t, cs_prev, i_, cs, f, o, ci,
-                                        co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
+                lstm_backward_rows_step(t, t0, B, H, off, packed_t, False, cs_prev, i_, cs, f, o,
+                                        ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
                                         lengths, dg, cs_prev_grad, h_prev_grad,
                                         k * B // sp.nt, (k + 1) * B // sp.nt)
         return n_threads - sp.given

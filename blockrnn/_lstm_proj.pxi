@@ -84,12 +84,12 @@ cdef void lstm_proj_forward_cells(
     (the gate outputs hold x[t] @ w_ih^T on entry): with rows_bar those of
     the rows [r0, r1), every cell, after a barrier of the nt threads (within
     the step's shedding barrier step_bar); without, those of the cells
-    [u0, u1), every row."""
+    [u0, u1), every row (r0, r1 = 0, B)."""
     cdef Py_ssize_t q, BH = B * H, ps = brnn_packed_size(P, H)
     if u1 > u0:
         for q in range(4):
             packed_product(B, P, h_in, P, pw_hh + q * ps, u0, u1, False, g + q * H, 4 * H)
-    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
+    gate_math_block(rows_bar, nt, step_bar, H, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     BH = t * BH + r0 * H
@@ -136,8 +136,8 @@ cdef int lstm_proj_forward_packed(
         u1 = unit_start(H, tid + 1, nt)
         p0 = unit_start(P, tid, nt)
         p1 = unit_start(P, tid + 1, nt)
-        r0 = tid * B // nt
-        r1 = (tid + 1) * B // nt
+        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows else B
         for t in range(L):
             lstm_proj_forward_cells(t, B, H, P, pw_hh, h0 if t == 0 else h + (t - 1) * BP,
                                     c0 if t == 0 else cs + (t - 1) * BH, b, lengths, g,
@@ -337,8 +337,8 @@ cdef int lstm_proj_backward_packed(
         u1 = unit_start(H, tid + 1, nt)
         p0 = unit_start(P, tid, nt)
         p1 = unit_start(P, tid + 1, nt)
-        r0 = tid * B // nt
-        r1 = (tid + 1) * B // nt
+        r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
+        r1 = (tid + 1) * B // nt if by_rows else B
         for t in range(L - 1, -1, -1):
             lstm_proj_backward_features(t, B, P, h_grad, lengths, dh, dh_rec, p0, p1)
             if nt > 1:   # a stall here counts at the step's shedding barrier
@@ -384,11 +384,11 @@ cdef void lstm_proj_backward_cells(
     dH[t] @ w_hr (packed kernel), then the cell backward into dG[t] and the c
     carry: with rows_bar that of the rows [r0, r1), every cell, after a
     barrier of the nt threads (within the shedding barrier step_bar);
-    without, that of the cells [u0, u1)."""
+    without, that of the cells [u0, u1), every row (r0, r1 = 0, B)."""
     cdef Py_ssize_t BH = B * H, rk
     if u1 > u0:
         packed_product(B, P, dh + t * B * P, P, pw_hr, u0, u1, False, dm, H)
-    gate_math_block(rows_bar, nt, step_bar, H, B, &u0, &u1, &r0, &r1)
+    gate_math_block(rows_bar, nt, step_bar, H, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
     rk = r0 * H

@@ -22,6 +22,7 @@ cdef extern from "brnn_packed.h" nogil:
     int brnn_budget_take(int want, int total)
     void brnn_budget_give(int n)
     int brnn_budget_in_use()
+    int brnn_budget_overcommitted(int cores)
     ctypedef struct brnn_barrier:
         int count
         int gen
@@ -601,7 +602,7 @@ cdef inline bint rows_leave(RowSplit* sp, int tid, int cores) noexcept nogil:
     cdef bint over
     if tid == 0:
         return False
-    over = brnn_budget_in_use() > cores
+    over = brnn_budget_overcommitted(cores)
     if not over and not brnn_atomic_load(&sp.stop):
         return False
     if over:
@@ -622,21 +623,22 @@ cdef inline void rows_done(RowSplit* sp, int tid, Py_ssize_t resume) noexcept no
 
 
 cdef inline void gate_math_block(brnn_barrier* rows_bar, int nt, brnn_barrier* step_bar,
-                                 Py_ssize_t H, Py_ssize_t B, Py_ssize_t* u0, Py_ssize_t* u1,
+                                 Py_ssize_t H, Py_ssize_t* u0, Py_ssize_t* u1,
                                  Py_ssize_t* r0, Py_ssize_t* r1) noexcept nogil:
     """Once a thread's product columns of a step are written: the block of the
     step's gate math it computes. With rows_bar (gates_by_rows), after a
     barrier of the nt threads (one within the shedding barrier step_bar if
     not NULL, brnn_barrier_wait_within), its rows [r0, r1) over every cell:
-    u0, u1 = 0, H; without, its cells [u0, u1) over every row: r0, r1 = 0, B."""
+    u0, u1 = 0, H (its product covered every row of its cells); without, the
+    block its product covered, the cells [u0, u1) of the rows [r0, r1)
+    (unchanged): every row in a split by cells, its own rows over every cell
+    in a split by rows (split_rows)."""
     if rows_bar != NULL:
         if step_bar != NULL:
             brnn_barrier_wait_within(rows_bar, nt, step_bar)
         else:
             brnn_barrier_wait(rows_bar, nt)
         u0[0], u1[0] = 0, H
-    else:
-        r0[0], r1[0] = 0, B
 
 
 cdef enum:

@@ -417,6 +417,13 @@ static inline int brnn_budget_in_use(void) {
     return __atomic_load_n(&brnn_threads_in_use, __ATOMIC_RELAXED);
 }
 
+/* Whether the budget is over-committed (more threads in use than the `cores`
+ * the process may use): another caller was granted a thread beyond it, and a
+ * call that holds several should give back what it can. */
+static inline int brnn_budget_overcommitted(int cores) {
+    return brnn_budget_in_use() > cores;
+}
+
 /* ---- shedding threads at a step boundary ----
  * A call that took several threads gives all but its first back at the end of
  * a step, and runs its remaining steps on that one thread, when a thread of
@@ -683,7 +690,8 @@ static inline int brnn_barrier_wait_shed(brnn_barrier *b, int n, int cores, int 
             if (waited > 0 && brnn_patient_sheds(waited, brnn_now_ns() - b->start_ns))
                 __atomic_store_n(&b->slow, 1, __ATOMIC_RELAXED);
         }
-        int shed = __atomic_load_n(&b->slow, __ATOMIC_RELAXED) || brnn_budget_in_use() > cores;
+        int shed = __atomic_load_n(&b->slow, __ATOMIC_RELAXED)
+                   || brnn_budget_overcommitted(cores);
         if (shed) brnn_budget_give(n - 1);
         __atomic_store_n(&b->shed, shed, __ATOMIC_RELAXED);
         __atomic_store_n(&b->cpus, 0, __ATOMIC_RELAXED);

@@ -186,7 +186,7 @@ def _shedding_ops(p, cell):
         def run(lengths):
             f = block_lstm_proj(*args, sequence_length=lengths)
             return f, block_lstm_proj_grad(*args, *f, p["dcs"], dh,
-                                                    sequence_length=lengths)
+                                           sequence_length=lengths)
         return run, [_kernels.lstm_proj_step_threads_for(B, H, P, 2)], (P, 5 * H)
     args = (T, p["x"], p["h"], p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"])
 
@@ -207,9 +207,10 @@ def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I
     the other caller takes a thread of the budget (step_barrier), and thread 0 goes on
     with every row and cell. Small batches, gate math by rows, so the rows thread 0
     takes over are the partner's (an LSTM backward whose shed kept thread 0's own rows
-    gave wrong gradients in ~20% of such calls); batch 1, the one-row loops. The
-    LSTM's loops at batch 8 split their rows instead (split_rows): the partner leaves
-    at the end of a step (rows_leave) and the caller runs the rest of its rows."""
+    gave wrong gradients in ~20% of such calls); batch 1, the one-row loops. At batch
+    8 the LSTM's and both GRUs' loops split their rows instead (split_rows): the
+    partner leaves at the end of a step (rows_leave) and the caller runs the rest of
+    its rows (the projected LSTM's still splits its cells)."""
     p = _problem(T, B, I, H, np.float32, seed=5)
     run, threads, (K, N) = _shedding_ops(p, cell)
     assert threads and all(n == 2 for n in threads)
@@ -236,11 +237,13 @@ def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I
 @pytest.mark.parametrize("T,B,I,H", [(20, 8, 32, 64), (11, 13, 20, 70)])
 def test_training_loops_split_by_rows_keep_the_bits(cell, T, B, I, H):
     """From 4 rows a thread (split_rows) the LSTM's and both GRUs' float32 loops give
-    each thread every step of its own block of rows (13 rows: blocks of 6 and 7, or
-    3 and 4 at 4 threads, where 4 rows a thread are not reached and the cells split):
-    the forward's outputs and the gradients are those of one thread at 2-4 threads,
-    with lengths 0 and T in the first and last blocks."""
+    each thread every step of its own block of rows: 13 rows in blocks of 6 and 7 at
+    2 threads, 4, 4 and 5 at 3; 8 rows in two blocks of 4 at 2 threads. At 4 threads
+    (and 8 rows at 3) 4 rows a thread are not reached and the cells split. The
+    forward's outputs and the gradients are those of one thread at 2-4 threads, with
+    lengths 0 and T in the first and last blocks."""
     assert _kernels.split_rows_for(B, 2) and not _kernels.split_rows_for(7, 2)
+    assert _kernels.split_rows_for(B, 3) == (B == 13) and not _kernels.split_rows_for(B, 4)
     p = _problem(T, B, I, H, np.float32, seed=11)
     p["lengths"][0], p["lengths"][-1] = 0, T
     run, threads, _ = _shedding_ops(p, cell)
