@@ -374,10 +374,25 @@ cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
     return B * 3 * H + 1
 
 
+cdef void gru_pack_cols(Py_ssize_t I, Py_ssize_t H, const float* w_ru, const float* w_c,
+                        Py_ssize_t u0, Py_ssize_t u1, float* packed) noexcept nogil:
+    """The columns of cells [u0, u1) of w_ru's r and u blocks and of w_c
+    packed, as gru_forward_packed reads them: block q (r, u, c) at packed +
+    q * ps, its x rows [I, H] then, at + psx, its h rows [H, H]."""
+    cdef Py_ssize_t q, psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
+    for q in range(2):
+        pack_cols(I, H, w_ru + q * H, 2 * H, 1, False, u0, u1, packed + q * ps)
+        pack_cols(H, H, w_ru + I * 2 * H + q * H, 2 * H, 1, False, u0, u1,
+                  packed + q * ps + psx)
+    pack_cols(I, H, w_c, H, 1, False, u0, u1, packed + 2 * ps)
+    pack_cols(H, H, w_c + I * H, H, 1, False, u0, u1, packed + 2 * ps + psx)
+
+
 cdef int gru_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
-        const float* packed,      # IN  w_ru's r and u blocks and w_c, each [I + H, H] as
-                                  #     its rows [:I] then [I:] packed
+        const float* w_ru, const float* w_c,  # IN [I + H, 2H], [I + H, H]
+        float* packed,            # OUT w_ru's r and u blocks and w_c, each [I + H, H] as
+                                  #     its rows [:I] then [I:] packed (gru_pack_cols)
         const float* x, const float* h_prev, const float* b_ru, const float* b_c,
         const int64_t* lengths,
         float* ru, float* rh,     # workspace [B, 2H], [B, H]
@@ -385,8 +400,9 @@ cdef int gru_forward_packed(
         int n_threads) noexcept nogil:
     """The time loop of the float32 GRU forward: ONE parallel region of
     n_threads for all L steps, each thread owning a fixed slice of cells
-    [u0, u1) of the products. Before the loop a thread computes, for its
-    cells, the input projection of all L steps into the outputs: x[:L] @ W_x
+    [u0, u1) of the products. Before the loop a thread packs its cells'
+    columns of the weights (gru_pack_cols) and computes, for its cells, the
+    input projection of all L steps into the outputs: x[:L] @ W_x
     (r, u, c blocks), one product of L*B rows per block (packed_inputs_part).
     Per step it computes h[t-1] @ w_ru[I:] into ru and applies the r, u gates
     (writing rh = r * h[t-1]); barrier (every cell's rh is needed next); c +=
@@ -418,6 +434,7 @@ cdef int gru_forward_packed(
         memset(&sp, 0, sizeof(sp))
     dst[0], dst[1], dst[2] = r, u, c
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        gru_pack_cols(I, H, w_ru, w_c, 0, H, packed)
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, 0, H)
         for t in range(L):
             for half in range(2):
@@ -433,6 +450,7 @@ cdef int gru_forward_packed(
         u1 = unit_start(H, tid + 1, nt)
         r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
         r1 = (tid + 1) * B // nt if by_rows else B
+        gru_pack_cols(I, H, w_ru, w_c, u0, u1, packed)
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, u0, u1)
         if split:   # every step of the rows [r0, r1), once every column is projected
             brnn_barrier_wait(&bar, nt)
@@ -632,15 +650,10 @@ cdef void block_gru_forward_compute(
     cdef int q, granted
     cdef float* dst[3]
     if floating is float and B >= PACKED_MIN_ROWS:
-        for q in range(2):
-            brnn_pack_f32(I, H, w_ru + q * H, 2 * H, 1, packed + q * ps)
-            brnn_pack_f32(H, H, w_ru + I * 2 * H + q * H, 2 * H, 1, packed + q * ps + psx)
-        brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * ps)
-        brnn_pack_f32(H, H, w_c + I * H, H, 1, packed + 2 * ps + psx)
         granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads),
                                    max_threads)
-        brnn_budget_give(gru_forward_packed(L, B, I, H, packed, x, h_prev, b_ru, b_c,
-                                            lengths, ru, rh, r, u, c, h, granted))
+        brnn_budget_give(gru_forward_packed(L, B, I, H, w_ru, w_c, packed, x, h_prev, b_ru,
+                                            b_c, lengths, ru, rh, r, u, c, h, granted))
     elif floating is float:   # batch 1 (or 0): the x rows' three blocks, then the h rows'
         packed = align64(packed)
         brnn_pack_f32(I, H, w_ru, 2 * H, 1, packed)

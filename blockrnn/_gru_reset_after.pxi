@@ -200,9 +200,21 @@ cdef void gru_ra_forward_packed_step(
                                 h + k, u0, u1 - u0)
 
 
+cdef void gru_ra_pack_cols(Py_ssize_t I, Py_ssize_t H, const float* w_ih, const float* w_hh,
+                           Py_ssize_t u0, Py_ssize_t u1, float* packed) noexcept nogil:
+    """The columns of cells [u0, u1) of w_hh's then w_ih's three gate blocks
+    packed (block q: W(k, j) = w[q*H + j, k]), as gru_ra_forward_packed reads
+    them."""
+    cdef Py_ssize_t q, ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
+    for q in range(3):
+        pack_cols(H, H, w_hh + q * H * H, 1, H, False, u0, u1, packed + q * ps)
+        pack_cols(I, H, w_ih + q * H * I, 1, I, False, u0, u1, packed + 3 * ps + q * psx)
+
+
 cdef int gru_ra_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
-        const float* packed,      # IN  w_hh's then w_ih's three gate blocks packed
+        const float* w_ih, const float* w_hh,  # IN [3H, I], [3H, H]
+        float* packed,            # OUT w_hh's then w_ih's three gate blocks packed
         const float* x, const float* h_prev, const float* b_ih, const float* b_hh,
         const int64_t* lengths,
         float* g,                 # workspace [B, 3H]
@@ -210,7 +222,8 @@ cdef int gru_ra_forward_packed(
         int n_threads) noexcept nogil:
     """The time loop of the float32 forward: ONE parallel region of n_threads
     for all L steps, each thread owning a fixed slice of cells (unit_start).
-    Before the loop a thread computes their input projection of all L steps
+    Before the loop a thread packs their columns of the weights
+    (gru_ra_pack_cols) and computes their input projection of all L steps
     into r, z, n: x[:L] @ w_ih^T, one product of L*B rows per gate block
     (packed_inputs_part); then at every step their recurrent product, and
     the gates: with gates_by_rows those of its block of rows, every cell,
@@ -221,13 +234,13 @@ cdef int gru_ra_forward_packed(
     left). From SPLIT_ROWS rows a thread (split_rows) each thread runs every
     step of its block of rows instead (gru_ra_forward_packed_step on those
     rows, every cell), after a barrier that ends the hoist, as
-    lstm_forward_packed. Each product element
-    is one packed-kernel sum, as when x[t] @ w_ih^T ran inside each step: the
-    bits depend neither on n_threads nor on the hoist. Returns the threads
-    the caller gives back to the budget (region_threads)."""
+    lstm_forward_packed. Each product element is one packed-kernel sum, as
+    when x[t] @ w_ih^T ran inside each step: the bits depend neither on
+    n_threads nor on the hoist. Returns the threads the caller gives back to
+    the budget (region_threads)."""
     cdef Py_ssize_t t, k, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H)
-    cdef const float* packed_x = packed + 3 * brnn_packed_size(H, H)
+    cdef float* packed_x = packed + 3 * brnn_packed_size(H, H)
     cdef int tid, nt, cores = brnn_omp_get_num_procs()
     cdef float* dst[3]
     cdef bint by_rows = gates_by_rows(B, n_threads)
@@ -241,6 +254,7 @@ cdef int gru_ra_forward_packed(
         memset(&sp, 0, sizeof(sp))
     dst[0], dst[1], dst[2] = r, z, n
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        gru_ra_pack_cols(I, H, w_ih, w_hh, 0, H, packed)
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, 0, H)
         for t in range(L):
             gru_ra_forward_packed_step(t, B, H, packed, h_prev if t == 0 else h + (t - 1) * BH,
@@ -254,6 +268,7 @@ cdef int gru_ra_forward_packed(
         u1 = unit_start(H, tid + 1, nt)
         r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
         r1 = (tid + 1) * B // nt if by_rows else B
+        gru_ra_pack_cols(I, H, w_ih, w_hh, u0, u1, packed)
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, u0, u1)
         if split:   # every step of the rows [r0, r1), once every column is projected
             brnn_barrier_wait(&bar, nt)
@@ -375,12 +390,10 @@ cdef void block_gru_ra_forward_compute(
     cdef int granted
     dst[0], dst[1], dst[2] = r, z, n
     if floating is float and B >= PACKED_MIN_ROWS:
-        for q in range(3):   # W(k, j) = w[q*H + j, k]: strides sk = 1, sn = row length
-            brnn_pack_f32(H, H, w_hh + q * H * H, 1, H, packed + q * ps)
-            brnn_pack_f32(I, H, w_ih + q * H * I, 1, I, packed + 3 * ps + q * psx)
         granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads), max_threads)
-        brnn_budget_give(gru_ra_forward_packed(L, B, I, H, packed, x, h_prev, b_ih, b_hh,
-                                               lengths, g, r, z, n, hn, h, granted))
+        brnn_budget_give(gru_ra_forward_packed(L, B, I, H, w_ih, w_hh, packed, x, h_prev,
+                                               b_ih, b_hh, lengths, g, r, z, n, hn, h,
+                                               granted))
     elif floating is float:   # batch 1 (or 0): packed as above, aligned; inputs hoisted
         packed = align64(packed)
         for q in range(3):
