@@ -833,10 +833,20 @@ cdef void gru_backward_gemms(
     run_gemm_specs(njobs, jobs, ws, threads)
 
 
+cdef void gru_pack_t_cols(Py_ssize_t I, Py_ssize_t H, const float* w_ru, const float* w_c,
+                          Py_ssize_t u0, Py_ssize_t u1, float* w_c_t,
+                          float* w_ru_t) noexcept nogil:
+    """The columns of cells [u0, u1) of w_c[I:]^T [H, H] and w_ru[I:]^T [2H, H]
+    packed, as gru_backward_packed reads them."""
+    pack_cols(H, H, w_c + I * H, 1, H, False, u0, u1, w_c_t)
+    pack_cols(2 * H, H, w_ru + I * 2 * H, 1, 2 * H, False, u0, u1, w_ru_t)
+
+
 cdef int gru_backward_packed(
-        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H,
-        const float* w_c_t, const float* w_ru_t,  # IN w_c[I:]^T [H, H], w_ru[I:]^T [2H, H]
-                                                  #    packed
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        const float* w_ru, const float* w_c,  # IN [I + H, 2H], [I + H, H]: packed first if
+        bint pack,                            #    `pack`
+        float* w_c_t, float* w_ru_t,  # IN/OUT w_c[I:]^T [H, H], w_ru[I:]^T [2H, H] packed
         const float* h_prev, const float* r, const float* u, const float* c,
         const float* h, const float* h_grad, const int64_t* lengths,
         float* d_ru, float* d_c,  # OUT [(t1-t0)*B, 2H], [(t1-t0)*B, H]: step t at row (t-t0)*B
@@ -845,7 +855,8 @@ cdef int gru_backward_packed(
         int n_threads) noexcept nogil:
     """The reverse loop of the float32 GRU backward over the steps [t0, t1):
     ONE parallel region of n_threads, each thread owning the cells [u0, u1)
-    of the products. Per step: the output part of SPEC §7; barrier (d_hr
+    of the products (and, if `pack`, packing their columns of w_c[I:]^T and
+    w_ru[I:]^T first: the first chunk's region). Per step: the output part of SPEC §7; barrier (d_hr
     needs all of dC[t]); d_hr = dC[t] @ w_c[I:]^T and the reset part;
     barrier (the carry needs all of dRU[t]); carry += dRU[t] @ w_ru[I:]^T.
     The gate math (the output and reset parts) is that of the thread's block
@@ -870,6 +881,8 @@ cdef int gru_backward_packed(
     if split:
         memset(&sp, 0, sizeof(sp))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
+        if pack:
+            gru_pack_t_cols(I, H, w_ru, w_c, 0, H, w_c_t, w_ru_t)
         for t in range(t1 - 1, t0 - 1, -1):
             for part in range(3):
                 gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h,
@@ -883,7 +896,11 @@ cdef int gru_backward_packed(
         u1 = unit_start(H, tid + 1, nt)
         r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
         r1 = (tid + 1) * B // nt if by_rows else B
-        if split:   # every step of the rows [r0, r1) (the weights were packed before)
+        if pack:
+            gru_pack_t_cols(I, H, w_ru, w_c, u0, u1, w_c_t, w_ru_t)
+        if split:   # every step of the rows [r0, r1), once the weights are packed
+            if pack:
+                brnn_barrier_wait(&bar, nt)
             t = t1
             while t > t0:
                 t = t - 1
@@ -1022,10 +1039,7 @@ cdef void block_gru_backward_compute(
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, 3 * H * sizeof(double))     # [2H] b_ru's sums, [H] b_c's
     if floating is float:
-        if B >= PACKED_MIN_ROWS:
-            use_packed = True
-            brnn_pack_f32(H, H, w_c + I * H, 1, H, w_c_t)
-            brnn_pack_f32(H2, H, w_ru + I * H2, 1, H2, w_ru_t)
+        use_packed = B >= PACKED_MIN_ROWS   # (packed by the first chunk's region)
     if L == 0:   # no step: zero weight gradients
         gru_backward_gemms(0, 0, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, False,
                            x_grad, w_ru_grad, w_c_grad, gws, 1)
@@ -1035,9 +1049,9 @@ cdef void block_gru_backward_compute(
         if floating is float and use_packed:
             granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads),
                                        max_threads)
-            brnn_budget_give(gru_backward_packed(t0, t1, B, H, w_c_t, w_ru_t, h_prev, r, u,
-                                                 c, h, h_grad, lengths, d_ru, d_c, d_hr,
-                                                 h_prev_grad, granted))
+            brnn_budget_give(gru_backward_packed(t0, t1, B, I, H, w_ru, w_c, t1 == L, w_c_t,
+                                                 w_ru_t, h_prev, r, u, c, h, h_grad, lengths,
+                                                 d_ru, d_c, d_hr, h_prev_grad, granted))
         else:
             for t in range(t1 - 1, t0 - 1, -1):
                 h_in = h_prev if t == 0 else h + (t - 1) * BH
