@@ -650,7 +650,8 @@ cdef void block_gru_forward_compute(
     cdef int q, granted
     cdef float* dst[3]
     if floating is float and B >= PACKED_MIN_ROWS:
-        granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads),
+        granted = brnn_budget_take(loop_threads(gru_sequence_threads(B, H, max_threads),
+                                                L * B * (I + H) * 3 * H, LOOP_MIN_WORK_FORWARD),
                                    max_threads)
         brnn_budget_give(gru_forward_packed(L, B, I, H, w_ru, w_c, packed, x, h_prev, b_ru,
                                             b_c, lengths, ru, rh, r, u, c, h, granted))
@@ -666,7 +667,8 @@ cdef void block_gru_forward_compute(
         dst[0], dst[1], dst[2] = r, u, c
         packed_inputs(L * B, I, H, 3, x, packed, dst, max_threads)
         if B == 1:
-            granted = brnn_budget_take(gru_sequence_threads(1, H, max_threads),
+            granted = brnn_budget_take(loop_threads(gru_sequence_threads(1, H, max_threads),
+                                                    L * 3 * H * H, LOOP_MIN_WORK_FORWARD),
                                        max_threads)
             brnn_budget_give(gru_forward_row1(L, H, packed + 3 * psx, h_prev, b_ru, b_c,
                                               lengths, ru, rh, r, u, c, h, granted))
@@ -1047,8 +1049,9 @@ cdef void block_gru_backward_compute(
     while t1 > 0:
         t0 = max(0, t1 - S)
         if floating is float and use_packed:
-            granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads),
-                                       max_threads)
+            granted = brnn_budget_take(
+                loop_threads(gru_sequence_threads(B, H, max_threads),
+                             (t1 - t0) * B * 3 * H * H, LOOP_MIN_WORK_BACKWARD), max_threads)
             brnn_budget_give(gru_backward_packed(t0, t1, B, I, H, w_ru, w_c, t1 == L, w_c_t,
                                                  w_ru_t, h_prev, r, u, c, h, h_grad, lengths,
                                                  d_ru, d_c, d_hr, h_prev_grad, granted))

@@ -390,7 +390,9 @@ cdef void block_gru_ra_forward_compute(
     cdef int granted
     dst[0], dst[1], dst[2] = r, z, n
     if floating is float and B >= PACKED_MIN_ROWS:
-        granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads), max_threads)
+        granted = brnn_budget_take(loop_threads(gru_sequence_threads(B, H, max_threads),
+                                                L * B * (I + H) * H3, LOOP_MIN_WORK_FORWARD),
+                                   max_threads)
         brnn_budget_give(gru_ra_forward_packed(L, B, I, H, w_ih, w_hh, packed, x, h_prev,
                                                b_ih, b_hh, lengths, g, r, z, n, hn, h,
                                                granted))
@@ -402,7 +404,9 @@ cdef void block_gru_ra_forward_compute(
             fdst[q] = dst[q]
         packed_inputs(L * B, I, H, 3, x, packed + 3 * ps, fdst, max_threads)
         if B == 1:
-            granted = brnn_budget_take(gru_sequence_threads(1, H, max_threads), max_threads)
+            granted = brnn_budget_take(loop_threads(gru_sequence_threads(1, H, max_threads),
+                                                    L * H3 * H, LOOP_MIN_WORK_FORWARD),
+                                       max_threads)
             brnn_budget_give(gru_ra_forward_row1(L, H, packed, h_prev, b_ih, b_hh, lengths, g,
                                                  r, z, n, hn, h, granted))
     else:
@@ -679,7 +683,9 @@ cdef void block_gru_ra_backward_compute(
     while t1 > 0:
         t0 = max(0, t1 - S)
         if floating is float and use_packed:
-            granted = brnn_budget_take(gru_sequence_threads(B, H, max_threads), max_threads)
+            granted = brnn_budget_take(
+                loop_threads(gru_sequence_threads(B, H, max_threads), (t1 - t0) * B * H3 * H,
+                             LOOP_MIN_WORK_BACKWARD), max_threads)
             brnn_budget_give(gru_ra_backward_packed(
                 t0, t1, B, H, w_hh, t1 == L, packed, h_prev, r, z, n, hn, h, h_grad, lengths,
                 dg, h_prev_grad, granted))

@@ -793,7 +793,9 @@ cdef void block_lstm_forward_compute(
     cdef int granted
     cdef bint wide = B == 1 and row1_wide
     if floating is float:
-        granted = brnn_budget_take(sequence_threads(B, H, G4, H, max_threads), max_threads)
+        granted = brnn_budget_take(loop_threads(sequence_threads(B, H, G4, H, max_threads),
+                                                L * B * (I + H) * G4, LOOP_MIN_WORK_FORWARD),
+                                   max_threads)
         brnn_budget_give(lstm_forward_packed(
             L, B, I, H, off, w_x, w_h, s, align64(ws + B * G4), wide, x, cs_prev, h_prev, b,
             wci, wcf, wco, forget_bias, cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci,
@@ -1133,7 +1135,9 @@ cdef void block_lstm_backward_compute(
     while t1 > 0:
         t0 = max(0, t1 - S)
         if floating is float:
-            granted = brnn_budget_take(sequence_threads(B, G4, H, H, max_threads), max_threads)
+            granted = brnn_budget_take(
+                loop_threads(sequence_threads(B, G4, H, H, max_threads),
+                             (t1 - t0) * B * G4 * H, LOOP_MIN_WORK_BACKWARD), max_threads)
             brnn_budget_give(lstm_backward_packed(
                 t0, t1, B, H, off, w_h, s, packed_t, wide, t1 == L, cs_prev, i_, cs, f, o,
                 ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole, lengths, dg,

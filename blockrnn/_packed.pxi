@@ -476,7 +476,8 @@ cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
 
 cdef inline int sequence_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
                                  int limit) noexcept nogil:
-    """Threads a float32 training loop of the LSTM asks of the budget, its
+    """Threads a float32 training loop of the LSTM asks of the budget by its
+    steps (loop_threads then keeps a short call on one), its
     steps' recurrent product [B, K] @ [K, N] over H cells (the input
     projection is hoisted out of the steps): one per INFER_WORK_PER_THREAD
     multiply-adds of a step at batch 1 (the inference forward's rule for its
@@ -487,9 +488,44 @@ cdef inline int sequence_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ss
                         INFER_WORK_PER_THREAD if B == 1 else SEQUENCE_WORK_PER_THREAD, H, limit)
 
 
+cdef enum:
+    # Below these multiply-adds of its whole region a float32 training loop runs
+    # on one thread, whatever its steps' rule asks (loop_threads): the partner of
+    # a short call is asleep (GOMP_SPINCOUNT=1000) and its wake-up costs more than
+    # its share saves. Raw ops, 2-core Zen 4 VM, fresh processes, p25, 1 thread /
+    # 2 threads in us: backwards (T x B x nq*H x H) lost at T=1 at every shape
+    # (LSTM B=8 H=256, 2.1M: 344-348 / 405-462; reset-after GRU B=16 H=128, 0.8M:
+    # 100-103 / 154-183), at T=2 B=16 H=128 (LSTM, 2.1M: 221-222 / 238-251) and
+    # T=4 B=32 H=64 (LSTM, 2.1M: 206 / 221-223), and won from 3.1M (reset-after
+    # GRU T=2 B=8 H=256: 335-339 / 230-256; T=4 B=16 H=128: 280-281 / 189-194).
+    # Forwards (with the projection: T x B x (I+H) x nq*H) lost at T=1 B=8 H=128
+    # (LSTM, 1.0M: 40-42 / 98-100; reset-after GRU, 0.8M: 44-45 / 48) and won
+    # from 1.6M (reset-after GRU T=2 B=8 H=128: 61 / 57-58; T=1 B=16 H=128: 60-61
+    # / 54).
+    LOOP_MIN_WORK_FORWARD = 3 << 19
+    LOOP_MIN_WORK_BACKWARD = 3 << 20
+
+
+cdef inline int loop_threads(int threads, Py_ssize_t work, Py_ssize_t min_work) noexcept nogil:
+    """The threads a float32 training loop whose region does `work`
+    multiply-adds asks of the budget: `threads` (its steps' rule,
+    sequence_threads or gru_sequence_threads), or one below min_work
+    (LOOP_MIN_WORK_FORWARD: the steps' products and the hoisted projection;
+    LOOP_MIN_WORK_BACKWARD: the products of a chunk's reverse loop)."""
+    return threads if work >= min_work else 1
+
+
+def loop_threads_for(int threads, Py_ssize_t work, bint forward):
+    """loop_threads with the forward's or the backward's threshold (for the
+    tests)."""
+    return loop_threads(threads, work,
+                        LOOP_MIN_WORK_FORWARD if forward else LOOP_MIN_WORK_BACKWARD)
+
+
 cdef inline int gru_sequence_threads(Py_ssize_t B, Py_ssize_t H, int limit) noexcept nogil:
-    """Threads a float32 training loop of a GRU asks of the budget (TF's and
-    the reset-after GRU's, forward and backward): one per
+    """Threads a float32 training loop of a GRU asks of the budget by its
+    steps (TF's and the reset-after GRU's, forward and backward; loop_threads
+    then keeps a short call on one): one per
     SEQUENCE_WORK_PER_THREAD multiply-adds of a step's recurrent products
     (B x H x 3H) at every batch size, batch 1 included (unlike the LSTM's,
     sequence_threads); at most one per 16-cell panel, at most `limit`, at

@@ -157,8 +157,14 @@ def _shedding_ops(p, cell):
     """run(lengths) -> (forward outputs, gradients) of the float32 sequence op `cell`
     ("lstm": block_lstm_v2, "gru": the reset-after GRU, "tf_gru": block_gru,
     "lstm_proj": block_lstm_proj with P = H / 2); the threads its time loops ask of a
-    budget of 2; and its step's recurrent product (K, N) (sequence_patient)."""
+    budget of 2 (their steps' rule, and one below a loop's LOOP_MIN_WORK, loop_threads);
+    and its step's recurrent product (K, N) (sequence_patient)."""
     T, B, H = p["T"], p["h"].shape[0], p["h"].shape[1]
+    I, S = p["x"].shape[2], _kernels.backward_chunk_steps_for(T, B * 4 * H)
+
+    def loop(threads, nq):   # the forward's and the backward's loop (one chunk of S steps)
+        return [_kernels.loop_threads_for(threads, T * B * (I + H) * nq * H, True),
+                _kernels.loop_threads_for(threads, S * B * nq * H * H, False)]
     if cell == "lstm":
         args = (T, p["x"], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
 
@@ -166,15 +172,16 @@ def _shedding_ops(p, cell):
             f = blockrnn.block_lstm_v2(*args, use_peephole=True, sequence_length=lengths)
             return f, blockrnn.block_lstm_grad_v2(*args, *f, p["dcs"], p["dh"],
                                                   use_peephole=True, sequence_length=lengths)
-        return run, [_kernels.sequence_threads_for(B, H, 4 * H, H, 2),
-                     _kernels.sequence_threads_for(B, 4 * H, H, H, 2)], (H, 4 * H)
+        return run, [loop(_kernels.sequence_threads_for(B, H, 4 * H, H, 2), 4)[0],
+                     loop(_kernels.sequence_threads_for(B, 4 * H, H, H, 2), 4)[1]], (H, 4 * H)
     if cell == "tf_gru":
         args = (T, p["x"], p["h"], p["w_ru"], p["w_c"], p["b_ru"], p["b_c"])
 
         def run(lengths):
             f = blockrnn.block_gru(*args, sequence_length=lengths)
             return f, blockrnn.block_gru_grad(*args, *f, p["dh"], sequence_length=lengths)
-        return run, [_kernels.gru_sequence_threads_for(B, H, 2)], (H, 3 * H)
+        threads = loop(_kernels.gru_sequence_threads_for(B, H, 2), 3)
+        return run, threads[:1] if B == 1 else threads, (H, 3 * H)   # as below
     if cell == "lstm_proj":
         P = H // 2
         rng = np.random.default_rng(7)
@@ -195,12 +202,13 @@ def _shedding_ops(p, cell):
         return f, blockrnn.block_gru_reset_after_grad(*args, *f, p["dh"],
                                                       sequence_length=lengths)
     # batch 1's backward runs its steps on the calling thread (BLAS)
-    return run, [_kernels.gru_sequence_threads_for(B, H, 2)], (H, 3 * H)
+    threads = loop(_kernels.gru_sequence_threads_for(B, H, 2), 3)
+    return run, threads[:1] if B == 1 else threads, (H, 3 * H)
 
 
 @pytest.mark.parametrize("cell,T,B,I,H", [
     (cell, *shape) for cell in ("lstm", "gru", "tf_gru", "lstm_proj")
-    for shape in [(20, 8, 32, 128), (20, 3, 24, 100), (20, 1, 24, 256)]])
+    for shape in [(20, 8, 32, 128), (40, 3, 24, 100), (20, 1, 24, 256)]])
 def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I, H):
     """Two Python threads calling a float32 sequence op's forward and backward at once,
     150 times each: a call on 2 threads sheds its partner at a step barrier whenever
@@ -234,7 +242,7 @@ def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru", "tf_gru"])
-@pytest.mark.parametrize("T,B,I,H", [(20, 8, 32, 64), (11, 13, 20, 70)])
+@pytest.mark.parametrize("T,B,I,H", [(40, 8, 32, 64), (20, 13, 20, 70)])
 def test_training_loops_split_by_rows_keep_the_bits(cell, T, B, I, H):
     """From 4 rows a thread (split_rows) the LSTM's and both GRUs' float32 loops give
     each thread every step of its own block of rows: 13 rows in blocks of 6 and 7 at

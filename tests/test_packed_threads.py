@@ -18,7 +18,7 @@ from blockrnn import _kernels
 # T, B, I, H: H not a multiple of 16, B not a multiple of the row tile, H = 1,
 # B = 1 (the BLAS route with its input projection packed), I = 0, T = 1, and
 # shapes large enough to run on several threads.
-SHAPES = [(5, 3, 4, 37), (7, 9, 0, 1), (6, 1, 8, 64), (1, 2, 3, 16), (4, 7, 5, 100),
+SHAPES = [(5, 3, 4, 37), (7, 9, 0, 1), (6, 1, 8, 64), (1, 2, 3, 16), (16, 7, 5, 100),
           (3, 13, 20, 200), (2, 2, 64, 600), (2, 24, 60, 200)]
 # Batch 1 with an input projection large enough for several threads (its
 # float32 error over 64 steps is above the variant test's float64 tolerance),

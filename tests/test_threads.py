@@ -11,9 +11,10 @@ from blockrnn import _config
 
 
 def _problem(seed):
-    """A mixed call list: sequence forward + backward and the GRU cell, random shapes."""
+    """A mixed call list: sequence forward + backward and the GRU cell, random shapes
+    (about half of them large enough for the loops' several threads, loop_threads)."""
     rng = np.random.default_rng(seed)
-    T, B, I, H = (int(v) for v in rng.integers(1, [12, 40, 24, 48]))
+    T, B, I, H = (int(v) for v in rng.integers(1, [24, 40, 24, 96]))
     rand = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)  # noqa: E731
     lstm = (int(rng.integers(0, T + 1)), rand(T, B, I), rand(B, H), rand(B, H),
             rand(I + H, 4 * H), rand(H), rand(H), rand(H), rand(4 * H))
