@@ -858,9 +858,10 @@ cdef int gru_backward_packed(
     """The reverse loop of the float32 GRU backward over the steps [t0, t1):
     ONE parallel region of n_threads, each thread owning the cells [u0, u1)
     of the products (and, if `pack`, packing their columns of w_c[I:]^T and
-    w_ru[I:]^T first: the first chunk's region). Per step: the output part of SPEC §7; barrier (d_hr
-    needs all of dC[t]); d_hr = dC[t] @ w_c[I:]^T and the reset part;
-    barrier (the carry needs all of dRU[t]); carry += dRU[t] @ w_ru[I:]^T.
+    w_ru[I:]^T first: the first chunk's region). Per step: the output part
+    of SPEC §7; barrier (d_hr needs all of dC[t]); d_hr = dC[t] @ w_c[I:]^T
+    and the reset part; barrier (the carry needs all of dRU[t]); carry +=
+    dRU[t] @ w_ru[I:]^T.
     The gate math (the output and reset parts) is that of the thread's block
     of rows, every cell, whenever every thread gets a row (gates_by_rows):
     then a barrier follows each product (the rows read every cell of d_hr,
@@ -869,8 +870,9 @@ cdef int gru_backward_packed(
     cell and row from there on. From SPLIT_ROWS rows a thread (split_rows)
     each thread runs every step of its block of rows instead (the three
     parts on those rows, every cell), with no barrier, as
-    lstm_backward_packed. The bits do not depend on n_threads. Returns the
-    threads the caller gives back to the budget (region_threads)."""
+    lstm_backward_packed (after one barrier if it packs). The bits do not
+    depend on n_threads. Returns the threads the caller gives back to the
+    budget (region_threads)."""
     cdef Py_ssize_t t = 0, k, u0 = 0, u1 = H, r0 = 0, r1 = B
     cdef int tid = 0, nt = 1, part = 0, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)

@@ -685,7 +685,7 @@ cdef int lstm_forward_packed(
             t = 0
             while t < L:
                 lstm_forward_packed_step(
-                    t, B, H, off, packed, False, cs_prev if t == 0 else cs + (t - 1) * BH,
+                    t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
                     h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
                     cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H, r0, r1,
                     NULL, nt)
@@ -708,7 +708,7 @@ cdef int lstm_forward_packed(
         for k in range(1, sp.nt):
             for t in range(sp.resume[k], L):
                 lstm_forward_packed_step(
-                    t, B, H, off, packed, False, cs_prev if t == 0 else cs + (t - 1) * BH,
+                    t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
                     h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
                     cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H,
                     k * B // sp.nt, (k + 1) * B // sp.nt, NULL, 1)
@@ -1026,7 +1026,7 @@ cdef int lstm_backward_packed(
             t = t1
             while t > t0:
                 t = t - 1
-                lstm_backward_rows_step(t, t0, B, H, off, packed_t, False, cs_prev, i_, cs, f, o,
+                lstm_backward_rows_step(t, t0, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o,
                                         ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
                                         lengths, dg, cs_prev_grad, h_prev_grad, r0, r1)
                 if t > t0 and rows_leave(&sp, tid, cores):
@@ -1054,7 +1054,7 @@ cdef int lstm_backward_packed(
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k] - 1, t0 - 1, -1):
-                lstm_backward_rows_step(t, t0, B, H, off, packed_t, False, cs_prev, i_, cs, f, o,
+                lstm_backward_rows_step(t, t0, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o,
                                         ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
                                         lengths, dg, cs_prev_grad, h_prev_grad,
                                         k * B // sp.nt, (k + 1) * B // sp.nt)

@@ -499,9 +499,9 @@ cdef enum:
     # T=4 B=32 H=64 (LSTM, 2.1M: 206 / 221-223), and won from 3.1M (reset-after
     # GRU T=2 B=8 H=256: 335-339 / 230-256; T=4 B=16 H=128: 280-281 / 189-194).
     # Forwards (with the projection: T x B x (I+H) x nq*H) lost at T=1 B=8 H=128
-    # (LSTM, 1.0M: 40-42 / 98-100; reset-after GRU, 0.8M: 44-45 / 48) and won
-    # from 1.6M (reset-after GRU T=2 B=8 H=128: 61 / 57-58; T=1 B=16 H=128: 60-61
-    # / 54).
+    # (reset-after GRU, 0.8M: 44-45 / 48; LSTM, 1.0M: 40-42 / 98-100 in one run,
+    # 38-50 on 2 threads in another) and won from 1.6M (reset-after GRU T=2 B=8
+    # H=128: 61 / 57-58; T=1 B=16 H=128: 60-61 / 54).
     LOOP_MIN_WORK_FORWARD = 3 << 19
     LOOP_MIN_WORK_BACKWARD = 3 << 20
 
