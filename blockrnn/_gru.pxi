@@ -437,11 +437,8 @@ cdef int gru_forward_packed(
         gru_pack_cols(I, H, w_ru, w_c, 0, H, packed)
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, 0, H)
         for t in range(L):
-            for half in range(2):
-                gru_forward_packed_half(half, t, B, H, packed, ps, psx,
-                                        h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
-                                        lengths, ru, rh, r, u, c, h, 0, H, 0, B, NULL, 1,
-                                        NULL)
+            gru_forward_rows_step(t, B, H, packed, ps, psx, h_prev, b_ru, b_c, lengths, ru, rh,
+                                  r, u, c, h, 0, B)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
@@ -456,11 +453,8 @@ cdef int gru_forward_packed(
             brnn_barrier_wait(&bar, nt)
             t = 0
             while t < L:
-                for half in range(2):
-                    gru_forward_packed_half(half, t, B, H, packed, ps, psx,
-                                            h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
-                                            lengths, ru, rh, r, u, c, h, 0, H, r0, r1, NULL, nt,
-                                            NULL)
+                gru_forward_rows_step(t, B, H, packed, ps, psx, h_prev, b_ru, b_c, lengths, ru,
+                                      rh, r, u, c, h, r0, r1)
                 t = t + 1
                 if t < L and rows_leave(&sp, tid, cores):
                     break
@@ -482,11 +476,8 @@ cdef int gru_forward_packed(
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k], L):
-                for half in range(2):
-                    gru_forward_packed_half(half, t, B, H, packed, ps, psx,
-                                            h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
-                                            lengths, ru, rh, r, u, c, h, 0, H, k * B // sp.nt,
-                                            (k + 1) * B // sp.nt, NULL, 1, NULL)
+                gru_forward_rows_step(t, B, H, packed, ps, psx, h_prev, b_ru, b_c, lengths, ru,
+                                      rh, r, u, c, h, k * B // sp.nt, (k + 1) * B // sp.nt)
         return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
@@ -532,6 +523,21 @@ cdef void gru_forward_packed_half(
         else:
             brnn_gru_output_row_f32(u1 - u0, b_c + u0, h_in + k, u + t * BH + k,
                                     c + t * BH + k, h + t * BH + k)
+
+
+cdef void gru_forward_rows_step(
+        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, const float* packed, Py_ssize_t ps,
+        Py_ssize_t psx, const float* h_prev, const float* b_ru, const float* b_c,
+        const int64_t* lengths, float* ru, float* rh, float* r, float* u, float* c, float* h,
+        Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """Step t of gru_forward_packed for the rows [r0, r1), every cell, on the
+    calling thread alone (no barrier): both halves (gru_forward_packed_half).
+    The one-thread loop, the split by rows and its leftover steps run it."""
+    cdef int half
+    for half in range(2):
+        gru_forward_packed_half(half, t, B, H, packed, ps, psx,
+                                h_prev if t == 0 else h + (t - 1) * B * H, b_ru, b_c, lengths,
+                                ru, rh, r, u, c, h, 0, H, r0, r1, NULL, 1, NULL)
 
 
 cdef void gru_forward_row1_half(
@@ -874,7 +880,7 @@ cdef int gru_backward_packed(
     depend on n_threads. Returns the threads the caller gives back to the
     budget (region_threads)."""
     cdef Py_ssize_t t = 0, k, u0 = 0, u1 = H, r0 = 0, r1 = B
-    cdef int tid = 0, nt = 1, part = 0, cores = brnn_omp_get_num_procs()
+    cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
     cdef bint split = split_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, 3 * H, H, n_threads)
@@ -888,10 +894,8 @@ cdef int gru_backward_packed(
         if pack:
             gru_pack_t_cols(I, H, w_ru, w_c, 0, H, w_c_t, w_ru_t)
         for t in range(t1 - 1, t0 - 1, -1):
-            for part in range(3):
-                gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h,
-                                         h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H,
-                                         0, B, NULL, 1, NULL)
+            gru_backward_rows_step(t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                   lengths, d_ru, d_c, d_hr, h_prev_grad, 0, B)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
@@ -908,10 +912,8 @@ cdef int gru_backward_packed(
             t = t1
             while t > t0:
                 t = t - 1
-                for part in range(3):
-                    gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c,
-                                             h, h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad,
-                                             0, H, r0, r1, NULL, nt, NULL)
+                gru_backward_rows_step(t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                       lengths, d_ru, d_c, d_hr, h_prev_grad, r0, r1)
                 if t > t0 and rows_leave(&sp, tid, cores):
                     break
             rows_done(&sp, tid, t)
@@ -937,11 +939,9 @@ cdef int gru_backward_packed(
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k] - 1, t0 - 1, -1):
-                for part in range(3):
-                    gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c,
-                                             h, h_grad, lengths, d_ru, d_c, d_hr, h_prev_grad,
-                                             0, H, k * B // sp.nt, (k + 1) * B // sp.nt, NULL,
-                                             1, NULL)
+                gru_backward_rows_step(t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                       lengths, d_ru, d_c, d_hr, h_prev_grad, k * B // sp.nt,
+                                       (k + 1) * B // sp.nt)
         return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
@@ -986,6 +986,23 @@ cdef void gru_backward_packed_part(
         gru_backward_reset_block[float](r1 - r0, H, h_in + k, r + t * BH + k, d_hr + k,
                                         drt + 2 * k, h_prev_grad + k,
                                         lengths_from(lengths, r0), t, u0, nu)
+
+
+cdef void gru_backward_rows_step(
+        Py_ssize_t t, Py_ssize_t t0, Py_ssize_t B, Py_ssize_t H, const float* w_c_t,
+        const float* w_ru_t, const float* h_prev, const float* r, const float* u,
+        const float* c, const float* h, const float* h_grad, const int64_t* lengths,
+        float* d_ru, float* d_c, float* d_hr, float* h_prev_grad,
+        Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
+    """Step t of gru_backward_packed for the rows [r0, r1), every cell, on the
+    calling thread alone (no barrier): its three parts
+    (gru_backward_packed_part). The one-thread loop, the split by rows and
+    its leftover steps run it."""
+    cdef int part
+    for part in range(3):
+        gru_backward_packed_part(part, t, t0, B, H, w_c_t, w_ru_t, h_prev, r, u, c, h, h_grad,
+                                 lengths, d_ru, d_c, d_hr, h_prev_grad, 0, H, r0, r1, NULL, 1,
+                                 NULL)
 
 
 cdef void block_gru_backward_compute(
