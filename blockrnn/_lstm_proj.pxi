@@ -25,10 +25,12 @@
 
 cdef inline int lstm_proj_step_threads(Py_ssize_t B, Py_ssize_t H, Py_ssize_t P,
                                        int limit) noexcept nogil:
-    """Threads of the float32 time loops: one per SEQUENCE_WORK_PER_THREAD
-    multiply-adds of a step's products (B * P * 5H) at every batch size (two
-    barriers a step, as the GRUs' loops, gru_sequence_threads), at most
-    one per 16-feature panel of P (< H), at most limit."""
+    """Threads of the float32 time loops by their steps (loop_threads then
+    keeps a short call on one, LOOP_MIN_WORK_PROJ): one per
+    SEQUENCE_WORK_PER_THREAD multiply-adds of a step's products (B * P * 5H)
+    at every batch size (two barriers a step, as the GRUs' loops,
+    gru_sequence_threads), at most one per 16-feature panel of P (< H), at
+    most limit."""
     return step_threads(B * P * 5 * H, SEQUENCE_WORK_PER_THREAD, P, limit)
 
 
@@ -198,7 +200,9 @@ cdef void block_lstm_proj_forward_compute(
         jobs[q] = gspec(L * B, H, I, x, I, 1, w_ih + q * H * I, 1, I, False, dst[q], H)
     run_gemm_specs(4, jobs, gws, lstm_proj_gemm_threads(L, B, I, H, P, max_threads))
     if floating is float:
-        granted = brnn_budget_take(lstm_proj_step_threads(B, H, P, max_threads), max_threads)
+        granted = brnn_budget_take(loop_threads(lstm_proj_step_threads(B, H, P, max_threads),
+                                                L * B * 5 * H * P, LOOP_MIN_WORK_PROJ),
+                                   max_threads)
         brnn_budget_give(lstm_proj_forward_packed(L, B, H, P, pw_hh, pw_hr, h0, c0, b, lengths,
                                                   g, i_, f, o, ci, cs, co, m, h, granted))
     else:
@@ -453,7 +457,9 @@ cdef void block_lstm_proj_backward_compute(
     memset(c0_grad, 0, BH * sizeof(floating))
     memset(zero, 0, BH * sizeof(floating))
     if floating is float:
-        granted = brnn_budget_take(lstm_proj_step_threads(B, H, P, max_threads), max_threads)
+        granted = brnn_budget_take(loop_threads(lstm_proj_step_threads(B, H, P, max_threads),
+                                                L * B * 5 * H * P, LOOP_MIN_WORK_PROJ),
+                                   max_threads)
         brnn_budget_give(lstm_proj_backward_packed(L, B, H, P, pw_hr, pw_hh, c0, i_, f, o, ci,
                                                    cs, co, cs_grad, h_grad, lengths, zero, dg,
                                                    dh, dm, h0_grad, c0_grad, granted))

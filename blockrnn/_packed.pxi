@@ -504,22 +504,33 @@ cdef enum:
     # H=128: 61 / 57-58; T=1 B=16 H=128: 60-61 / 54).
     LOOP_MIN_WORK_FORWARD = 3 << 19
     LOOP_MIN_WORK_BACKWARD = 3 << 20
+    # The projected LSTM's two loops (_lstm_proj.pxi; their regions hold the
+    # steps' products only, L x B x 5HP: the input projection and the
+    # backward's weight products run on the GEMM driver's threads), same
+    # method, I=H, 1 thread / 2 threads in us: T=1 B=8 H=128 P=64 (0.3M)
+    # forward 51 / 90-112, backward 81 / 117-141; T=2 B=16 H=128 P=64 (1.3M)
+    # 105-106 / 130-137, 179-181 / 209; P=96 (2.0M) 120-121 / 143-147,
+    # 207 / 237; T=3 (2.9M) 162-163 / 146-149, 282-305 / 211-214; T=4 (3.9M)
+    # 204-205 / 169-173, 357-360 / 253-277.
+    LOOP_MIN_WORK_PROJ = 5 << 19
 
 
 cdef inline int loop_threads(int threads, Py_ssize_t work, Py_ssize_t min_work) noexcept nogil:
     """The threads a float32 training loop whose region does `work`
     multiply-adds asks of the budget: `threads` (its steps' rule,
-    sequence_threads or gru_sequence_threads), or one below min_work
-    (LOOP_MIN_WORK_FORWARD: the steps' products and the hoisted projection;
-    LOOP_MIN_WORK_BACKWARD: the products of a chunk's reverse loop)."""
+    sequence_threads, gru_sequence_threads or lstm_proj_step_threads), or one
+    below min_work (LOOP_MIN_WORK_FORWARD: the steps' products and the
+    hoisted projection; LOOP_MIN_WORK_BACKWARD: the products of a chunk's
+    reverse loop; LOOP_MIN_WORK_PROJ: a projected LSTM loop's products)."""
     return threads if work >= min_work else 1
 
 
-def loop_threads_for(int threads, Py_ssize_t work, bint forward):
-    """loop_threads with the forward's or the backward's threshold (for the
-    tests)."""
-    return loop_threads(threads, work,
-                        LOOP_MIN_WORK_FORWARD if forward else LOOP_MIN_WORK_BACKWARD)
+def loop_threads_for(int threads, Py_ssize_t work, str loop):
+    """loop_threads with the threshold of a "forward", "backward" or "proj"
+    loop (for the tests)."""
+    cdef dict min_work = {"forward": LOOP_MIN_WORK_FORWARD, "backward": LOOP_MIN_WORK_BACKWARD,
+                          "proj": LOOP_MIN_WORK_PROJ}
+    return loop_threads(threads, work, min_work[loop])
 
 
 cdef inline int gru_sequence_threads(Py_ssize_t B, Py_ssize_t H, int limit) noexcept nogil:

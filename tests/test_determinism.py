@@ -163,8 +163,8 @@ def _shedding_ops(p, cell):
     I, S = p["x"].shape[2], _kernels.backward_chunk_steps_for(T, B * 4 * H)
 
     def loop(threads, nq):   # the forward's and the backward's loop (one chunk of S steps)
-        return [_kernels.loop_threads_for(threads, T * B * (I + H) * nq * H, True),
-                _kernels.loop_threads_for(threads, S * B * nq * H * H, False)]
+        return [_kernels.loop_threads_for(threads, T * B * (I + H) * nq * H, "forward"),
+                _kernels.loop_threads_for(threads, S * B * nq * H * H, "backward")]
     if cell == "lstm":
         args = (T, p["x"], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
 
@@ -194,7 +194,8 @@ def _shedding_ops(p, cell):
             f = block_lstm_proj(*args, sequence_length=lengths)
             return f, block_lstm_proj_grad(*args, *f, p["dcs"], dh,
                                            sequence_length=lengths)
-        return run, [_kernels.lstm_proj_step_threads_for(B, H, P, 2)], (P, 5 * H)
+        return run, [_kernels.loop_threads_for(_kernels.lstm_proj_step_threads_for(B, H, P, 2),
+                                               T * B * 5 * H * P, "proj")], (P, 5 * H)
     args = (T, p["x"], p["h"], p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"])
 
     def run(lengths):
