@@ -511,7 +511,9 @@ cdef enum:
     # forward 51 / 90-112, backward 81 / 117-141; T=2 B=16 H=128 P=64 (1.3M)
     # 105-106 / 130-137, 179-181 / 209; P=96 (2.0M) 120-121 / 143-147,
     # 207 / 237; T=3 (2.9M) 162-163 / 146-149, 282-305 / 211-214; T=4 (3.9M)
-    # 204-205 / 169-173, 357-360 / 253-277.
+    # 204-205 / 169-173, 357-360 / 253-277. (Left out: processes where glibc
+    # gave the heap's top back to the OS after every call, whose calls all ran
+    # 2-3x slower on either thread count, docs/performance.md.)
     LOOP_MIN_WORK_PROJ = 5 << 19
 
 
