@@ -345,6 +345,9 @@ def calls(T, B, I, H):
         grad(T, x, cs, h, w, p, p, p, b, *f, dh, dh, use_peephole=False, sequence_length=lens)
     g = blockrnn.block_gru(T, x, h, w_ru, w_c, b[:2 * H], p)
     blockrnn.block_gru_grad(T, x, h, w_ru, w_c, b[:2 * H], p, *g, dh)
+    w_ih, w_hh, b3 = r(3 * H, I) / 4, r(3 * H, H) / 4, r(3 * H)
+    g = blockrnn.block_gru_reset_after(T, x, h, w_ih, w_hh, b3, b3)
+    blockrnn.block_gru_reset_after_grad(T, x, h, w_ih, w_hh, b3, b3, *g, dh)
 
 time.sleep(0.3)
 before = cpu_ticks()
