@@ -39,6 +39,21 @@ def lstm_proj_step_threads_for(Py_ssize_t B, Py_ssize_t H, Py_ssize_t P, int lim
     return lstm_proj_step_threads(B, H, P, limit)
 
 
+cdef inline int lstm_proj_loop_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t H,
+                                       Py_ssize_t P, int limit) noexcept nogil:
+    """Threads asked for by either float32 time loop of L steps: the steps'
+    rule (lstm_proj_step_threads), or one thread when the loop's products
+    (L * B * 5HP multiply-adds) fall below LOOP_MIN_WORK_PROJ."""
+    return loop_threads(lstm_proj_step_threads(B, H, P, limit), L * B * 5 * H * P,
+                        LOOP_MIN_WORK_PROJ)
+
+
+def lstm_proj_loop_threads_for(Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t P,
+                               int limit):
+    """lstm_proj_loop_threads (for the tests)."""
+    return lstm_proj_loop_threads(L, B, H, P, limit)
+
+
 cdef inline int lstm_proj_gemm_threads(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
                                        Py_ssize_t H, Py_ssize_t P,
                                        int max_threads) noexcept nogil:
@@ -200,8 +215,7 @@ cdef void block_lstm_proj_forward_compute(
         jobs[q] = gspec(L * B, H, I, x, I, 1, w_ih + q * H * I, 1, I, False, dst[q], H)
     run_gemm_specs(4, jobs, gws, lstm_proj_gemm_threads(L, B, I, H, P, max_threads))
     if floating is float:
-        granted = brnn_budget_take(loop_threads(lstm_proj_step_threads(B, H, P, max_threads),
-                                                L * B * 5 * H * P, LOOP_MIN_WORK_PROJ),
+        granted = brnn_budget_take(lstm_proj_loop_threads(L, B, H, P, max_threads),
                                    max_threads)
         brnn_budget_give(lstm_proj_forward_packed(L, B, H, P, pw_hh, pw_hr, h0, c0, b, lengths,
                                                   g, i_, f, o, ci, cs, co, m, h, granted))
@@ -457,8 +471,7 @@ cdef void block_lstm_proj_backward_compute(
     memset(c0_grad, 0, BH * sizeof(floating))
     memset(zero, 0, BH * sizeof(floating))
     if floating is float:
-        granted = brnn_budget_take(loop_threads(lstm_proj_step_threads(B, H, P, max_threads),
-                                                L * B * 5 * H * P, LOOP_MIN_WORK_PROJ),
+        granted = brnn_budget_take(lstm_proj_loop_threads(L, B, H, P, max_threads),
                                    max_threads)
         brnn_budget_give(lstm_proj_backward_packed(L, B, H, P, pw_hr, pw_hh, c0, i_, f, o, ci,
                                                    cs, co, cs_grad, h_grad, lengths, zero, dg,

@@ -528,10 +528,9 @@ cdef inline int loop_threads(int threads, Py_ssize_t work, Py_ssize_t min_work) 
 
 
 def loop_threads_for(int threads, Py_ssize_t work, str loop):
-    """loop_threads with the threshold of a "forward", "backward" or "proj"
-    loop (for the tests)."""
-    cdef dict min_work = {"forward": LOOP_MIN_WORK_FORWARD, "backward": LOOP_MIN_WORK_BACKWARD,
-                          "proj": LOOP_MIN_WORK_PROJ}
+    """loop_threads with the threshold of a "forward" or "backward" loop (for
+    the tests; the projected LSTM's: lstm_proj_loop_threads_for)."""
+    cdef dict min_work = {"forward": LOOP_MIN_WORK_FORWARD, "backward": LOOP_MIN_WORK_BACKWARD}
     return loop_threads(threads, work, min_work[loop])
 
 

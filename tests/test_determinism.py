@@ -194,8 +194,7 @@ def _shedding_ops(p, cell):
             f = block_lstm_proj(*args, sequence_length=lengths)
             return f, block_lstm_proj_grad(*args, *f, p["dcs"], dh,
                                            sequence_length=lengths)
-        return run, [_kernels.loop_threads_for(_kernels.lstm_proj_step_threads_for(B, H, P, 2),
-                                               T * B * 5 * H * P, "proj")], (P, 5 * H)
+        return run, [_kernels.lstm_proj_loop_threads_for(T, B, H, P, 2)], (P, 5 * H)
     args = (T, p["x"], p["h"], p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"])
 
     def run(lengths):

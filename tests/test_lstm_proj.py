@@ -299,8 +299,9 @@ def test_kernel_bits_independent_of_threads(dtype):
     precisions) rows or panels, never a sum."""
     T_, B_, I_, H_, P_ = 8, 32, 32, 256, 64
     assert _kernels.lstm_proj_step_threads_for(B_, H_, P_, 2) == 2   # the loop splits
-    assert _kernels.loop_threads_for(2, T_ * B_ * 5 * H_ * P_, "proj") == 2   # not short
-    assert _kernels.loop_threads_for(2, 2 * 16 * 5 * 128 * 64, "proj") == 1  # a short call
+    assert _kernels.lstm_proj_loop_threads_for(T_, B_, H_, P_, 2) == 2   # not short
+    assert _kernels.lstm_proj_loop_threads_for(2, 16, 128, 64, 2) == 1   # a short call
+    assert _kernels.lstm_proj_loop_threads_for(3, 16, 128, 96, 2) == 2   # 2.9M: not short
     assert _kernels.gates_by_rows_for(B_, 2)   # its gate math by rows, its products by cells
     args = [a * dtype(0.1) for a in _np_case(T_, B_, I_, H_, P_, dtype, seed=5)]
     lengths = np.array([8, 3, 7, 0] * 8)
