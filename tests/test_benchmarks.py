@@ -517,10 +517,10 @@ def test_serve_mode_rows_verdicts_and_one_process_per_implementation(tmp_path, c
     status = run.main(["--serve", "--serve-hidden", "16", "--serve-steps", "4",
                        "--serve-batches", "1", "--serve-callers", "1", "2",
                        "--serve-duration", "0.1", "--serve-warmup", "0.02",
-                       "--serve-rounds", "1", "--json", str(path)])
+                       "--serve-rounds", "1", "--sgemm-size", "256", "--json", str(path)])
     out = capsys.readouterr().out
     assert status == 0
-    assert "req/s" in out and "p99 ms" in out and "best/ORT" in out
+    assert "req/s" in out and "p99 ms" in out and "best/ORT" in out and "ceiling" in out
     assert "WARNING" not in out                      # every answer agrees with blockrnn's
     results = json.loads(path.read_text())
     rows = results["rows"]
@@ -537,6 +537,15 @@ def test_serve_mode_rows_verdicts_and_one_process_per_implementation(tmp_path, c
                 if ln.split()[:4] == [c["cell"], "16", "1", str(c["callers"])]
                 and ln.rstrip().endswith(("met", "NOT met"))]
         assert len(line) == 1 and f"{c['ratio']:.2f}x" in line[0]
+        # the ceiling: the sgemm roofline's requests/s over ORT's best
+        ort_best = max(r["rps"] for r in rows if r["impl"] == "ort" and (
+            r["cell"], r["H"], r["B"], r["callers"]) == (c["cell"], 16, 1, c["callers"]))
+        peak = max(results["sgemm"]["gflops"])
+        assert results["sgemm"]["n"] == 256 and peak > 0
+        flops = 2 * 4 * 1 * (16 + 16) * (4 if c["cell"] == "lstm" else 3) * 16
+        assert c["ceiling"] == pytest.approx(peak * 1e9 / flops / ort_best, rel=1e-12)
+        assert f"{c['ceiling']:.2f}x" in line[0]
+    assert f"{sum(c['met'] for c in results['checks'])} of {len(keys)} rows met" in out
     pids = [w["pid"] for w in results["workers"]]
     assert sorted(w["impl"] for w in results["workers"]) == ["blockrnn", "ort", "torch"]
     assert len(set(pids)) == 3 and os.getpid() not in pids

@@ -19,6 +19,13 @@ returns its answer on a fixed request, which the parent compares with blockrnn's
 
 Target (issue 26): blockrnn's best >= 1.3x ONNX Runtime's best requests/s in every
 row, and p99 at 2+ callers no worse than ONNX Runtime's.
+
+Roofline: SciPy's sgemm (n^3 float32, all cores, its own process, before and after
+the rounds, the better of the two) bounds the requests/s of any implementation that
+does a request's products, 2*T*B*(I+H)*G*H flops (G = 4 for the LSTM, 3 for the GRU),
+on this machine's cores: the ``ceiling`` column is that bound over ONNX Runtime's
+best, the largest best/ORT a row can reach (a row whose ceiling is below the target
+cannot meet it; a batch-1 row is bound by the weights' streaming long before).
 """
 import argparse
 import json
@@ -32,6 +39,7 @@ import time
 
 import numpy as np
 
+from blockrnn.bench import peers, worker
 from blockrnn.bench.worker import peer_first_command
 
 CELLS = ("lstm", "gru")
@@ -187,9 +195,28 @@ def summarize(workers):
     return rows
 
 
-def verdicts(rows):
+def request_flops(cell, T, B, H):
+    """The matmul flops of one request (I = H): 2*T*B*(I+H)*G*H."""
+    return peers.flops(f"{cell}_infer", T, B, H, H)
+
+
+def sgemm_gflops(n):
+    """SciPy's sgemm n^3 float32 on all cores in a fresh process (bench's worker),
+    best of 3, in GFLOP/s; None if it failed."""
+    try:
+        out = worker.launch({"impl": "sgemm", "tasks": [{"workload": "sgemm", "shape": [n]}],
+                             "reps": 3, "budget_s": float("inf")})
+        return 2.0 * n ** 3 / min(out["results"][0]["times_s"]) / 1e9
+    except Exception as exc:  # noqa: BLE001 - the table is printed without a ceiling
+        print(f"WARNING: sgemm roofline failed: {exc}")
+        return None
+
+
+def verdicts(rows, T=None, gflops=None):
     """Per (cell, H, B, callers): blockrnn's best / ORT's best requests/s, the p99s
-    of those best settings, and whether the row meets the target."""
+    of those best settings, whether the row meets the target, and the ceiling of
+    that ratio at `gflops` (the sgemm roofline; None without it) for requests of T
+    steps."""
     out = []
     keys = sorted({(r["cell"], r["H"], r["B"], r["callers"]) for r in rows})
     for key in keys:
@@ -203,7 +230,11 @@ def verdicts(rows):
             continue
         ratio = best["blockrnn"]["rps"] / best["ort"]["rps"] if best["ort"]["rps"] else None
         p99_ok = key[3] < 2 or best["blockrnn"]["p99_ms"] <= best["ort"]["p99_ms"]
-        out.append(dict(zip(("cell", "H", "B", "callers"), key), ratio=ratio,
+        ceiling = None
+        if gflops and T and best["ort"]["rps"]:
+            cell, H, B, _ = key
+            ceiling = gflops * 1e9 / request_flops(cell, T, B, H) / best["ort"]["rps"]
+        out.append(dict(zip(("cell", "H", "B", "callers"), key), ratio=ratio, ceiling=ceiling,
                         blockrnn_p99_ms=best["blockrnn"]["p99_ms"],
                         ort_p99_ms=best["ort"]["p99_ms"],
                         met=ratio is not None and ratio >= TARGET and p99_ok))
@@ -221,13 +252,19 @@ def print_tables(rows, checks, file=None):
               f"{r['p99_ms']:>9.3f}", file=file)
     print(f"\ntarget: blockrnn's best >= {TARGET}x ONNX Runtime's best req/s in every row, "
           f"p99 at 2+ callers no worse", file=file)
-    print(f"{'cell':<5}{'H':>5}{'B':>3}{'callers':>8}{'best/ORT':>10}{'p99 ours':>10}"
-          f"{'p99 ORT':>10}  verdict", file=file)
+    print(f"{'cell':<5}{'H':>5}{'B':>3}{'callers':>8}{'best/ORT':>10}{'ceiling':>9}"
+          f"{'p99 ours':>10}{'p99 ORT':>10}  verdict", file=file)
     for c in checks:
         ratio = "n/a" if c["ratio"] is None else f"{c['ratio']:.2f}x"
-        print(f"{c['cell']:<5}{c['H']:>5}{c['B']:>3}{c['callers']:>8}{ratio:>10}"
+        ceiling = "n/a" if c.get("ceiling") is None else f"{c['ceiling']:.2f}x"
+        print(f"{c['cell']:<5}{c['H']:>5}{c['B']:>3}{c['callers']:>8}{ratio:>10}{ceiling:>9}"
               f"{c['blockrnn_p99_ms']:>10.3f}{c['ort_p99_ms']:>10.3f}  "
               f"{'met' if c['met'] else 'NOT met'}", file=file)
+    met = sum(c["met"] for c in checks)
+    beyond = sum(c.get("ceiling") is not None and c["ceiling"] < TARGET for c in checks)
+    print(f"{met} of {len(checks)} rows met; {beyond} with a ceiling below {TARGET}x "
+          f"(ceiling: best/ORT if blockrnn ran a request's flops at the sgemm roofline)",
+          file=file)
 
 
 def add_arguments(parser):
@@ -253,6 +290,8 @@ def main_serve(opts):
     spec = dict(cells=opts.serve_cells, hidden=opts.serve_hidden, T=opts.serve_steps,
                 batches=opts.serve_batches, callers=callers, duration=opts.serve_duration,
                 warmup=opts.serve_warmup)
+    n = getattr(opts, "sgemm_size", 2048)
+    gflops = [sgemm_gflops(n)]
     workers = []
     for _ in range(opts.serve_rounds):
         for impl in opts.serve_impls:   # each implementation in a fresh process
@@ -265,16 +304,22 @@ def main_serve(opts):
                 err = float(np.max(np.abs(np.array(ans) - np.array(ref[key]))))
                 if err > 1e-4:
                     print(f"WARNING: {w['impl']} {key}: |y - blockrnn's y| = {err:.2e}")
+    gflops.append(sgemm_gflops(n))
+    peak = max((g for g in gflops if g), default=None)
     rows = summarize(workers)
-    checks = verdicts(rows)
+    checks = verdicts(rows, opts.serve_steps, peak)
     print(f"blockrnn bench --serve: T={opts.serve_steps}, I=H, float32, "
           f"{opts.serve_duration} s per row after {opts.serve_warmup} s warm-up, "
           f"median of {opts.serve_rounds} rounds, each implementation in its own process")
+    print("sgemm roofline (all cores): scipy.linalg.blas.sgemm " + f"{n}^3 float32, own "
+          "process, before / after the rounds: " + " / ".join(
+              "failed" if g is None else f"{g:.1f}" for g in gflops) + " GFLOP/s")
     print_tables(rows, checks)
     print("\nworker pids: " + ", ".join(f"{w['impl']}={w['pid']}" for w in workers))
     if getattr(opts, "json", None):
         with open(opts.json, "w") as f:
-            json.dump({"rows": rows, "checks": checks, "workers": workers}, f, indent=1)
+            json.dump({"rows": rows, "checks": checks, "workers": workers,
+                       "sgemm": {"n": n, "gflops": gflops}}, f, indent=1)
     return 0
 
 
