@@ -190,7 +190,8 @@ cdef void lstm_backward_block(
         const floating* wci, const floating* wcf, const floating* wco,  # IN [H], if peephole
         bint use_peephole, bint add_carry,
         const int64_t* lengths, Py_ssize_t t,  # IN [rows] or NULL; the step
-        floating* dg,              # OUT [rows, 4H] gradient of the pre-activation gates
+        floating* dg,              # OUT [rows, 4H] gradient of the pre-activation gates,
+        Py_ssize_t ldg,            #     row r at dg + r * ldg (ldg >= 4H)
         floating* cs_prev_grad,    # IN/OUT [rows, H], see below
         Py_ssize_t u0=0, Py_ssize_t nu=-1) noexcept nogil:
     """SPEC §4 for a block of rows (clipping ignored, as in TensorFlow).
@@ -208,7 +209,7 @@ cdef void lstm_backward_block(
         nu = H
     size = nu * sizeof(floating)
     for r in range(rows):
-        dgr = dg + r * 4 * H + u0
+        dgr = dg + r * ldg + u0
         k = r * H + u0
         if finished(lengths, r, t):
             memset(dgr + off.i, 0, size)
@@ -264,12 +265,12 @@ cdef void lstm_backward_rows(
         const floating* cs_grad, const floating* h_grad, const floating* dh_carry,
         const floating* wci, const floating* wcf, const floating* wco,
         bint use_peephole, bint add_carry, const int64_t* lengths, Py_ssize_t t,
-        floating* dg, floating* cs_prev_grad, int n_threads) noexcept nogil:
+        floating* dg, Py_ssize_t ldg, floating* cs_prev_grad, int n_threads) noexcept nogil:
     """lstm_backward_block over B rows split in n_threads blocks of rows."""
     cdef Py_ssize_t k, r0 = 0, r1 = 0
     if n_threads == 1:  # no OpenMP region at all
         lstm_backward_block(B, H, off, cs_prev, i_, f, o, ci, co, cs_grad, h_grad, dh_carry,
-                            wci, wcf, wco, use_peephole, add_carry, lengths, t, dg,
+                            wci, wcf, wco, use_peephole, add_carry, lengths, t, dg, ldg,
                             cs_prev_grad)
         return
     for k in prange(n_threads, num_threads=n_threads, schedule="static"):
@@ -280,7 +281,7 @@ cdef void lstm_backward_rows(
             ci + r0 * H, co + r0 * H, cs_grad + r0 * H, h_grad + r0 * H,
             dh_carry + r0 * H, wci, wcf, wco, use_peephole, add_carry,
             lengths_from(lengths, r0), t,
-            dg + r0 * 4 * H, cs_prev_grad + r0 * H)
+            dg + r0 * ldg, ldg, cs_prev_grad + r0 * H)
 
 
 
@@ -296,7 +297,7 @@ cdef inline Py_ssize_t lstm_sums_workspace(Py_ssize_t L, Py_ssize_t B,
 
 cdef void lstm_sums_block(
         Py_ssize_t k, Py_ssize_t rows, Py_ssize_t B, Py_ssize_t H, GateOffsets off, bint peep,
-        const floating* dg, const floating* cs_first, const floating* cs_in,
+        const floating* dg, Py_ssize_t ldg, const floating* cs_first, const floating* cs_in,
         const floating* cs, double* part) noexcept nogil:
     """Row block k's partial sums part[k] [7H] (see lstm_param_sums)."""
     cdef Py_ssize_t R0 = k * SUM_BLOCK_ROWS, R1 = min(rows, R0 + SUM_BLOCK_ROWS)
@@ -304,7 +305,7 @@ cdef void lstm_sums_block(
     cdef const floating* src
     cdef double* p = part + k * 7 * H
     memset(p, 0, 7 * H * sizeof(double))
-    column_sums_rows(R1 - R0, G4, dg + R0 * G4, G4, p)
+    column_sums_rows(R1 - R0, G4, dg + R0 * ldg, ldg, p)
     if not peep:
         return
     a = R0
@@ -313,15 +314,16 @@ cdef void lstm_sums_block(
             n, src = min(R1, B) - a, cs_first + a * H
         else:
             n, src = R1 - a, cs_in + (a - shift) * H
-        product_sums_rows(n, H, dg + a * G4 + off.i, G4, src, H, p + G4)
-        product_sums_rows(n, H, dg + a * G4 + off.f, G4, src, H, p + G4 + H)
+        product_sums_rows(n, H, dg + a * ldg + off.i, ldg, src, H, p + G4)
+        product_sums_rows(n, H, dg + a * ldg + off.f, ldg, src, H, p + G4 + H)
         a += n
-    product_sums_rows(R1 - R0, H, dg + R0 * G4 + off.o, G4, cs + R0 * H, H, p + G4 + 2 * H)
+    product_sums_rows(R1 - R0, H, dg + R0 * ldg + off.o, ldg, cs + R0 * H, H, p + G4 + 2 * H)
 
 
 cdef void lstm_param_sums(
         Py_ssize_t rows, Py_ssize_t B, Py_ssize_t H, GateOffsets off, bint peep,
         const floating* dg,        # IN [rows, 4H] a chunk's gate gradients, B rows a step
+        Py_ssize_t ldg,            #    (row stride ldg)
         const floating* cs_first,  # IN [B, H] cs_prev if the chunk starts at step 0, or NULL
         const floating* cs_in,     # IN the cell state each row's step read: row R (R >= B
                                    #    if cs_first) at cs_in + (R - (B if cs_first else 0)) H
@@ -339,10 +341,10 @@ cdef void lstm_param_sums(
     cdef int threads = brnn_budget_take(sum_threads(rows, max_threads), max_threads)
     if threads == 1:
         for k in range(nb):
-            lstm_sums_block(k, rows, B, H, off, peep, dg, cs_first, cs_in, cs, part)
+            lstm_sums_block(k, rows, B, H, off, peep, dg, ldg, cs_first, cs_in, cs, part)
     else:
         for k in prange(nb, num_threads=threads, schedule="static"):
-            lstm_sums_block(k, rows, B, H, off, peep, dg, cs_first, cs_in, cs, part)
+            lstm_sums_block(k, rows, B, H, off, peep, dg, ldg, cs_first, cs_in, cs, part)
     brnn_budget_give(threads)
     add_blocks(nb, 7 * H, part, acc)
 
@@ -524,7 +526,7 @@ def lstm_cell_backward(
         lstm_backward_rows(B, H, off, &cs_prev[0, 0], &i_[0, 0], &f[0, 0], &o[0, 0],
                            &ci[0, 0], &co[0, 0], &cs_grad[0, 0], &h_grad[0, 0],
                            &h_grad[0, 0], &wci[0], &wcf[0], &wco[0], use_peephole, False,
-                           NULL, 0, &dgates[0, 0], &cs_prev_grad[0, 0], n_threads)
+                           NULL, 0, &dgates[0, 0], 4 * H, &cs_prev_grad[0, 0], n_threads)
         if use_peephole:
             # SPEC §4: wci_grad = sum_b di * cs_prev, wcf_grad = sum_b df * cs_prev,
             # wco_grad = sum_b do * cs
@@ -879,12 +881,26 @@ cdef inline Py_ssize_t lstm_backward_gemm_ws(Py_ssize_t S, Py_ssize_t B, Py_ssiz
                gemm_ws_of(f32, 4 * H, H, S * B))   # weight gradients either way round
 
 
+cdef inline Py_ssize_t lstm_dg_stride(Py_ssize_t H, Py_ssize_t itemsize) noexcept nogil:
+    """The row stride (elements) of the sequence backward's dG [rows, 4H]:
+    4H, or 64 bytes more where 4H elements are a multiple of 4 KB (float32:
+    H a multiple of 256). A step's product dh = dG[t] @ W_h^T reads a
+    tile's 12 rows of dG a row stride apart, and rows 4 KB apart share one
+    L1 set of 8 ways (the AVX-512 kernel on one Zen 4 core, 32 x 1024 x 256:
+    107.6 GFLOP/s; rows 4H + 16 floats apart: 116.3; strides of 1-3 KB and
+    6 KB ran at 114-116 either way)."""
+    if (4 * H * itemsize) % 4096 == 0:
+        return 4 * H + 64 // itemsize
+    return 4 * H
+
+
 cdef inline Py_ssize_t block_lstm_backward_workspace(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t H, Py_ssize_t I, bint packed,
         int max_threads) noexcept nogil:
     """Elements of block_lstm_backward_compute's workspace: the gate
     gradients of one chunk of S = backward_chunk_steps(L, B * 4 * H) steps
-    dG [S*B, 4H], then one step's recurrent product dh^T [H, B]; float32
+    dG [S*B, 4H] (row stride lstm_dg_stride), then one step's recurrent
+    product dh^T [H, B]; float32
     (packed) then W_h^T packed [brnn_packed_size(4H, H)]; then the GEMM
     driver's blocks for the products of a chunk
     [lstm_backward_gemm_threads(S, ...) * lstm_backward_gemm_ws(S, ...)]. Its
@@ -893,9 +909,9 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
     cdef Py_ssize_t driver = (lstm_backward_gemm_threads(S, B, I, H, max_threads)
                               * lstm_backward_gemm_ws(S, B, I, H, packed))
     if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start on 64 bytes, align64)
-        return (S * B * 4 * H + B * H + brnn_packed_size(4 * H, H) + PACKED_ALIGN_PAD
-                + driver + 1)
-    return S * B * 4 * H + B * H + driver + 1
+        return (S * B * lstm_dg_stride(H, 4) + B * H + brnn_packed_size(4 * H, H)
+                + PACKED_ALIGN_PAD + driver + 1)
+    return S * B * lstm_dg_stride(H, 8) + B * H + driver + 1
 
 
 cdef void lstm_backward_gemms(
@@ -906,6 +922,7 @@ cdef void lstm_backward_gemms(
         const floating* w_x,      # IN  W_x [I, 4H] (strides s.xk, s.xn)
         WeightStrides s,
         const floating* dg,       # IN  [(t1-t0)*B, 4H] the gate gradients of steps [t0, t1)
+        Py_ssize_t ldg,           #     (row stride ldg)
         bint accumulate,          # add the weight gradients onto the earlier chunks'
         floating* x_grad,         # OUT [L*B, I] (rows of steps [t0, t1) written)
         floating* w_x_grad,       # IN/OUT dW_x [I, 4H] (strides gs.xk, gs.xn)
@@ -926,16 +943,16 @@ cdef void lstm_backward_gemms(
     cdef Py_ssize_t G4 = 4 * H, n = (t1 - t0) * B
     cdef gemm_spec jobs[4]
     cdef int njobs = 3
-    jobs[0] = gspec(n, I, G4, dg, G4, 1, w_x, s.xn, s.xk, False, x_grad + t0 * B * I, I)
-    jobs[1] = gspec_c(I, G4, n, x + t0 * B * I, 1, I, dg, G4, 1, accumulate, w_x_grad,
+    jobs[0] = gspec(n, I, G4, dg, ldg, 1, w_x, s.xn, s.xk, False, x_grad + t0 * B * I, I)
+    jobs[1] = gspec_c(I, G4, n, x + t0 * B * I, 1, I, dg, ldg, 1, accumulate, w_x_grad,
                       gs.xk, gs.xn)
     if t0 > 0:
-        jobs[2] = gspec_c(H, G4, n, h + (t0 - 1) * B * H, 1, H, dg, G4, 1, accumulate,
+        jobs[2] = gspec_c(H, G4, n, h + (t0 - 1) * B * H, 1, H, dg, ldg, 1, accumulate,
                           w_h_grad, gs.hk, gs.hn)
     else:   # step 0 reads h_prev, steps 1.. read h[0:t1-1]
-        jobs[2] = gspec_c(H, G4, B if t1 > 0 else 0, h_prev, 1, H, dg, G4, 1, accumulate,
+        jobs[2] = gspec_c(H, G4, B if t1 > 0 else 0, h_prev, 1, H, dg, ldg, 1, accumulate,
                           w_h_grad, gs.hk, gs.hn)
-        jobs[3] = gspec_c(H, G4, (t1 - 1) * B if t1 > 1 else 0, h, 1, H, dg + B * G4, G4, 1,
+        jobs[3] = gspec_c(H, G4, (t1 - 1) * B if t1 > 1 else 0, h, 1, H, dg + B * ldg, ldg, 1,
                           True, w_h_grad, gs.hk, gs.hn)
         njobs = 4
     run_gemm_specs(njobs, jobs, ws, threads)
@@ -947,19 +964,20 @@ cdef void lstm_backward_rows_step(
         const float* cs, const float* f, const float* o, const float* ci, const float* co,
         const float* cs_grad, const float* h_grad, const float* wci, const float* wcf,
         const float* wco, bint use_peephole, const int64_t* lengths, float* dg,
-        float* cs_prev_grad, float* h_prev_grad, Py_ssize_t r0,
+        Py_ssize_t ldg, float* cs_prev_grad, float* h_prev_grad, Py_ssize_t r0,
         Py_ssize_t r1) noexcept nogil:
     """Step t of the reverse loop for the rows [r0, r1), every cell, no
     barrier (every row on one thread, or a thread's rows in a loop split by
     rows, split_rows): their dG[t], then their carry dh = dG[t] @ W_h^T
     (`wide`: W_h^T in the wide layout, batch 1)."""
     cdef Py_ssize_t BH = B * H, G4 = 4 * H, rk = r0 * H, k = t * BH + rk
-    cdef float* dgt = dg + (t - t0) * B * G4 + r0 * G4
+    cdef float* dgt = dg + ((t - t0) * B + r0) * ldg
     lstm_backward_block[float](
         r1 - r0, H, off, (cs_prev if t == 0 else cs + (t - 1) * BH) + rk, i_ + k, f + k,
         o + k, ci + k, co + k, cs_grad + k, h_grad + k, h_prev_grad + rk, wci, wcf, wco,
-        use_peephole, True, lengths_from(lengths, r0), t, dgt, cs_prev_grad + rk, 0, H)
-    recurrent_product(r1 - r0, G4, dgt, packed_t, wide, H, 0, H, False, h_prev_grad + rk, H)
+        use_peephole, True, lengths_from(lengths, r0), t, dgt, ldg, cs_prev_grad + rk, 0, H)
+    recurrent_product_ld(r1 - r0, G4, dgt, ldg, packed_t, wide, H, 0, H, False,
+                         h_prev_grad + rk, H)
 
 
 cdef int lstm_backward_packed(
@@ -971,7 +989,8 @@ cdef int lstm_backward_packed(
         const float* o, const float* ci, const float* co, const float* cs_grad,
         const float* h_grad, const float* wci, const float* wcf, const float* wco,
         bint use_peephole, const int64_t* lengths,
-        float* dg,                # OUT [(t1-t0)*B, 4H]: step t at row (t - t0) * B
+        float* dg,                # OUT [(t1-t0)*B, 4H]: step t at row (t - t0) * B,
+        Py_ssize_t ldg,           #     row stride ldg
         float* cs_prev_grad, float* h_prev_grad,  # IN/OUT [B, H] the carries
         int n_threads) noexcept nogil:
     """The reverse time loop of the float32 backward over the steps [t0, t1):
@@ -1008,7 +1027,7 @@ cdef int lstm_backward_packed(
         for t in range(t1 - 1, t0 - 1, -1):
             lstm_backward_rows_step(t, t0, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o, ci,
                                     co, cs_grad, h_grad, wci, wcf, wco, use_peephole, lengths,
-                                    dg, cs_prev_grad, h_prev_grad, 0, B)
+                                    dg, ldg, cs_prev_grad, h_prev_grad, 0, B)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
@@ -1028,7 +1047,7 @@ cdef int lstm_backward_packed(
                 t = t - 1
                 lstm_backward_rows_step(t, t0, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o,
                                         ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
-                                        lengths, dg, cs_prev_grad, h_prev_grad, r0, r1)
+                                        lengths, dg, ldg, cs_prev_grad, h_prev_grad, r0, r1)
                 if t > t0 and rows_leave(&sp, tid, cores):
                     break
             rows_done(&sp, tid, t)
@@ -1040,15 +1059,15 @@ cdef int lstm_backward_packed(
                         i_ + t * BH + rk, f + t * BH + rk, o + t * BH + rk, ci + t * BH + rk,
                         co + t * BH + rk, cs_grad + t * BH + rk, h_grad + t * BH + rk,
                         h_prev_grad + rk, wci, wcf, wco, use_peephole, True,
-                        lengths_from(lengths, r0), t, dg + (t - t0) * B * G4 + r0 * G4,
+                        lengths_from(lengths, r0), t, dg + ((t - t0) * B + r0) * ldg, ldg,
                         cs_prev_grad + rk, 0 if by_rows else u0, H if by_rows else u1 - u0)
                 if nt > 1 and step_barrier(&bar, nt, cores, patient):
                     if tid != 0:   # shed: thread 0 computes every row and cell from here
                         break
                     nt, u0, u1, r0, r1, rk = 1, 0, H, 0, B, 0
                 if u1 > u0:
-                    recurrent_product(B, G4, dg + (t - t0) * B * G4, packed_t, wide, H, u0, u1,
-                                      False, h_prev_grad, H)
+                    recurrent_product_ld(B, G4, dg + (t - t0) * B * ldg, ldg, packed_t, wide, H,
+                                         u0, u1, False, h_prev_grad, H)
                 if by_rows:   # the next step's gates read every cell of dh
                     brnn_barrier_wait(&rows_bar, nt)
     if split:   # the steps of the threads that left early, on the caller's thread
@@ -1056,7 +1075,7 @@ cdef int lstm_backward_packed(
             for t in range(sp.resume[k] - 1, t0 - 1, -1):
                 lstm_backward_rows_step(t, t0, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o,
                                         ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
-                                        lengths, dg, cs_prev_grad, h_prev_grad,
+                                        lengths, dg, ldg, cs_prev_grad, h_prev_grad,
                                         k * B // sp.nt, (k + 1) * B // sp.nt)
         return n_threads - sp.given
     return region_threads(&bar, n_threads)
@@ -1111,11 +1130,12 @@ cdef void block_lstm_backward_compute(
     over steps runs on OpenBLAS's threads and no thread count changes their
     bits (S depends on the shape only)."""
     cdef Py_ssize_t t, t0, t1, G4 = 4 * H, BH = B * H
+    cdef Py_ssize_t ldg = lstm_dg_stride(H, sizeof(floating))
     cdef Py_ssize_t S = backward_chunk_steps(L, B * 4 * H)
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
-    cdef floating* dg = ws
-    cdef floating* dh_t = ws + max(1, S) * B * G4     # [H, B] (BLAS route)
+    cdef floating* dg = ws                            # [S*B, 4H], row stride ldg
+    cdef floating* dh_t = ws + max(1, S) * B * ldg    # [H, B] (BLAS route)
     cdef floating* packed_t = dh_t + BH   # float32: W_h^T packed; then the driver's blocks
     cdef floating* gemm_ws = packed_t
     cdef double* acc_b = acc                  # [4H]: b_grad's sums
@@ -1129,7 +1149,7 @@ cdef void block_lstm_backward_compute(
         packed_t = <floating*>align64(<float*>packed_t)
         gemm_ws = packed_t + brnn_packed_size(G4, H)
     if L == 0:   # no step: zero weight gradients
-        lstm_backward_gemms(0, 0, B, I, H, x, h_prev, h, w_x, s, dg, False, x_grad,
+        lstm_backward_gemms(0, 0, B, I, H, x, h_prev, h, w_x, s, dg, ldg, False, x_grad,
                             w_x_grad, w_h_grad, gs, gemm_ws, 1)
     t1 = L
     while t1 > 0:
@@ -1140,7 +1160,7 @@ cdef void block_lstm_backward_compute(
                              (t1 - t0) * B * G4 * H, LOOP_MIN_WORK_BACKWARD), max_threads)
             brnn_budget_give(lstm_backward_packed(
                 t0, t1, B, H, off, w_h, s, packed_t, wide, t1 == L, cs_prev, i_, cs, f, o,
-                ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole, lengths, dg,
+                ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole, lengths, dg, ldg,
                 cs_prev_grad, h_prev_grad, granted))
         else:
             for t in range(t1 - 1, t0 - 1, -1):
@@ -1148,19 +1168,19 @@ cdef void block_lstm_backward_compute(
                 lstm_backward_rows(B, H, off, cs_in, i_ + t * BH, f + t * BH, o + t * BH,
                                    ci + t * BH, co + t * BH, cs_grad + t * BH,
                                    h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole,
-                                   True, lengths, t, dg + (t - t0) * B * G4, cs_prev_grad,
-                                   n_threads)
+                                   True, lengths, t, dg + (t - t0) * B * ldg, ldg,
+                                   cs_prev_grad, n_threads)
                 if stored_transposed(G4, s.hk, s.hn):   # dh = dG @ W_h^T, W_h^T as stored
-                    gemm(False, False, B, H, G4, 1, dg + (t - t0) * B * G4, G4, w_h, s.hn, 0,
+                    gemm(False, False, B, H, G4, 1, dg + (t - t0) * B * ldg, ldg, w_h, s.hn, 0,
                          h_prev_grad, H)
                 else:
-                    gemm_small_by_weights_t(B, H, G4, dg + (t - t0) * B * G4, G4, w_h, s.hk,
+                    gemm_small_by_weights_t(B, H, G4, dg + (t - t0) * B * ldg, ldg, w_h, s.hk,
                                             False, h_prev_grad, H, dh_t)
-        lstm_backward_gemms(t0, t1, B, I, H, x, h_prev, h, w_x, s, dg, t1 < L, x_grad,
+        lstm_backward_gemms(t0, t1, B, I, H, x, h_prev, h, w_x, s, dg, ldg, t1 < L, x_grad,
                             w_x_grad, w_h_grad, gs, gemm_ws,
                             lstm_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
         # (step 0 reads cs_prev, step t > 0 cs[t-1])
-        lstm_param_sums((t1 - t0) * B, B, H, off, use_peephole, dg,
+        lstm_param_sums((t1 - t0) * B, B, H, off, use_peephole, dg, ldg,
                         cs_prev if t0 == 0 else NULL, cs if t0 == 0 else cs + (t0 - 1) * BH,
                         cs + t0 * BH, acc + 7 * H, acc, max_threads)
         t1 = t0

@@ -415,7 +415,8 @@ cdef void lstm_proj_backward_cells(
                                f + t * BH + rk, o + t * BH + rk, ci + t * BH + rk,
                                co + t * BH + rk, cs_grad + t * BH + rk, dm + rk, zero + rk,
                                NULL, NULL, NULL, False, True, lengths_from(lengths, r0), t,
-                               dg + t * B * 4 * H + r0 * 4 * H, carry + rk, u0, u1 - u0)
+                               dg + t * B * 4 * H + r0 * 4 * H, 4 * H, carry + rk, u0,
+                               u1 - u0)
 
 
 cdef void block_lstm_proj_backward_compute(
@@ -488,7 +489,7 @@ cdef void block_lstm_proj_backward_compute(
                                 f + t * BH, o + t * BH, ci + t * BH, co + t * BH,
                                 cs_grad + t * BH, dm, zero, <floating*>NULL, <floating*>NULL,
                                 <floating*>NULL, False, True, lengths, t, dg + t * B * H4,
-                                c0_grad)
+                                H4, c0_grad)
             gemm(False, False, B, P, H4, 1, dg + t * B * H4, H4, w_hh, P, 0, h0_grad, P)
     lstm_proj_backward_products(L, T, B, I, H, P, x, h0, h, m, w_ih, dg, dh, x_grad,
                                 w_ih_grad, w_hh_grad, w_hr_grad, gws,

@@ -217,17 +217,25 @@ cdef inline void pack_recurrent(Py_ssize_t K, Py_ssize_t N, const float* w, Py_s
     pack_cols(K, N, w, sk, sn, wide, 0, N, P)
 
 
+cdef inline void recurrent_product_ld(Py_ssize_t rows, Py_ssize_t K, const float* A,
+                                      Py_ssize_t lda, const float* P, bint wide, Py_ssize_t N,
+                                      Py_ssize_t n0, Py_ssize_t n1, bint accumulate, float* C,
+                                      Py_ssize_t ldc) noexcept nogil:
+    """A step's product with a recurrent weight block W [K, N] packed by
+    pack_recurrent (wide: one row, the wide kernel; else step_product on
+    panels), A [rows, K] of row stride lda. Same sums, same bits either way."""
+    if wide:
+        row1_wide_product(K, A, P, N, n0, n1, accumulate, C)
+    else:
+        step_product(rows, K, A, lda, P, n0, n1, accumulate, C, ldc)
+
+
 cdef inline void recurrent_product(Py_ssize_t rows, Py_ssize_t K, const float* A,
                                    const float* P, bint wide, Py_ssize_t N, Py_ssize_t n0,
                                    Py_ssize_t n1, bint accumulate, float* C,
                                    Py_ssize_t ldc) noexcept nogil:
-    """A step's product with a recurrent weight block W [K, N] packed by
-    pack_recurrent (wide: one row, the wide kernel; else step_product on
-    panels). Same sums, same bits either way."""
-    if wide:
-        row1_wide_product(K, A, P, N, n0, n1, accumulate, C)
-    else:
-        step_product(rows, K, A, K, P, n0, n1, accumulate, C, ldc)
+    """recurrent_product_ld with A's rows contiguous (lda = K)."""
+    recurrent_product_ld(rows, K, A, K, P, wide, N, n0, n1, accumulate, C, ldc)
 
 
 def row1_wide_memview(const float[::1] a, const float[:, :] w, bint accumulate,
