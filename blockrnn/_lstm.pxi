@@ -884,7 +884,7 @@ cdef inline Py_ssize_t lstm_backward_gemm_ws(Py_ssize_t S, Py_ssize_t B, Py_ssiz
 cdef inline Py_ssize_t lstm_dg_stride(Py_ssize_t H, Py_ssize_t itemsize) noexcept nogil:
     """The row stride (elements) of the sequence backward's dG [rows, 4H]:
     4H, or 64 bytes more where 4H elements are a multiple of 4 KB (float32:
-    H a multiple of 256). A step's product dh = dG[t] @ W_h^T reads a
+    H a multiple of 256; float64: of 128). A step's product dh = dG[t] @ W_h^T reads a
     tile's 12 rows of dG a row stride apart, and rows 4 KB apart share one
     L1 set of 8 ways (the AVX-512 kernel on one Zen 4 core, 32 x 1024 x 256:
     107.6 GFLOP/s; rows 4H + 16 floats apart: 116.3; strides of 1-3 KB and
@@ -900,8 +900,8 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
     """Elements of block_lstm_backward_compute's workspace: the gate
     gradients of one chunk of S = backward_chunk_steps(L, B * 4 * H) steps
     dG [S*B, 4H] (row stride lstm_dg_stride), then one step's recurrent
-    product dh^T [H, B]; float32
-    (packed) then W_h^T packed [brnn_packed_size(4H, H)]; then the GEMM
+    product dh^T [H, B]; float32 (packed) then W_h^T packed
+    [brnn_packed_size(4H, H)]; then the GEMM
     driver's blocks for the products of a chunk
     [lstm_backward_gemm_threads(S, ...) * lstm_backward_gemm_ws(S, ...)]. Its
     double accumulator `acc` has 3 * 4H + 1 elements."""
