@@ -353,17 +353,12 @@ class Run:
                 else None}
 
     def sgemm(self, mode):
-        spec = self.spec("sgemm", mode, [("sgemm", (self.opts.sgemm_size,))], False)
-        spec.update(reps=self.sgemm_reps, budget_s=float("inf"))
+        spec = dict(self.spec("sgemm", mode, [], False), reps=self.sgemm_reps)
         try:
-            out = worker.launch(spec)
-            best = min(out["results"][0]["times_s"])
+            return worker.sgemm_roofline(spec, self.opts.sgemm_size)
         except Exception as exc:  # noqa: BLE001
             self.say(f"sgemm roofline ({MODE_TITLES[mode]}) failed: {exc}", loud=True)
             return None
-        n = self.opts.sgemm_size
-        return {"n": n, "repeats": self.sgemm_reps, "best_s": best,
-                "gflops": 2.0 * n ** 3 / best / 1e9}
 
     def time_mode(self, mode, memory):
         """All rounds of one mode; returns {(workload, shape, impl): per-round dicts}."""

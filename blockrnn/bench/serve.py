@@ -204,9 +204,7 @@ def sgemm_gflops(n):
     """SciPy's sgemm n^3 float32 on all cores in a fresh process (bench's worker),
     best of 3, in GFLOP/s; None if it failed."""
     try:
-        out = worker.launch({"impl": "sgemm", "tasks": [{"workload": "sgemm", "shape": [n]}],
-                             "reps": 3, "budget_s": float("inf")})
-        return 2.0 * n ** 3 / min(out["results"][0]["times_s"]) / 1e9
+        return worker.sgemm_roofline({"reps": 3}, n)["gflops"]
     except Exception as exc:  # noqa: BLE001 - the table is printed without a ceiling
         print(f"WARNING: sgemm roofline failed: {exc}")
         return None

@@ -289,6 +289,17 @@ def launch(spec, timeout=1800):
             return json.load(f)
 
 
+def sgemm_roofline(spec, n):
+    """SciPy's sgemm n^3 float32 in a worker of its own on ``spec`` (its reps,
+    one_core, num_threads, ...): {"n", "repeats", "best_s", "gflops"}, the best
+    of its reps. Raises as ``launch`` does (or KeyError if the product failed)."""
+    spec = dict(spec, impl="sgemm", tasks=[{"workload": "sgemm", "shape": [n]}],
+                budget_s=float("inf"))
+    best = min(launch(spec)["results"][0]["times_s"])
+    return {"n": n, "repeats": spec["reps"], "best_s": best,
+            "gflops": 2.0 * n ** 3 / best / 1e9}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m blockrnn.bench.worker",
                                      description=__doc__.split("\n")[0])
