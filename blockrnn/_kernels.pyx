@@ -9,7 +9,8 @@
 #   _lstm_proj.pxi the projected LSTM (nn.LSTM with proj_size), forward and backward
 #   _inference.pxi weights packed once; the inference forwards (y and final states only)
 #   _capi.pxi     the C-level API (declared in _kernels.pxd)
-#   _sequence.pxi reverse_prefixes (the reverse direction's reversal)
+#   _sequence.pxi reverse_prefixes, reverse_prefixes_in_place (the reverse direction's
+#                 reversal)
 #
 # Two tiers (as in scikit-learn's k-means):
 # - `def` entry points take C-contiguous memoryviews (`# IN` const, `# OUT`

@@ -65,7 +65,7 @@ import blockrnn
 from blockrnn import _kernels
 from blockrnn._kernels import PackedGRUResetAfterWeights, PackedGRUWeights, PackedLSTMWeights
 from blockrnn._validation import check_sequence_length, steps_to_run
-from blockrnn.sequence import reverse_sequence
+from blockrnn.sequence import reverse_sequence, reverse_sequence_in_place
 
 __all__ = ["LSTMInference", "GRUInference", "PackedLSTMWeights", "PackedGRUWeights",
            "PackedGRUResetAfterWeights"]
@@ -163,7 +163,7 @@ class _Inference:
                 y, *fin = self._run(self._runs[k * D + d], xin, s0, lengths)
                 for f, v in zip(final, fin):
                     f[k * D + d] = v
-                outs.append(y if d == 0 else reverse_sequence(y, lengths))
+                outs.append(y if d == 0 else reverse_sequence_in_place(y, lengths))  # new y
             inp = outs[0] if D == 1 else np.concatenate(outs, axis=-1)
         return inp, self._pack(final)
 

@@ -57,7 +57,7 @@ import numpy as np
 
 import blockrnn  # the ops are looked up at call time (blockrnn imports this module)
 from blockrnn._validation import check_float, check_sequence_length, native, steps_to_run
-from blockrnn.sequence import reverse_sequence
+from blockrnn.sequence import reverse_sequence, reverse_sequence_in_place
 
 __all__ = ["LSTM", "GRU", "LSTMContext", "GRUContext"]
 
@@ -324,8 +324,8 @@ class _Layer:
                 xin, s0, out = runs[k * D + d]
                 dy_d = dout[..., d * H:(d + 1) * H]
                 # in the op's time order, and a copy of our own (_route adds into it;
-                # reverse_sequence without lengths may return a view when T <= 1)
-                dy_d = np.array(reverse_sequence(dy_d, lengths) if d else dy_d, order="C")
+                # reverse_sequence always returns a new array)
+                dy_d = reverse_sequence(dy_d, lengths) if d else np.array(dy_d, order="C")
                 seq_grads = [dy_d] + [np.zeros_like(dy_d) for _ in dfinal[1:]]
                 extra = [np.zeros((B, H), self.dtype) for _ in dfinal]
                 for sg, e, df in zip(seq_grads, extra, dfinal):
@@ -334,7 +334,7 @@ class _Layer:
                 for di, g, e in zip(dinit, ds0, extra):
                     di[k * D + d] = g + e
                 grads.update(named)
-                dx = dx if d == 0 else reverse_sequence(dx, lengths)
+                dx = dx if d == 0 else reverse_sequence_in_place(dx, lengths)   # dx: new
                 dinp = dx if dinp is None else dinp + dx
             dout = dinp
         self._fill_grads(grads)

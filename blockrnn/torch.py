@@ -64,6 +64,7 @@ from blockrnn import _kernels
 from blockrnn.lstm import _block_lstm_nn, _block_lstm_nn_grad
 from blockrnn._validation import RESET_AFTER, check_float, check_sequence_length, steps_to_run
 from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
+from blockrnn.sequence import reverse_sequence_in_place
 
 __all__ = ["LSTM", "GRU", "upgrade_state_dict_v01", "lstm_op", "lstm_backward_op", "gru_op",
            "gru_backward_op", "gru_block_op", "gru_block_backward_op", "lstm_proj_op",
@@ -201,6 +202,13 @@ def _in_op_order(a, lengths, reverse):
     return blockrnn.reverse_sequence(a, lengths) if reverse else a
 
 
+def _input_order_in_place(a, lengths, reverse):
+    """A kernel's new (T, B, ·) output (h, cs, the x gradient), in the op's time order,
+    put back in the input's: for the reverse direction reversed in place, no second
+    array (nothing else holds the kernel's outputs yet)."""
+    return reverse_sequence_in_place(a, lengths) if reverse else a
+
+
 def _fresh(*arrays):
     """The op's NumPy results as C-contiguous tensors (what the fake kernels promise).
 
@@ -271,8 +279,8 @@ def lstm_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
     fwd = _block_lstm_nn(steps_to_run(T, n), _in_op_order(xa, n, reverse), c0a, h0a, w_ih,
                          w_hh, *((wci, wcf, wco) if peep else (zeros,) * 3), b,
                          cell_clip=cell_clip, use_peephole=peep, sequence_length=n)
-    return _fresh(_in_op_order(fwd.h, n, reverse), _in_op_order(fwd.cs, n, reverse),
-                  fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co)
+    back = lambda a: _input_order_in_place(a, n, reverse)  # noqa: E731
+    return _fresh(back(fwd.h), back(fwd.cs), fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co)
 
 
 @lstm_op.register_fake
@@ -314,8 +322,8 @@ def lstm_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_i
                             *((wci, wcf, wco) if peep else (zeros,) * 3), b,
                             ia, order(csa), fa, oa, cia, coa, order(ha), order(dcs),
                             order(dh), use_peephole=peep, sequence_length=n)
-    return _fresh(order(g.x_grad), g.h_prev_grad, g.cs_prev_grad, g.w_ih_grad, g.w_hh_grad,
-                  g.b_grad, g.wci_grad, g.wcf_grad, g.wco_grad)
+    return _fresh(_input_order_in_place(g.x_grad, n, reverse), g.h_prev_grad, g.cs_prev_grad,
+                  g.w_ih_grad, g.w_hh_grad, g.b_grad, g.wci_grad, g.wcf_grad, g.wco_grad)
 
 
 @lstm_backward_op.register_fake
@@ -399,7 +407,7 @@ def gru_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT, bias_hh:
         b_ih = b_hh = np.zeros(w_hh.shape[0], w_hh.dtype)
     fwd = blockrnn.block_gru_reset_after(steps_to_run(T, n), _in_op_order(xa, n, reverse),
                                          h0a, w_ih, w_hh, b_ih, b_hh, sequence_length=n)
-    return _fresh(_in_op_order(fwd.h, n, reverse), fwd.r, fwd.z, fwd.n, fwd.hn)
+    return _fresh(_input_order_in_place(fwd.h, n, reverse), fwd.r, fwd.z, fwd.n, fwd.hn)
 
 
 @gru_op.register_fake
@@ -428,8 +436,8 @@ def gru_backward_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
     g = blockrnn.block_gru_reset_after_grad(steps_to_run(T, m), order(xa), h0a, w_ih, w_hh,
                                             b_ih, b_hh, ra, za, na, hna, order(ha), order(dh),
                                             sequence_length=m)
-    return _fresh(order(g.x_grad), g.h_prev_grad, g.w_ih_grad, g.w_hh_grad, g.b_ih_grad,
-                  g.b_hh_grad)
+    return _fresh(_input_order_in_place(g.x_grad, m, reverse), g.h_prev_grad, g.w_ih_grad,
+                  g.w_hh_grad, g.b_ih_grad, g.b_hh_grad)
 
 
 @gru_backward_op.register_fake
@@ -483,7 +491,7 @@ def gru_block_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _OptT, leng
         bru, bc = np.zeros(wru.shape[1], wru.dtype), np.zeros(wc.shape[1], wc.dtype)
     fwd = blockrnn.block_gru(steps_to_run(T, n), _in_op_order(xa, n, reverse), h0a, wru, wc,
                              bru, bc, sequence_length=n)
-    return _fresh(_in_op_order(fwd.h, n, reverse), fwd.r, fwd.u, fwd.c)
+    return _fresh(_input_order_in_place(fwd.h, n, reverse), fwd.r, fwd.u, fwd.c)
 
 
 @gru_block_op.register_fake
@@ -511,8 +519,8 @@ def gru_block_backward_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _O
     order = lambda a: _in_op_order(a, n, reverse)  # noqa: E731
     g = blockrnn.block_gru_grad(steps_to_run(T, n), order(xa), h0a, wru, wc, bru, bc, ra, ua,
                                 ca, order(ha), order(dh), sequence_length=n)
-    return _fresh(order(g.x_grad), g.h_prev_grad, g.w_ru_grad, g.w_c_grad, g.b_ru_grad,
-                  g.b_c_grad)
+    return _fresh(_input_order_in_place(g.x_grad, n, reverse), g.h_prev_grad, g.w_ru_grad,
+                  g.w_c_grad, g.b_ru_grad, g.b_c_grad)
 
 
 @gru_block_backward_op.register_fake
@@ -548,8 +556,8 @@ def lstm_proj_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _
         b_ih = b_hh = np.zeros(w_ih.shape[0], w_ih.dtype)
     fwd = block_lstm_proj(steps_to_run(T, n), _in_op_order(xa, n, reverse), h0a, c0a, w_ih,
                           w_hh, b_ih, b_hh, w_hr, sequence_length=n)
-    return _fresh(_in_op_order(fwd.h, n, reverse), _in_op_order(fwd.cs, n, reverse),
-                  fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co, fwd.m)
+    back = lambda a: _input_order_in_place(a, n, reverse)  # noqa: E731
+    return _fresh(back(fwd.h), back(fwd.cs), fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co, fwd.m)
 
 
 @lstm_proj_op.register_fake
@@ -585,8 +593,8 @@ def lstm_proj_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T,
     g = block_lstm_proj_grad(steps_to_run(T, n), order(xa), h0a, c0a, w_ih, w_hh, b_ih, b_hh,
                              w_hr, ia, fa, oa, cia, order(csa), coa, ma, order(ha), order(dcs),
                              order(dh), sequence_length=n)
-    return _fresh(order(g.x_grad), g.h_prev_grad, g.c_prev_grad, g.w_ih_grad, g.w_hh_grad,
-                  g.b_grad, g.w_hr_grad)
+    return _fresh(_input_order_in_place(g.x_grad, n, reverse), g.h_prev_grad, g.c_prev_grad,
+                  g.w_ih_grad, g.w_hh_grad, g.b_grad, g.w_hr_grad)
 
 
 @lstm_proj_backward_op.register_fake
@@ -686,8 +694,8 @@ class BlockLSTMFunction(torch.autograd.Function):
                                         i, cs, f, o, ci, co, h, dcs, dh,
                                         use_peephole=ctx.use_peephole, sequence_length=ctx.lengths)
         x_grad = g.x_grad
-        if ctx.reverse and need[0]:
-            x_grad = blockrnn.reverse_sequence(x_grad, ctx.lengths)
+        if ctx.reverse and need[0]:   # the kernel's new array: reversed in place
+            x_grad = reverse_sequence_in_place(x_grad, ctx.lengths)
         grads = (x_grad, g.h_prev_grad, g.cs_prev_grad, g.w_grad,
                  g.wci_grad, g.wcf_grad, g.wco_grad, g.b_grad)
         out = [_tensor(gr) if n else None for gr, n in zip(grads, need)]
@@ -741,8 +749,8 @@ class BlockGRUFunction(torch.autograd.Function):
         g = blockrnn.block_gru_grad(ctx.L, x, h0, w_ru, w_c, b_ru, b_c, r, u, c, h, dh,
                                     sequence_length=ctx.lengths)
         x_grad = g.x_grad
-        if ctx.reverse and need[0]:
-            x_grad = blockrnn.reverse_sequence(x_grad, ctx.lengths)
+        if ctx.reverse and need[0]:   # the kernel's new array: reversed in place
+            x_grad = reverse_sequence_in_place(x_grad, ctx.lengths)
         grads = (x_grad, g.h_prev_grad, g.w_ru_grad, g.w_c_grad, g.b_ru_grad, g.b_c_grad)
         return (*[_tensor(gr) if n else None for gr, n in zip(grads, need)], None, None)
 
@@ -1172,7 +1180,7 @@ class _RNNBase(nn.Module):
                 xin, *(None if s is None else s[k * D + d] for s in inits), n)
             for f, v in zip(finals, fin):
                 f[k * D + d] = v
-            outs.append(y if d == 0 else blockrnn.reverse_sequence(y, n))
+            outs.append(y if d == 0 else reverse_sequence_in_place(y, n))   # y: new
             if d == D - 1:
                 inp = outs[0] if D == 1 else np.concatenate(outs, axis=-1)
                 outs = []

@@ -74,3 +74,35 @@ def test_matches_tensorflow():
     lengths = np.array([9, 1, 0, 4, 7])
     want = tf.reverse_sequence(x, lengths, seq_axis=0, batch_axis=1).numpy()
     np.testing.assert_array_equal(blockrnn.reverse_sequence(x, lengths), want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
+@pytest.mark.parametrize("shape", [(6, 3), (7, 3, 5), (4, 2, 3, 70), (1, 2, 3), (0, 2, 3)])
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_in_place_matches_reverse_sequence(dtype, shape, with_lengths):
+    """reverse_sequence_in_place (the torch ops' and layers' reversal of their new
+    outputs) writes reverse_sequence's result over its argument: odd and even
+    lengths, zero lengths, rows of more than one swap buffer (70 x 3 x 8 bytes)."""
+    from blockrnn.sequence import reverse_sequence_in_place
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(shape) * 50).astype(dtype)
+    T, B = shape[:2]
+    lengths = None
+    if with_lengths:
+        lengths = rng.integers(0, T + 1, B).astype(np.int64)
+        lengths[0] = 0
+    want = blockrnn.reverse_sequence(x, lengths)
+    a = x.copy()
+    out = reverse_sequence_in_place(a, lengths)
+    assert out is a
+    np.testing.assert_array_equal(a, want)
+
+
+def test_in_place_rejects_arrays_it_cannot_write_in_place():
+    from blockrnn.sequence import reverse_sequence_in_place
+    x = np.zeros((4, 3, 2), np.float32)
+    ro = x.copy()
+    ro.flags.writeable = False
+    for bad in (x[:, :, ::2], ro, x.astype(">f4"), x[:, 0, 0]):
+        with pytest.raises(ValueError, match="writeable C-contiguous native"):
+            reverse_sequence_in_place(bad, None)

@@ -354,3 +354,38 @@ def test_eager_calls_take_the_custom_op_where_torch_lacks_the_mode_checks(monkey
     assert not type(y.grad_fn).__name__.startswith("blockrnn_"), type(y.grad_fn).__name__
     y.sum().backward()
     assert x.grad is not None and layer.weight_hh_l0.grad.abs().sum() > 0
+
+
+def test_reverse_direction_forward_ops_allocate_only_the_reversed_input():
+    """The reverse direction's forward ops reverse the kernels' new h (and cs) in
+    place: beyond the forward direction's memory they allocate only x in the op's
+    time order (tracemalloc sees NumPy's allocations; h is 80 KB here, over the
+    slack, so one more (T, B, H) copy fails this)."""
+    import tracemalloc
+    T_, B_, I_, H_, P_ = 40, 16, 8, 32, 16
+    x = torch.randn(T_, B_, I_)
+    h0, c0, hp0 = torch.zeros(B_, H_), torch.zeros(B_, H_), torch.zeros(B_, P_)
+    calls = {
+        "lstm_op": lambda r: bt.lstm_op(x, h0, c0, torch.randn(4 * H_, I_),
+                                        torch.randn(4 * H_, H_), None, None, None, None, None,
+                                        None, 0.0, 0.0, r),
+        "gru_op": lambda r: bt.gru_op(x, h0, torch.randn(3 * H_, I_), torch.randn(3 * H_, H_),
+                                      None, None, None, r),
+        "gru_block_op": lambda r: bt.gru_block_op(x, h0, torch.randn(I_ + H_, 2 * H_),
+                                                  torch.randn(I_ + H_, H_), None, None, None, r),
+        "lstm_proj_op": lambda r: bt.lstm_proj_op(x, hp0, c0, torch.randn(4 * H_, I_),
+                                                  torch.randn(4 * H_, P_), None, None,
+                                                  torch.randn(P_, H_), None, r),
+    }
+    slack = 32 * 1024
+    for name, call in calls.items():
+        peaks = {}
+        for reverse in (False, True, False, True):   # the second of each counts
+            tracemalloc.start()
+            try:
+                start = tracemalloc.get_traced_memory()[0]
+                call(reverse)
+                peaks[reverse] = tracemalloc.get_traced_memory()[1] - start
+            finally:
+                tracemalloc.stop()
+        assert peaks[True] <= peaks[False] + x.numpy().nbytes + slack, (name, peaks)
