@@ -34,7 +34,8 @@ cdef int api_block_lstm(
         return -1
     block_lstm_forward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, w + I * 4 * H,
                                tf_weight_strides(H), wci, wcf, wco, b, forget_bias, cell_clip,
-                               use_peephole != 0, lengths, g, i_, cs, f, o, ci, co, h, 1, 1)
+                               use_peephole != 0, lengths, False, g, i_, cs, f, o, ci, co, h,
+                               1, 1)
     free(g)
     return 0
 
@@ -58,8 +59,8 @@ cdef int api_block_lstm_grad(
         return -1
     block_lstm_backward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, w + I * 4 * H,
                                 tf_weight_strides(H), wci, wcf, wco, i_, cs, f, o, ci, co, h,
-                                cs_grad, h_grad, use_peephole != 0, lengths, ws, acc, x_grad,
-                                cs_prev_grad, h_prev_grad, w_grad, w_grad + I * 4 * H,
+                                cs_grad, h_grad, use_peephole != 0, lengths, False, ws, acc,
+                                x_grad, cs_prev_grad, h_prev_grad, w_grad, w_grad + I * 4 * H,
                                 tf_weight_strides(H), wci_grad, wcf_grad, wco_grad, b_grad, 1, 1)
     free(ws)
     free(acc)

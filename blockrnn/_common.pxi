@@ -42,6 +42,36 @@ cdef inline bint finished(const int64_t* lengths, Py_ssize_t row,
     return lengths != NULL and t >= lengths[row]
 
 
+cdef inline Py_ssize_t step_at(Py_ssize_t t, Py_ssize_t L, bint reverse) noexcept nogil:
+    """The time index of a sequence call's step t (of L): t, or L - 1 - t where the
+    kernels read time backwards themselves (`reverse`: the reverse direction of a
+    bidirectional layer, every row of length L = T)."""
+    return L - 1 - t if reverse else t
+
+
+cdef check_reverse(bint reverse, Py_ssize_t L, Py_ssize_t T, bint has_lengths):
+    """The kernels read time backwards (`reverse`) only for rows of one length, T."""
+    if reverse and (has_lengths or L != T):
+        raise ValueError(f"reverse=True needs every row at full length: no lengths and "
+                         f"seq_len_max = T = {T}, got seq_len_max {L}"
+                         + (" and lengths" if has_lengths else ""))
+
+
+cdef inline const floating* state_in(const floating* first, const floating* seq, Py_ssize_t t,
+                                     Py_ssize_t L, bint reverse, Py_ssize_t BH) noexcept nogil:
+    """The state (h or cs, blocks of BH elements) step t reads: `first` (h_prev,
+    cs_prev) at t = 0, else seq's block at the time index of step t - 1."""
+    return first if t == 0 else seq + step_at(t - 1, L, reverse) * BH
+
+
+cdef inline Py_ssize_t chunk_block(Py_ssize_t t, Py_ssize_t t0, Py_ssize_t t1,
+                                   bint reverse) noexcept nogil:
+    """The block of B rows step t fills in a backward chunk's gate gradients (the
+    steps [t0, t1)): t - t0, or t1 - 1 - t with `reverse`, so that the blocks run in
+    time order and the chunk's products over steps pair them with x's and h's rows."""
+    return t1 - 1 - t if reverse else t - t0
+
+
 cdef inline void zero_rows(Py_ssize_t rows, Py_ssize_t width, const int64_t* lengths,
                            Py_ssize_t t, floating* a) noexcept nogil:
     """a[r, :] = 0 for the rows (row stride `width`) past their length at step t."""

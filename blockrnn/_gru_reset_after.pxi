@@ -172,13 +172,14 @@ cdef inline Py_ssize_t gru_ra_forward_workspace(Py_ssize_t B, Py_ssize_t I, Py_s
 
 
 cdef void gru_ra_forward_packed_step(
-        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H,
+        Py_ssize_t t, Py_ssize_t at, Py_ssize_t B, Py_ssize_t H,
         const float* packed, const float* h_in, const float* b_ih,
         const float* b_hh, const int64_t* lengths, float* g,
         float* r, float* z, float* n, float* hn, float* h,
         Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
         brnn_barrier* rows_bar, int nt) noexcept nogil:
-    """Step t of the float32 forward: the three gate columns of the cells
+    """Step t of the float32 forward, writing time index `at` (step_at) of the
+    outputs: the three gate columns of the cells
     [u0, u1) of h_in @ w_hh^T into g by the packed kernel, then the gates
     (r[t], z[t], n[t] hold x[t] @ w_ih^T already, see gru_ra_forward_packed),
     both for the rows [r0, r1) without rows_bar (every row in a split by
@@ -194,7 +195,7 @@ cdef void gru_ra_forward_packed_step(
     gate_math_block(rows_bar, nt, NULL, H, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
-    k = (t * B + r0) * H
+    k = (at * B + r0) * H
     gru_ra_forward_block[float](r1 - r0, H, g + r0 * 3 * H, b_ih, b_hh, h_in + r0 * H,
                                 lengths_from(lengths, r0), t, r + k, z + k, n + k, hn + k,
                                 h + k, u0, u1 - u0)
@@ -217,6 +218,7 @@ cdef int gru_ra_forward_packed(
         float* packed,            # OUT w_hh's then w_ih's three gate blocks packed
         const float* x, const float* h_prev, const float* b_ih, const float* b_hh,
         const int64_t* lengths,
+        bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
         float* g,                 # workspace [B, 3H]
         float* r, float* z, float* n, float* hn, float* h,  # OUT [T, B, H]
         int n_threads) noexcept nogil:
@@ -257,9 +259,9 @@ cdef int gru_ra_forward_packed(
         gru_ra_pack_cols(I, H, w_ih, w_hh, 0, H, packed)
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, 0, H)
         for t in range(L):
-            gru_ra_forward_packed_step(t, B, H, packed, h_prev if t == 0 else h + (t - 1) * BH,
-                                       b_ih, b_hh, lengths, g, r, z, n, hn, h, 0, H, 0, B,
-                                       NULL, 1)
+            gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed,
+                                       state_in(h_prev, h, t, L, reverse, BH), b_ih, b_hh,
+                                       lengths, g, r, z, n, hn, h, 0, H, 0, B, NULL, 1)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
@@ -274,8 +276,8 @@ cdef int gru_ra_forward_packed(
             brnn_barrier_wait(&bar, nt)
             t = 0
             while t < L:
-                gru_ra_forward_packed_step(t, B, H, packed,
-                                           h_prev if t == 0 else h + (t - 1) * BH, b_ih, b_hh,
+                gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed,
+                                           state_in(h_prev, h, t, L, reverse, BH), b_ih, b_hh,
                                            lengths, g, r, z, n, hn, h, 0, H, r0, r1, NULL, nt)
                 t = t + 1
                 if t < L and rows_leave(&sp, tid, cores):
@@ -283,8 +285,8 @@ cdef int gru_ra_forward_packed(
             rows_done(&sp, tid, t)
         else:
             for t in range(L):
-                gru_ra_forward_packed_step(t, B, H, packed,
-                                           h_prev if t == 0 else h + (t - 1) * BH, b_ih, b_hh,
+                gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed,
+                                           state_in(h_prev, h, t, L, reverse, BH), b_ih, b_hh,
                                            lengths, g, r, z, n, hn, h, u0, u1, r0, r1,
                                            &rows_bar if nt > 1 and by_rows else NULL, nt)
                 if nt > 1 and step_barrier(&bar, nt, cores, patient):
@@ -294,8 +296,8 @@ cdef int gru_ra_forward_packed(
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k], L):
-                gru_ra_forward_packed_step(t, B, H, packed,
-                                           h_prev if t == 0 else h + (t - 1) * BH, b_ih, b_hh,
+                gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed,
+                                           state_in(h_prev, h, t, L, reverse, BH), b_ih, b_hh,
                                            lengths, g, r, z, n, hn, h, 0, H, k * B // sp.nt,
                                            (k + 1) * B // sp.nt, NULL, 1)
         return n_threads - sp.given
@@ -306,6 +308,7 @@ cdef int gru_ra_forward_row1(
         Py_ssize_t L, Py_ssize_t H,
         const float* packed,      # IN  w_hh's three gate blocks packed
         const float* h_prev, const float* b_ih, const float* b_hh, const int64_t* lengths,
+        bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
         float* g,                 # workspace [3H]
         float* r, float* z, float* n, float* hn, float* h,  # OUT [T, 1, H]
         int n_threads) noexcept nogil:
@@ -317,7 +320,7 @@ cdef int gru_ra_forward_row1(
     which can shed (step_barrier, sequence_patient): thread 0 then runs every
     cell of the steps left. The bits do not depend on n_threads. Returns the
     threads the caller gives back to the budget (region_threads)."""
-    cdef Py_ssize_t t, q, u0 = 0, u1 = 0, ps = brnn_packed_size(H, H)
+    cdef Py_ssize_t t, q, at, u0 = 0, u1 = 0, ps = brnn_packed_size(H, H)
     cdef const float* h_in
     cdef int tid, nt, cores = brnn_omp_get_num_procs()
     cdef bint patient = sequence_patient(1, H, 3 * H, n_threads)
@@ -325,12 +328,13 @@ cdef int gru_ra_forward_row1(
     memset(&bar, 0, sizeof(bar))
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
         for t in range(L):
-            h_in = h_prev if t == 0 else h + (t - 1) * H
+            h_in = state_in(h_prev, h, t, L, reverse, H)
+            at = step_at(t, L, reverse) * H
             for q in range(3):
                 recurrent_product(1, H, h_in, packed + q * ps, row1_wide, H, 0, H, False,
                                   g + q * H, 3 * H)
-            gru_ra_forward_block[float](1, H, g, b_ih, b_hh, h_in, lengths, t, r + t * H,
-                                        z + t * H, n + t * H, hn + t * H, h + t * H)
+            gru_ra_forward_block[float](1, H, g, b_ih, b_hh, h_in, lengths, t, r + at,
+                                        z + at, n + at, hn + at, h + at)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
@@ -339,14 +343,13 @@ cdef int gru_ra_forward_row1(
         u1 = unit_start(H, tid + 1, nt)
         for t in range(L):
             if u1 > u0:
+                h_in = state_in(h_prev, h, t, L, reverse, H)
+                at = step_at(t, L, reverse) * H
                 for q in range(3):
-                    recurrent_product(1, H, h_prev if t == 0 else h + (t - 1) * H,
-                                      packed + q * ps, row1_wide, H, u0, u1, False, g + q * H,
-                                      3 * H)
-                gru_ra_forward_block[float](1, H, g, b_ih, b_hh,
-                                            h_prev if t == 0 else h + (t - 1) * H, lengths, t,
-                                            r + t * H, z + t * H, n + t * H, hn + t * H,
-                                            h + t * H, u0, u1 - u0)
+                    recurrent_product(1, H, h_in, packed + q * ps, row1_wide, H, u0, u1, False,
+                                      g + q * H, 3 * H)
+                gru_ra_forward_block[float](1, H, g, b_ih, b_hh, h_in, lengths, t, r + at,
+                                            z + at, n + at, hn + at, h + at, u0, u1 - u0)
             if nt > 1 and step_barrier(&bar, nt, cores, patient):
                 if tid != 0:   # shed: thread 0 runs every cell of the steps left
                     break
@@ -362,11 +365,13 @@ cdef void block_gru_ra_forward_compute(
         const floating* w_hh,     # IN  [3H, H]
         const floating* b_ih, const floating* b_hh,  # IN [3H]
         const int64_t* lengths,   # IN  [B] or NULL
+        bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
         floating* ws,             # workspace [gru_ra_forward_workspace(B, I, H, float)]
         floating* r, floating* z, floating* n, floating* hn, floating* h,  # OUT [T, B, H]
         int n_threads, int max_threads) noexcept nogil:
     """The reset-after GRU over L steps, zeros for t >= L (and in row b for
-    t >= lengths[b]).
+    t >= lengths[b]). With `reverse` (L == T, no lengths) step t reads x[T-1-t]
+    and writes the outputs at T-1-t, its state from T-t (as the LSTM's).
 
     float32 from PACKED_MIN_ROWS rows on: every product in the packed kernel,
     in one parallel region on up to max_threads threads from the thread budget
@@ -380,7 +385,7 @@ cdef void block_gru_ra_forward_compute(
     batch 1 then computes each step's g = h[t-1] @ w_hh^T by the one-row kernel
     (gru_ra_forward_row1, the inference forward's bits); float64 by gemm, then
     the gates on n_threads."""
-    cdef Py_ssize_t t, q, BH = B * H, H3 = 3 * H
+    cdef Py_ssize_t t, q, at, BH = B * H, H3 = 3 * H
     cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef floating* g = ws
     cdef floating* packed = ws + B * H3
@@ -394,8 +399,8 @@ cdef void block_gru_ra_forward_compute(
                                                 L * B * (I + H) * H3, LOOP_MIN_WORK_FORWARD),
                                    max_threads)
         brnn_budget_give(gru_ra_forward_packed(L, B, I, H, w_ih, w_hh, packed, x, h_prev,
-                                               b_ih, b_hh, lengths, g, r, z, n, hn, h,
-                                               granted))
+                                               b_ih, b_hh, lengths, reverse, g, r, z, n, hn,
+                                               h, granted))
     elif floating is float:   # batch 1 (or 0): packed as above, aligned; inputs hoisted
         packed = align64(packed)
         for q in range(3):
@@ -407,16 +412,17 @@ cdef void block_gru_ra_forward_compute(
             granted = brnn_budget_take(loop_threads(gru_sequence_threads(1, H, max_threads),
                                                     L * H3 * H, LOOP_MIN_WORK_FORWARD),
                                        max_threads)
-            brnn_budget_give(gru_ra_forward_row1(L, H, packed, h_prev, b_ih, b_hh, lengths, g,
-                                                 r, z, n, hn, h, granted))
+            brnn_budget_give(gru_ra_forward_row1(L, H, packed, h_prev, b_ih, b_hh, lengths,
+                                                 reverse, g, r, z, n, hn, h, granted))
     else:
         for q in range(3):   # x[:L] @ w_ih[q-block]^T
             gemm(False, True, L * B, H, I, 1, x, I, w_ih + q * H * I, I, 0, dst[q], H)
         for t in range(L):
-            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            h_in = state_in(h_prev, h, t, L, reverse, BH)
+            at = step_at(t, L, reverse) * BH
             gemm(False, True, B, H3, H, 1, h_in, H, w_hh, H, 0, g, H3)
-            gru_ra_forward_rows(B, H, g, b_ih, b_hh, h_in, lengths, t, r + t * BH,
-                                z + t * BH, n + t * BH, hn + t * BH, h + t * BH, n_threads)
+            gru_ra_forward_rows(B, H, g, b_ih, b_hh, h_in, lengths, t, r + at, z + at, n + at,
+                                hn + at, h + at, n_threads)
     for q in range(3):   # past L: zeros
         memset(dst[q] + L * BH, 0, (T - L) * BH * sizeof(floating))
     memset(hn + L * BH, 0, (T - L) * BH * sizeof(floating))
@@ -434,7 +440,8 @@ def block_gru_reset_after_forward(
         int n_threads, int max_threads,
         floating[:, :, ::1] r, floating[:, :, ::1] z,   # OUT [T, B, H]
         floating[:, :, ::1] n, floating[:, :, ::1] hn, floating[:, :, ::1] h,
-        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+        const int64_t[::1] lengths=None,  # IN [B] per-row lengths, or None
+        bint reverse=False):              # time read backwards (L == T, no lengths)
     """See block_gru_ra_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
@@ -443,9 +450,10 @@ def block_gru_reset_after_forward(
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
+    check_reverse(reverse, L, T, lengths is not None)
     with nogil:
         block_gru_ra_forward_compute(L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ih[0, 0],
-                                     &w_hh[0, 0], &b_ih[0], &b_hh[0], lens, &ws[0],
+                                     &w_hh[0, 0], &b_ih[0], &b_hh[0], lens, reverse, &ws[0],
                                      &r[0, 0, 0], &z[0, 0, 0], &n[0, 0, 0], &hn[0, 0, 0],
                                      &h[0, 0, 0], n_threads, max_threads)
 
@@ -489,29 +497,32 @@ cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_
 
 
 cdef void gru_ra_backward_rows_step(
-        Py_ssize_t t, Py_ssize_t t0, Py_ssize_t B, Py_ssize_t H, const float* packed,
-        const float* h_prev, const float* r, const float* z, const float* n,
-        const float* hn, const float* h, const float* h_grad, const int64_t* lengths,
-        float* dg, float* carry, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
-    """Step t of the reverse loop for the rows [r0, r1), every cell, no
-    barrier (every row on one thread, or a thread's rows in a loop split by
-    rows, split_rows): their dG[t], then their carry += dG_h[t] @ w_hh."""
-    cdef Py_ssize_t BH = B * H, G4 = 4 * H, rk = r0 * H, k = t * BH + rk
-    cdef float* dgt = dg + (t - t0) * B * G4 + r0 * G4
+        Py_ssize_t t, Py_ssize_t at, Py_ssize_t B, Py_ssize_t H, const float* packed,
+        const float* h_in, const float* r, const float* z, const float* n, const float* hn,
+        const float* h_grad, const int64_t* lengths, float* dgt, float* carry, Py_ssize_t r0,
+        Py_ssize_t r1) noexcept nogil:
+    """Step t (time index `at`, step_at; its input state h_in [B, H]) of the
+    reverse loop for the rows [r0, r1), every cell, no barrier (every row on
+    one thread, or a thread's rows in a loop split by rows, split_rows): their
+    rows of the step's gate gradients dgt [B, 4H], then their carry +=
+    dG_h[t] @ w_hh."""
+    cdef Py_ssize_t BH = B * H, G4 = 4 * H, rk = r0 * H, k = at * BH + rk
+    dgt += r0 * G4
     gru_ra_backward_block[float](
-        r1 - r0, H, (h_prev if t == 0 else h + (t - 1) * BH) + rk, r + k, z + k, n + k,
-        hn + k, h_grad + k, lengths_from(lengths, r0), t, carry + rk, dgt, 0, H)
+        r1 - r0, H, h_in + rk, r + k, z + k, n + k, hn + k, h_grad + k,
+        lengths_from(lengths, r0), t, carry + rk, dgt, 0, H)
     packed_product(r1 - r0, 3 * H, dgt, G4, packed, 0, H, True, carry + rk, H)
 
 
 cdef int gru_ra_backward_packed(
-        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H,
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t L, bint reverse,  # steps [t0, t1) of L
+        Py_ssize_t B, Py_ssize_t H,
         const float* w_hh,        # IN  [3H, H]: packed into `packed` first if `pack`
         bint pack,
         float* packed,            # IN/OUT w_hh [3H, H] packed (pack_cols)
         const float* h_prev, const float* r, const float* z, const float* n,
         const float* hn, const float* h, const float* h_grad, const int64_t* lengths,
-        float* dg,                # OUT [(t1-t0)*B, 4H]: step t at row (t - t0) * B
+        float* dg,                # OUT [(t1-t0)*B, 4H]: step t at row chunk_block(t) * B
         float* carry,             # IN/OUT [B, H] d h[t-1]
         int n_threads) noexcept nogil:
     """The reverse time loop of the float32 backward over the steps [t0, t1):
@@ -531,6 +542,7 @@ cdef int gru_ra_backward_packed(
     not depend on n_threads. Returns the threads the caller gives back to the
     budget (region_threads)."""
     cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
+    cdef float* dgt
     cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
     cdef bint split = split_rows(B, n_threads)
@@ -545,8 +557,11 @@ cdef int gru_ra_backward_packed(
         if pack:
             pack_cols(3 * H, H, w_hh, H, 1, False, 0, H, packed)   # W(k, j) = w_hh[k, j]
         for t in range(t1 - 1, t0 - 1, -1):
-            gru_ra_backward_rows_step(t, t0, B, H, packed, h_prev, r, z, n, hn, h, h_grad,
-                                      lengths, dg, carry, 0, B)
+            gru_ra_backward_rows_step(t, step_at(t, L, reverse), B, H, packed,
+                                      state_in(h_prev, h, t, L, reverse, BH), r, z, n, hn,
+                                      h_grad, lengths,
+                                      dg + chunk_block(t, t0, t1, reverse) * B * G4, carry, 0,
+                                      B)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
@@ -564,41 +579,46 @@ cdef int gru_ra_backward_packed(
             t = t1
             while t > t0:
                 t = t - 1
-                gru_ra_backward_rows_step(t, t0, B, H, packed, h_prev, r, z, n, hn, h, h_grad,
-                                          lengths, dg, carry, r0, r1)
+                gru_ra_backward_rows_step(t, step_at(t, L, reverse), B, H, packed,
+                                          state_in(h_prev, h, t, L, reverse, BH), r, z, n, hn,
+                                          h_grad, lengths,
+                                          dg + chunk_block(t, t0, t1, reverse) * B * G4, carry,
+                                          r0, r1)
                 if t > t0 and rows_leave(&sp, tid, cores):
                     break
             rows_done(&sp, tid, t)
         else:
             for t in range(t1 - 1, t0 - 1, -1):
+                k = step_at(t, L, reverse) * BH + rk
+                dgt = dg + chunk_block(t, t0, t1, reverse) * B * G4
                 if r1 > r0 and (by_rows or u1 > u0):
                     gru_ra_backward_block[float](
-                        r1 - r0, H, (h_prev if t == 0 else h + (t - 1) * BH) + rk,
-                        r + t * BH + rk, z + t * BH + rk, n + t * BH + rk, hn + t * BH + rk,
-                        h_grad + t * BH + rk, lengths_from(lengths, r0), t, carry + rk,
-                        dg + (t - t0) * B * G4 + r0 * G4, 0 if by_rows else u0,
-                        H if by_rows else u1 - u0)
+                        r1 - r0, H, state_in(h_prev, h, t, L, reverse, BH) + rk, r + k, z + k,
+                        n + k, hn + k, h_grad + k, lengths_from(lengths, r0), t, carry + rk,
+                        dgt + r0 * G4, 0 if by_rows else u0, H if by_rows else u1 - u0)
                 if nt > 1 and step_barrier(&bar, nt, cores, patient):
                     if tid != 0:   # shed: thread 0 computes every row and cell from here
                         break
                     nt, u0, u1, r0, r1, rk = 1, 0, H, 0, B, 0
                 if u1 > u0:
-                    packed_product(B, 3 * H, dg + (t - t0) * B * G4, G4, packed, u0, u1, True,
-                                   carry, H)
+                    packed_product(B, 3 * H, dgt, G4, packed, u0, u1, True, carry, H)
                 if by_rows:   # the next step's gates read every cell of the carry
                     brnn_barrier_wait(&rows_bar, nt)
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k] - 1, t0 - 1, -1):
-                gru_ra_backward_rows_step(t, t0, B, H, packed, h_prev, r, z, n, hn, h, h_grad,
-                                          lengths, dg, carry, k * B // sp.nt,
-                                          (k + 1) * B // sp.nt)
+                gru_ra_backward_rows_step(t, step_at(t, L, reverse), B, H, packed,
+                                          state_in(h_prev, h, t, L, reverse, BH), r, z, n, hn,
+                                          h_grad, lengths,
+                                          dg + chunk_block(t, t0, t1, reverse) * B * G4, carry,
+                                          k * B // sp.nt, (k + 1) * B // sp.nt)
         return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
 
 cdef void gru_ra_backward_products(
-        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t L, bint reverse,  # steps [t0, t1) of L
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const floating* x, const floating* h_prev, const floating* h,
         const floating* w_ih, const floating* dg, bint accumulate,
         floating* x_grad, floating* w_ih_grad, floating* w_hh_grad,
@@ -610,14 +630,17 @@ cdef void gru_ra_backward_products(
       x_grad[t0:t1] = dG_x @ w_ih  = dG[:, r|z] @ w_ih[:2H] + dG[:, nx] @ w_ih[2H:]
       w_ih_grad (+)= dG_x^T @ x[t0:t1]  (rows r, z from dG[:, r|z], rows n from dG[:, nx])
       w_hh_grad (+)= dG_h^T @ h[t0-1:t1-1]   (dG_h = dG[:, :3H], h[-1] = h_prev)
+    (with `reverse` the chunk's times are [m0, m1) = [L-t1, L-t0), dG's rows in
+    time order: x_grad[m0:m1], x[m0:m1], and h[m0+1:m1+1] with h[L] = h_prev)
     through the GEMM driver of the precision (run_gemm_specs: blockrnn's
     packed float32 or float64 kernels, on `threads` threads from the budget,
     workspace gws [threads * gru_ra_backward_gemm_ws(...)]; dG^T read through
     strides, no copies), bits independent of any thread count. With t0 ==
     t1 == 0 (L == 0) the weight gradients are set to zero."""
     cdef Py_ssize_t H2 = 2 * H, H3 = 3 * H, G4 = 4 * H, rows = (t1 - t0) * B
-    cdef floating* xg = x_grad + t0 * B * I
-    cdef const floating* xs = x + t0 * B * I
+    cdef Py_ssize_t m0 = L - t1 if reverse else t0   # the chunk's first time
+    cdef floating* xg = x_grad + m0 * B * I
+    cdef const floating* xs = x + m0 * B * I
     cdef gemm_spec jobs[6]
     cdef int njobs = 5
     jobs[0] = gspec(rows, I, H2, dg, G4, 1, w_ih, I, 1, False, xg, I)
@@ -625,8 +648,14 @@ cdef void gru_ra_backward_products(
     jobs[2] = gspec(H2, I, rows, dg, 1, G4, xs, I, 1, accumulate, w_ih_grad, I)
     jobs[3] = gspec(H, I, rows, dg + H3, 1, G4, xs, I, 1, accumulate, w_ih_grad + H2 * I, I)
     if t0 > 0:
-        jobs[4] = gspec(H3, H, rows, dg, 1, G4, h + (t0 - 1) * B * H, H, 1, accumulate,
+        jobs[4] = gspec(H3, H, rows, dg, 1, G4, h + (m0 + (1 if reverse else -1)) * B * H, H,
+                        1, accumulate, w_hh_grad, H)
+    elif reverse:   # times m0.. read h[m0+1:L], time L-1 (step 0, dG's last rows) h_prev
+        jobs[4] = gspec(H3, H, rows - B, dg, 1, G4, h + (m0 + 1) * B * H, H, 1, accumulate,
                         w_hh_grad, H)
+        jobs[5] = gspec(H3, H, B, dg + (rows - B) * G4, 1, G4, h_prev, H, 1, True, w_hh_grad,
+                        H)
+        njobs = 6
     else:   # step 0 reads h_prev, steps 1.. read h[0:t1-1]
         jobs[4] = gspec(H3, H, B if t1 > 0 else 0, dg, 1, G4, h_prev, H, 1, accumulate,
                         w_hh_grad, H)
@@ -646,6 +675,7 @@ cdef void block_gru_ra_backward_compute(
         const floating* hn, const floating* h,
         const floating* h_grad,   # IN  [T, B, H]
         const int64_t* lengths,   # IN  [B] or NULL
+        bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
         floating* ws,             # workspace [gru_ra_backward_workspace(L, B, I, H, float,
                                   #            max_threads)]
         double* acc,              # workspace [sums_workspace(L, B, 4H, 4H)]
@@ -664,10 +694,12 @@ cdef void block_gru_ra_backward_compute(
     (gru_ra_backward_packed); float64 and batch 1 by a gemm per step, gate
     loops on n_threads. Then gru_ra_backward_products on the chunk's rows,
     and the bias gradients as column sums of dG in double: b_hh_grad = sum
-    dG_h, b_ih_grad = sum dG_x."""
-    cdef Py_ssize_t t, t0, t1, BH = B * H, H3 = 3 * H, G4 = 4 * H
+    dG_h, b_ih_grad = sum dG_x. `reverse`: as the forward's (step t at time
+    T-1-t), see gru_ra_backward_products."""
+    cdef Py_ssize_t t, t0, t1, at, BH = B * H, H3 = 3 * H, G4 = 4 * H
     cdef Py_ssize_t S = backward_chunk_steps(L, B * G4)
     cdef floating* dg = ws
+    cdef floating* dgt
     cdef floating* packed = ws + max(1, S) * B * G4
     cdef floating* gws = packed + brnn_packed_size(H3, H) if floating is float else packed
     cdef bint use_packed = False
@@ -677,8 +709,8 @@ cdef void block_gru_ra_backward_compute(
     if floating is float:
         use_packed = B >= PACKED_MIN_ROWS   # (w_hh packed by the first chunk's region)
     if L == 0:   # no step: zero weight gradients
-        gru_ra_backward_products(0, 0, B, I, H, x, h_prev, h, w_ih, dg, False, x_grad,
-                                 w_ih_grad, w_hh_grad, gws, 1)
+        gru_ra_backward_products(0, 0, 0, False, B, I, H, x, h_prev, h, w_ih, dg, False,
+                                 x_grad, w_ih_grad, w_hh_grad, gws, 1)
     t1 = L
     while t1 > 0:
         t0 = max(0, t1 - S)
@@ -687,18 +719,18 @@ cdef void block_gru_ra_backward_compute(
                 loop_threads(gru_sequence_threads(B, H, max_threads), (t1 - t0) * B * H3 * H,
                              LOOP_MIN_WORK_BACKWARD), max_threads)
             brnn_budget_give(gru_ra_backward_packed(
-                t0, t1, B, H, w_hh, t1 == L, packed, h_prev, r, z, n, hn, h, h_grad, lengths,
-                dg, h_prev_grad, granted))
+                t0, t1, L, reverse, B, H, w_hh, t1 == L, packed, h_prev, r, z, n, hn, h, h_grad,
+                lengths, dg, h_prev_grad, granted))
         else:
             for t in range(t1 - 1, t0 - 1, -1):
-                gru_ra_backward_rows(B, H, h_prev if t == 0 else h + (t - 1) * BH, r + t * BH,
-                                     z + t * BH, n + t * BH, hn + t * BH, h_grad + t * BH,
-                                     lengths, t, h_prev_grad, dg + (t - t0) * B * G4,
-                                     n_threads)
-                gemm(False, False, B, H, H3, 1, dg + (t - t0) * B * G4, G4, w_hh, H, 1,
-                     h_prev_grad, H)
-        gru_ra_backward_products(t0, t1, B, I, H, x, h_prev, h, w_ih, dg, t1 < L, x_grad,
-                                 w_ih_grad, w_hh_grad, gws,
+                at = step_at(t, L, reverse) * BH
+                dgt = dg + chunk_block(t, t0, t1, reverse) * B * G4
+                gru_ra_backward_rows(B, H, state_in(h_prev, h, t, L, reverse, BH), r + at,
+                                     z + at, n + at, hn + at, h_grad + at, lengths, t,
+                                     h_prev_grad, dgt, n_threads)
+                gemm(False, False, B, H, H3, 1, dgt, G4, w_hh, H, 1, h_prev_grad, H)
+        gru_ra_backward_products(t0, t1, L, reverse, B, I, H, x, h_prev, h, w_ih, dg, t1 < L,
+                                 x_grad, w_ih_grad, w_hh_grad, gws,
                                  gru_ra_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
         blocked_column_sums((t1 - t0) * B, G4, dg, G4, acc + G4, acc, max_threads)
         t1 = t0
@@ -725,7 +757,8 @@ def block_gru_reset_after_backward(
         floating[:, ::1] w_hh_grad,      # OUT [3H, H]
         floating[::1] b_ih_grad,         # OUT [3H]
         floating[::1] b_hh_grad,         # OUT [3H]
-        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+        const int64_t[::1] lengths=None,  # IN [B] per-row lengths, or None
+        bint reverse=False):              # time read backwards (L == T, no lengths)
     """See block_gru_ra_backward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
@@ -736,10 +769,12 @@ def block_gru_reset_after_backward(
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
+    check_reverse(reverse, L, T, lengths is not None)
     with nogil:
         block_gru_ra_backward_compute(
             L, T, B, I, H, &x[0, 0, 0], &h_prev[0, 0], &w_ih[0, 0], &w_hh[0, 0],
             &r[0, 0, 0], &z[0, 0, 0], &n[0, 0, 0], &hn[0, 0, 0], &h[0, 0, 0],
-            &h_grad[0, 0, 0], lens, &ws[0], &acc[0], &x_grad[0, 0, 0], &h_prev_grad[0, 0],
+            &h_grad[0, 0, 0], lens, reverse, &ws[0], &acc[0], &x_grad[0, 0, 0],
+            &h_prev_grad[0, 0],
             &w_ih_grad[0, 0], &w_hh_grad[0, 0], &b_ih_grad[0], &b_hh_grad[0], n_threads,
             max_threads)

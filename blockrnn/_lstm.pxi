@@ -297,11 +297,13 @@ cdef inline Py_ssize_t lstm_sums_workspace(Py_ssize_t L, Py_ssize_t B,
 
 cdef void lstm_sums_block(
         Py_ssize_t k, Py_ssize_t rows, Py_ssize_t B, Py_ssize_t H, GateOffsets off, bint peep,
-        const floating* dg, Py_ssize_t ldg, const floating* cs_first, const floating* cs_in,
-        const floating* cs, double* part) noexcept nogil:
+        const floating* dg, Py_ssize_t ldg, const floating* cs_edge, bint edge_last,
+        const floating* cs_in, const floating* cs, double* part) noexcept nogil:
     """Row block k's partial sums part[k] [7H] (see lstm_param_sums)."""
     cdef Py_ssize_t R0 = k * SUM_BLOCK_ROWS, R1 = min(rows, R0 + SUM_BLOCK_ROWS)
-    cdef Py_ssize_t G4 = 4 * H, a, n, shift = B if cs_first != NULL else 0
+    cdef Py_ssize_t G4 = 4 * H, a, n
+    cdef Py_ssize_t e0 = rows - B if edge_last else 0   # cs_edge's rows [e0, e0 + B)
+    cdef Py_ssize_t shift = B if cs_edge != NULL and not edge_last else 0
     cdef const floating* src
     cdef double* p = part + k * 7 * H
     memset(p, 0, 7 * H * sizeof(double))
@@ -310,8 +312,10 @@ cdef void lstm_sums_block(
         return
     a = R0
     while a < R1:   # di * cs_in, df * cs_in: the step's incoming cell state
-        if cs_first != NULL and a < B:
-            n, src = min(R1, B) - a, cs_first + a * H
+        if cs_edge != NULL and e0 <= a < e0 + B:
+            n, src = min(R1, e0 + B) - a, cs_edge + (a - e0) * H
+        elif cs_edge != NULL and a < e0:
+            n, src = min(R1, e0) - a, cs_in + (a - shift) * H
         else:
             n, src = R1 - a, cs_in + (a - shift) * H
         product_sums_rows(n, H, dg + a * ldg + off.i, ldg, src, H, p + G4)
@@ -323,10 +327,12 @@ cdef void lstm_sums_block(
 cdef void lstm_param_sums(
         Py_ssize_t rows, Py_ssize_t B, Py_ssize_t H, GateOffsets off, bint peep,
         const floating* dg,        # IN [rows, 4H] a chunk's gate gradients, B rows a step
-        Py_ssize_t ldg,            #    (row stride ldg)
-        const floating* cs_first,  # IN [B, H] cs_prev if the chunk starts at step 0, or NULL
-        const floating* cs_in,     # IN the cell state each row's step read: row R (R >= B
-                                   #    if cs_first) at cs_in + (R - (B if cs_first else 0)) H
+        Py_ssize_t ldg,            #    (row stride ldg), in time order
+        const floating* cs_edge,   # IN [B, H] cs_prev if the chunk holds step 0, or NULL:
+        bint edge_last,            #    the state of its first B rows, or with edge_last
+                                   #    (reverse) of its last B rows
+        const floating* cs_in,     # IN the cell state the other rows' steps read, in
+                                   #    their order (rows from B on, or from 0)
         const floating* cs,        # IN [rows, H] the cell state each row's step wrote
         double* part,              # workspace [sum_blocks(rows), 7H]
         double* acc,               # IN/OUT [7H]
@@ -341,10 +347,12 @@ cdef void lstm_param_sums(
     cdef int threads = brnn_budget_take(sum_threads(rows, max_threads), max_threads)
     if threads == 1:
         for k in range(nb):
-            lstm_sums_block(k, rows, B, H, off, peep, dg, ldg, cs_first, cs_in, cs, part)
+            lstm_sums_block(k, rows, B, H, off, peep, dg, ldg, cs_edge, edge_last, cs_in, cs,
+                            part)
     else:
         for k in prange(nb, num_threads=threads, schedule="static"):
-            lstm_sums_block(k, rows, B, H, off, peep, dg, ldg, cs_first, cs_in, cs, part)
+            lstm_sums_block(k, rows, B, H, off, peep, dg, ldg, cs_edge, edge_last, cs_in, cs,
+                            part)
     brnn_budget_give(threads)
     add_blocks(nb, 7 * H, part, acc)
 
@@ -481,7 +489,7 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
                 L, T, B, I, H, layout, <float*>a[0], <float*>a[1], <float*>a[2],
                 <float*>a[3], <float*>a[3] + I * 4 * H, tf_weight_strides(H),
                 <float*>a[4], <float*>a[5], <float*>a[6], <float*>a[7], <float>fb,
-                <float>clip_, peep, NULL, <float*>g, <float*>o[0], <float*>o[1],
+                <float>clip_, peep, NULL, False, <float*>g, <float*>o[0], <float*>o[1],
                 <float*>o[2], <float*>o[3], <float*>o[4], <float*>o[5], <float*>o[6], 1,
                 max_threads)
         else:
@@ -489,8 +497,8 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
                 L, T, B, I, H, layout, <double*>a[0], <double*>a[1], <double*>a[2],
                 <double*>a[3], <double*>a[3] + I * 4 * H, tf_weight_strides(H),
                 <double*>a[4], <double*>a[5], <double*>a[6], <double*>a[7], fb, clip_, peep,
-                NULL, <double*>g, <double*>o[0], <double*>o[1], <double*>o[2], <double*>o[3],
-                <double*>o[4], <double*>o[5], <double*>o[6], 1, max_threads)
+                NULL, False, <double*>g, <double*>o[0], <double*>o[1], <double*>o[2],
+                <double*>o[3], <double*>o[4], <double*>o[5], <double*>o[6], 1, max_threads)
     PyMem_RawFree(g)
     return outs
 
@@ -569,14 +577,15 @@ cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
 
 
 cdef void lstm_forward_packed_step(
-        Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        Py_ssize_t t, Py_ssize_t at, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
         const float* packed, bint wide, const float* cs_in, const float* h_in,
         const float* b, const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
         float* g, float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
         Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
         brnn_barrier* rows_bar, int nt) noexcept nogil:
-    """Step t of the float32 forward: the four gate columns of the cells
+    """Step t of the float32 forward, writing time index `at` (step_at) of the
+    outputs: the four gate columns of the cells
     [u0, u1) of g = h_in @ W_h (recurrent_product: W_h's blocks in the wide
     layout at batch 1, else panels), then the gates (the gate outputs at t
     hold x[t] @ W_x already, see lstm_forward_packed). Without rows_bar, both
@@ -593,7 +602,7 @@ cdef void lstm_forward_packed_step(
     gate_math_block(rows_bar, nt, NULL, H, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
-    BH = t * BH + r0 * H
+    BH = at * BH + r0 * H
     lstm_forward_block[float](r1 - r0, H, off, g + r0 * 4 * H, b, cs_in + r0 * H, wci, wcf,
                               wco, forget_bias, cell_clip, use_peephole,
                               lengths_from(lengths, r0), t, True, i_ + BH, cs + BH, f + BH,
@@ -621,6 +630,7 @@ cdef int lstm_forward_packed(
         const float* x, const float* cs_prev, const float* h_prev, const float* b,
         const float* wci, const float* wcf, const float* wco,
         float forget_bias, float cell_clip, bint use_peephole, const int64_t* lengths,
+        bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
         float* g,                 # workspace [B, 4H]
         float* i_, float* cs, float* f, float* o, float* ci, float* co, float* h,
         int n_threads) noexcept nogil:
@@ -668,10 +678,10 @@ cdef int lstm_forward_packed(
         packed_inputs_part(L * B, I, H, 4, x, packed_x, psx, dst, 0, H)
         for t in range(L):
             lstm_forward_packed_step(
-                t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
-                h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
-                cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H, 0, B,
-                NULL, 1)
+                t, step_at(t, L, reverse), B, H, off, packed, wide,
+                state_in(cs_prev, cs, t, L, reverse, BH),
+                state_in(h_prev, h, t, L, reverse, BH), b, wci, wcf, wco, forget_bias, cell_clip,
+                use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H, 0, B, NULL, 1)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
@@ -687,8 +697,9 @@ cdef int lstm_forward_packed(
             t = 0
             while t < L:
                 lstm_forward_packed_step(
-                    t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
-                    h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                    t, step_at(t, L, reverse), B, H, off, packed, wide,
+                    state_in(cs_prev, cs, t, L, reverse, BH),
+                    state_in(h_prev, h, t, L, reverse, BH), b, wci, wcf, wco, forget_bias,
                     cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H, r0, r1,
                     NULL, nt)
                 t = t + 1
@@ -698,8 +709,9 @@ cdef int lstm_forward_packed(
         else:
             for t in range(L):
                 lstm_forward_packed_step(
-                    t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
-                    h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                    t, step_at(t, L, reverse), B, H, off, packed, wide,
+                    state_in(cs_prev, cs, t, L, reverse, BH),
+                    state_in(h_prev, h, t, L, reverse, BH), b, wci, wcf, wco, forget_bias,
                     cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, u0, u1, r0,
                     r1, &rows_bar if nt > 1 and by_rows else NULL, nt)
                 if nt > 1 and step_barrier(&bar, nt, cores, patient):
@@ -710,8 +722,9 @@ cdef int lstm_forward_packed(
         for k in range(1, sp.nt):
             for t in range(sp.resume[k], L):
                 lstm_forward_packed_step(
-                    t, B, H, off, packed, wide, cs_prev if t == 0 else cs + (t - 1) * BH,
-                    h_prev if t == 0 else h + (t - 1) * BH, b, wci, wcf, wco, forget_bias,
+                    t, step_at(t, L, reverse), B, H, off, packed, wide,
+                    state_in(cs_prev, cs, t, L, reverse, BH),
+                    state_in(h_prev, h, t, L, reverse, BH), b, wci, wcf, wco, forget_bias,
                     cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci, co, h, 0, H,
                     k * B // sp.nt, (k + 1) * B // sp.nt, NULL, 1)
         return n_threads - sp.given
@@ -729,12 +742,16 @@ cdef void block_lstm_forward_compute(
         const floating* b,        # IN  [4H]
         floating forget_bias, floating cell_clip, bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
+        bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
         floating* ws,             # workspace [block_lstm_forward_workspace(L, B, H, I, float)]
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [T, B, H]
         floating* ci, floating* co, floating* h, int n_threads,
         int max_threads) noexcept nogil:
     """BlockLSTM / BlockLSTMV2 (SPEC §3, sequence): L steps, zeros for t >= L
-    (and, with `lengths`, zeros in row b for t >= lengths[b]).
+    (and, with `lengths`, zeros in row b for t >= lengths[b]). With `reverse`
+    (L == T, no lengths) step t reads x[T-1-t] and writes the outputs at T-1-t,
+    its state coming from T-t: the reverse direction of a bidirectional layer
+    in the input's time order, with no reversed copies.
 
     The input projection of all L steps is hoisted out of the time loop as one
     GEMM per gate, written straight into that gate's output: i[:L] holds
@@ -783,7 +800,7 @@ cdef void block_lstm_forward_compute(
     workers spin (sched_yield) for about 0.1 s after each GEMM, on the cores
     the region's threads need (measured: 101 ms of CPU burnt in the 200 ms
     after a call whose only BLAS call was the hoisted input GEMM)."""
-    cdef Py_ssize_t t, BH = B * H, G4 = 4 * H
+    cdef Py_ssize_t t, at, BH = B * H, G4 = 4 * H
     cdef floating* g = ws
     cdef const floating* w_h_t = NULL  # if recurrent_weights_transposed: W_h^T [4H, H]
     cdef Py_ssize_t ld_t = H           # its row stride
@@ -800,8 +817,8 @@ cdef void block_lstm_forward_compute(
                                    max_threads)
         brnn_budget_give(lstm_forward_packed(
             L, B, I, H, off, w_x, w_h, s, align64(ws + B * G4), wide, x, cs_prev, h_prev, b,
-            wci, wcf, wco, forget_bias, cell_clip, use_peephole, lengths, g, i_, cs, f, o, ci,
-            co, h, granted))
+            wci, wcf, wco, forget_bias, cell_clip, use_peephole, lengths, reverse, g, i_, cs, f,
+            o, ci, co, h, granted))
     else:
         gemm_weights(L * B, H, I, x, I, w_x + off.i * s.xn, s.xk, s.xn, i_, H)
         gemm_weights(L * B, H, I, x, I, w_x + off.c * s.xn, s.xk, s.xn, ci, H)
@@ -815,16 +832,17 @@ cdef void block_lstm_forward_compute(
                 transpose(H, G4, w_h, s.hk, False, ws + B * G4, H)
                 w_h_t = ws + B * G4
         for t in range(L):
-            cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
-            h_in = h_prev if t == 0 else h + (t - 1) * BH
+            cs_in = state_in(cs_prev, cs, t, L, reverse, BH)
+            h_in = state_in(h_prev, h, t, L, reverse, BH)
+            at = step_at(t, L, reverse) * BH
             if w_h_t != NULL:
                 gemm_small_by_weights_t(B, G4, H, h_in, H, w_h_t, ld_t, False, g, G4, g_t)
             else:
                 gemm_weights(B, G4, H, h_in, H, w_h, s.hk, s.hn, g, G4)
             lstm_forward_rows(B, H, off, g, b, cs_in, wci, wcf, wco,
                               forget_bias, cell_clip, use_peephole, lengths, t, True,
-                              i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH,
-                              ci + t * BH, co + t * BH, h + t * BH, n_threads)
+                              i_ + at, cs + at, f + at, o + at, ci + at, co + at, h + at,
+                              n_threads)
     # TF leaves the gates past L uninitialised; blockrnn writes zeros.
     zero_lstm_outputs(tail, (T - L) * BH, i_, cs, f, o, ci, co, h)
 
@@ -843,7 +861,8 @@ def block_lstm_forward(
         floating[:, :, ::1] i_, floating[:, :, ::1] cs, floating[:, :, ::1] f,  # OUT
         floating[:, :, ::1] o, floating[:, :, ::1] ci, floating[:, :, ::1] co,  # [T, B, H]
         floating[:, :, ::1] h,
-        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+        const int64_t[::1] lengths=None,  # IN [B] per-row lengths, or None
+        bint reverse=False):              # time read backwards (L == T, no lengths)
     """See block_lstm_forward_compute. w_x and w_h: any views whose rows or
     columns are contiguous (see WeightStrides), e.g. nn.LSTM's weights
     transposed, read in place."""
@@ -855,11 +874,12 @@ def block_lstm_forward(
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
+    check_reverse(reverse, L, T, lengths is not None)
     with nogil:
         block_lstm_forward_compute(
             L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w_x[0, 0],
             &w_h[0, 0], s, &wci[0], &wcf[0], &wco[0], &b[0], <floating>forget_bias,
-            <floating>cell_clip, use_peephole, lens, &g[0], &i_[0, 0, 0], &cs[0, 0, 0],
+            <floating>cell_clip, use_peephole, lens, reverse, &g[0], &i_[0, 0, 0], &cs[0, 0, 0],
             &f[0, 0, 0], &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], n_threads,
             max_threads)
 
@@ -915,14 +935,15 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
 
 
 cdef void lstm_backward_gemms(
-        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t L, bint reverse,  # steps [t0, t1) of L
+        Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const floating* x,        # IN  [L*B, I]
         const floating* h_prev,   # IN  [B, H]
         const floating* h,        # IN  [L*B, H]
         const floating* w_x,      # IN  W_x [I, 4H] (strides s.xk, s.xn)
         WeightStrides s,
-        const floating* dg,       # IN  [(t1-t0)*B, 4H] the gate gradients of steps [t0, t1)
-        Py_ssize_t ldg,           #     (row stride ldg)
+        const floating* dg,       # IN  [(t1-t0)*B, 4H] the gate gradients of steps [t0, t1),
+        Py_ssize_t ldg,           #     in time order (chunk_block; row stride ldg)
         bint accumulate,          # add the weight gradients onto the earlier chunks'
         floating* x_grad,         # OUT [L*B, I] (rows of steps [t0, t1) written)
         floating* w_x_grad,       # IN/OUT dW_x [I, 4H] (strides gs.xk, gs.xn)
@@ -933,55 +954,66 @@ cdef void lstm_backward_gemms(
     """The backward's products over the steps [t0, t1) of one chunk, through
     the GEMM driver of its precision (run_gemm_specs: blockrnn's packed
     float32 or float64 kernels, on blockrnn's threads, bits independent of
-    their count):
-      x_grad[t0:t1] = dG @ W_x^T,  dW_x (+)= x[t0:t1]^T @ dG,
-      dW_h (+)= h[t0-1:t1-1]^T @ dG   (h[-1] = h_prev),
+    their count). The chunk's steps take the times [m0, m1) (m0 = t0, or
+    L - t1 with `reverse`), and each reads the state h of the time before
+    (after, with `reverse`), h_prev at step 0:
+      x_grad[m0:m1] = dG @ W_x^T,  dW_x (+)= x[m0:m1]^T @ dG,
+      dW_h (+)= h[m0-1:m1-1]^T @ dG   (h[-1] = h_prev),
+      with `reverse`: dW_h (+)= h[m0+1:m1+1]^T @ dG   (h[L] = h_prev),
     the weights read and the gradients written in place in their layouts
     (gspec_c: a gradient stored transposed, nn.LSTM's, is the job
     dW^T = dG^T @ x). With t0 == t1 == 0 (L == 0) the weight gradients are
     set to zero."""
-    cdef Py_ssize_t G4 = 4 * H, n = (t1 - t0) * B
+    cdef Py_ssize_t G4 = 4 * H, n = (t1 - t0) * B, m0 = L - t1 if reverse else t0
     cdef gemm_spec jobs[4]
     cdef int njobs = 3
-    jobs[0] = gspec(n, I, G4, dg, ldg, 1, w_x, s.xn, s.xk, False, x_grad + t0 * B * I, I)
-    jobs[1] = gspec_c(I, G4, n, x + t0 * B * I, 1, I, dg, ldg, 1, accumulate, w_x_grad,
+    jobs[0] = gspec(n, I, G4, dg, ldg, 1, w_x, s.xn, s.xk, False, x_grad + m0 * B * I, I)
+    jobs[1] = gspec_c(I, G4, n, x + m0 * B * I, 1, I, dg, ldg, 1, accumulate, w_x_grad,
                       gs.xk, gs.xn)
     if t0 > 0:
-        jobs[2] = gspec_c(H, G4, n, h + (t0 - 1) * B * H, 1, H, dg, ldg, 1, accumulate,
-                          w_h_grad, gs.hk, gs.hn)
-    else:   # step 0 reads h_prev, steps 1.. read h[0:t1-1]
+        jobs[2] = gspec_c(H, G4, n, h + (m0 + (1 if reverse else -1)) * B * H, 1, H, dg, ldg,
+                          1, accumulate, w_h_grad, gs.hk, gs.hn)
+    elif not reverse:   # step 0 reads h_prev, steps 1.. read h[0:t1-1]
         jobs[2] = gspec_c(H, G4, B if t1 > 0 else 0, h_prev, 1, H, dg, ldg, 1, accumulate,
                           w_h_grad, gs.hk, gs.hn)
         jobs[3] = gspec_c(H, G4, (t1 - 1) * B if t1 > 1 else 0, h, 1, H, dg + B * ldg, ldg, 1,
                           True, w_h_grad, gs.hk, gs.hn)
         njobs = 4
+    else:   # times m0.. read h[m0+1:L], time L-1 (step 0, dG's last rows) h_prev
+        jobs[2] = gspec_c(H, G4, n - B, h + (m0 + 1) * B * H, 1, H, dg, ldg, 1, accumulate,
+                          w_h_grad, gs.hk, gs.hn)
+        jobs[3] = gspec_c(H, G4, B, h_prev, 1, H, dg + (n - B) * ldg, ldg, 1, True, w_h_grad,
+                          gs.hk, gs.hn)
+        njobs = 4
     run_gemm_specs(njobs, jobs, ws, threads)
 
 
 cdef void lstm_backward_rows_step(
-        Py_ssize_t t, Py_ssize_t t0, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
-        const float* packed_t, bint wide, const float* cs_prev, const float* i_,
-        const float* cs, const float* f, const float* o, const float* ci, const float* co,
+        Py_ssize_t t, Py_ssize_t at, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        const float* packed_t, bint wide, const float* cs_in, const float* i_,
+        const float* f, const float* o, const float* ci, const float* co,
         const float* cs_grad, const float* h_grad, const float* wci, const float* wcf,
-        const float* wco, bint use_peephole, const int64_t* lengths, float* dg,
+        const float* wco, bint use_peephole, const int64_t* lengths, float* dgt,
         Py_ssize_t ldg, float* cs_prev_grad, float* h_prev_grad, Py_ssize_t r0,
         Py_ssize_t r1) noexcept nogil:
-    """Step t of the reverse loop for the rows [r0, r1), every cell, no
-    barrier (every row on one thread, or a thread's rows in a loop split by
-    rows, split_rows): their dG[t], then their carry dh = dG[t] @ W_h^T
-    (`wide`: W_h^T in the wide layout, batch 1)."""
-    cdef Py_ssize_t BH = B * H, G4 = 4 * H, rk = r0 * H, k = t * BH + rk
-    cdef float* dgt = dg + ((t - t0) * B + r0) * ldg
+    """Step t (time index `at`, step_at; its input cell state cs_in [B, H]) of the
+    reverse loop for the rows [r0, r1), every cell, no barrier (every row on one
+    thread, or a thread's rows in a loop split by rows, split_rows): their rows of
+    the step's gate gradients dgt [B, 4H] (row stride ldg), then their carry
+    dh = dG[t] @ W_h^T (`wide`: W_h^T in the wide layout, batch 1)."""
+    cdef Py_ssize_t BH = B * H, G4 = 4 * H, rk = r0 * H, k = at * BH + rk
+    dgt += r0 * ldg
     lstm_backward_block[float](
-        r1 - r0, H, off, (cs_prev if t == 0 else cs + (t - 1) * BH) + rk, i_ + k, f + k,
-        o + k, ci + k, co + k, cs_grad + k, h_grad + k, h_prev_grad + rk, wci, wcf, wco,
-        use_peephole, True, lengths_from(lengths, r0), t, dgt, ldg, cs_prev_grad + rk, 0, H)
+        r1 - r0, H, off, cs_in + rk, i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k,
+        h_grad + k, h_prev_grad + rk, wci, wcf, wco, use_peephole, True,
+        lengths_from(lengths, r0), t, dgt, ldg, cs_prev_grad + rk, 0, H)
     recurrent_product_ld(r1 - r0, G4, dgt, ldg, packed_t, wide, H, 0, H, False,
                          h_prev_grad + rk, H)
 
 
 cdef int lstm_backward_packed(
-        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t B, Py_ssize_t H, GateOffsets off,
+        Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t L, bint reverse,  # steps [t0, t1) of L
+        Py_ssize_t B, Py_ssize_t H, GateOffsets off,
         const float* w_h, WeightStrides s,  # IN W_h [H, 4H]: packed here if `pack`
         float* packed_t,          # IN/OUT W_h^T [4H, H] packed (pack_cols)
         bint wide, bint pack,     # ... in the wide layout (batch 1); pack it first
@@ -989,7 +1021,7 @@ cdef int lstm_backward_packed(
         const float* o, const float* ci, const float* co, const float* cs_grad,
         const float* h_grad, const float* wci, const float* wcf, const float* wco,
         bint use_peephole, const int64_t* lengths,
-        float* dg,                # OUT [(t1-t0)*B, 4H]: step t at row (t - t0) * B,
+        float* dg,                # OUT [(t1-t0)*B, 4H]: step t at row chunk_block(t) * B,
         Py_ssize_t ldg,           #     row stride ldg
         float* cs_prev_grad, float* h_prev_grad,  # IN/OUT [B, H] the carries
         int n_threads) noexcept nogil:
@@ -1011,6 +1043,7 @@ cdef int lstm_backward_packed(
     lstm_forward_packed. The bits do not depend on n_threads. Returns the
     threads the caller gives back to the budget (region_threads)."""
     cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
+    cdef float* dgt
     cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar, rows_bar
     cdef RowSplit sp
@@ -1025,9 +1058,12 @@ cdef int lstm_backward_packed(
         if pack:
             pack_cols(G4, H, w_h, s.hn, s.hk, wide, 0, H, packed_t)
         for t in range(t1 - 1, t0 - 1, -1):
-            lstm_backward_rows_step(t, t0, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o, ci,
-                                    co, cs_grad, h_grad, wci, wcf, wco, use_peephole, lengths,
-                                    dg, ldg, cs_prev_grad, h_prev_grad, 0, B)
+            lstm_backward_rows_step(
+                t, step_at(t, L, reverse), B, H, off, packed_t, wide,
+                state_in(cs_prev, cs, t, L, reverse, BH), i_, f, o, ci, co, cs_grad, h_grad,
+                wci, wcf, wco, use_peephole, lengths,
+                dg + chunk_block(t, t0, t1, reverse) * B * ldg, ldg, cs_prev_grad,
+                h_prev_grad, 0, B)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
@@ -1045,38 +1081,44 @@ cdef int lstm_backward_packed(
             t = t1
             while t > t0:
                 t = t - 1
-                lstm_backward_rows_step(t, t0, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o,
-                                        ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
-                                        lengths, dg, ldg, cs_prev_grad, h_prev_grad, r0, r1)
+                lstm_backward_rows_step(
+                    t, step_at(t, L, reverse), B, H, off, packed_t, wide,
+                    state_in(cs_prev, cs, t, L, reverse, BH), i_, f, o, ci, co, cs_grad, h_grad,
+                    wci, wcf, wco, use_peephole, lengths,
+                    dg + chunk_block(t, t0, t1, reverse) * B * ldg, ldg, cs_prev_grad,
+                    h_prev_grad, r0, r1)
                 if t > t0 and rows_leave(&sp, tid, cores):
                     break
             rows_done(&sp, tid, t)
         else:
             for t in range(t1 - 1, t0 - 1, -1):
+                k = step_at(t, L, reverse) * BH + rk
+                dgt = dg + chunk_block(t, t0, t1, reverse) * B * ldg
                 if r1 > r0 and (by_rows or u1 > u0):
                     lstm_backward_block[float](
-                        r1 - r0, H, off, (cs_prev if t == 0 else cs + (t - 1) * BH) + rk,
-                        i_ + t * BH + rk, f + t * BH + rk, o + t * BH + rk, ci + t * BH + rk,
-                        co + t * BH + rk, cs_grad + t * BH + rk, h_grad + t * BH + rk,
+                        r1 - r0, H, off, state_in(cs_prev, cs, t, L, reverse, BH) + rk,
+                        i_ + k, f + k, o + k, ci + k, co + k, cs_grad + k, h_grad + k,
                         h_prev_grad + rk, wci, wcf, wco, use_peephole, True,
-                        lengths_from(lengths, r0), t, dg + ((t - t0) * B + r0) * ldg, ldg,
+                        lengths_from(lengths, r0), t, dgt + r0 * ldg, ldg,
                         cs_prev_grad + rk, 0 if by_rows else u0, H if by_rows else u1 - u0)
                 if nt > 1 and step_barrier(&bar, nt, cores, patient):
                     if tid != 0:   # shed: thread 0 computes every row and cell from here
                         break
                     nt, u0, u1, r0, r1, rk = 1, 0, H, 0, B, 0
                 if u1 > u0:
-                    recurrent_product_ld(B, G4, dg + (t - t0) * B * ldg, ldg, packed_t, wide, H,
-                                         u0, u1, False, h_prev_grad, H)
+                    recurrent_product_ld(B, G4, dgt, ldg, packed_t, wide, H, u0, u1, False,
+                                         h_prev_grad, H)
                 if by_rows:   # the next step's gates read every cell of dh
                     brnn_barrier_wait(&rows_bar, nt)
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k] - 1, t0 - 1, -1):
-                lstm_backward_rows_step(t, t0, B, H, off, packed_t, wide, cs_prev, i_, cs, f, o,
-                                        ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole,
-                                        lengths, dg, ldg, cs_prev_grad, h_prev_grad,
-                                        k * B // sp.nt, (k + 1) * B // sp.nt)
+                lstm_backward_rows_step(
+                    t, step_at(t, L, reverse), B, H, off, packed_t, wide,
+                    state_in(cs_prev, cs, t, L, reverse, BH), i_, f, o, ci, co, cs_grad, h_grad,
+                    wci, wcf, wco, use_peephole, lengths,
+                    dg + chunk_block(t, t0, t1, reverse) * B * ldg, ldg, cs_prev_grad,
+                    h_prev_grad, k * B // sp.nt, (k + 1) * B // sp.nt)
         return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
@@ -1094,6 +1136,7 @@ cdef void block_lstm_backward_compute(
         const floating* cs_grad, const floating* h_grad,  # IN [T, B, H]
         bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
+        bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
         floating* ws,             # workspace [block_lstm_backward_workspace(L, B, H, I, float,
                                   #            max_threads)]
         double* acc,              # workspace [lstm_sums_workspace(L, B, H)]
@@ -1115,7 +1158,9 @@ cdef void block_lstm_backward_compute(
     and the peephole gradients take the chunk's rows as single products /
     reductions (added onto the later chunks' sums):
       x_grad[t0:t1] = dG @ W_x^T,  dW_x += x[t0:t1]^T @ dG,
-      dW_h += h[t0-1:t1-1]^T @ dG (h[-1] = h_prev),  b_grad += sum dG.
+      dW_h += h[t0-1:t1-1]^T @ dG (h[-1] = h_prev),  b_grad += sum dG
+    (with `reverse`, L == T and no lengths: step t at time T-1-t, its state
+    from T-t, see lstm_backward_gemms; the forward's `reverse`).
     The carries live in the outputs: cs_prev_grad holds d cs[t-1] and
     h_prev_grad holds d h[t-1] while the loop runs. The weights are read, and
     their gradients written, in their layouts (WeightStrides s and gs:
@@ -1129,8 +1174,9 @@ cdef void block_lstm_backward_compute(
     (lstm_backward_gemms: float32 or float64 packed kernels), so no product
     over steps runs on OpenBLAS's threads and no thread count changes their
     bits (S depends on the shape only)."""
-    cdef Py_ssize_t t, t0, t1, G4 = 4 * H, BH = B * H
+    cdef Py_ssize_t t, t0, t1, m0, at, G4 = 4 * H, BH = B * H
     cdef Py_ssize_t ldg = lstm_dg_stride(H, sizeof(floating))
+    cdef floating* dgt
     cdef Py_ssize_t S = backward_chunk_steps(L, B * 4 * H)
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
@@ -1149,8 +1195,8 @@ cdef void block_lstm_backward_compute(
         packed_t = <floating*>align64(<float*>packed_t)
         gemm_ws = packed_t + brnn_packed_size(G4, H)
     if L == 0:   # no step: zero weight gradients
-        lstm_backward_gemms(0, 0, B, I, H, x, h_prev, h, w_x, s, dg, ldg, False, x_grad,
-                            w_x_grad, w_h_grad, gs, gemm_ws, 1)
+        lstm_backward_gemms(0, 0, 0, False, B, I, H, x, h_prev, h, w_x, s, dg, ldg, False,
+                            x_grad, w_x_grad, w_h_grad, gs, gemm_ws, 1)
     t1 = L
     while t1 > 0:
         t0 = max(0, t1 - S)
@@ -1159,30 +1205,39 @@ cdef void block_lstm_backward_compute(
                 loop_threads(sequence_threads(B, G4, H, H, max_threads),
                              (t1 - t0) * B * G4 * H, LOOP_MIN_WORK_BACKWARD), max_threads)
             brnn_budget_give(lstm_backward_packed(
-                t0, t1, B, H, off, w_h, s, packed_t, wide, t1 == L, cs_prev, i_, cs, f, o,
+                t0, t1, L, reverse, B, H, off, w_h, s, packed_t, wide, t1 == L, cs_prev, i_, cs,
+                f, o,
                 ci, co, cs_grad, h_grad, wci, wcf, wco, use_peephole, lengths, dg, ldg,
                 cs_prev_grad, h_prev_grad, granted))
         else:
             for t in range(t1 - 1, t0 - 1, -1):
-                cs_in = cs_prev if t == 0 else cs + (t - 1) * BH
-                lstm_backward_rows(B, H, off, cs_in, i_ + t * BH, f + t * BH, o + t * BH,
-                                   ci + t * BH, co + t * BH, cs_grad + t * BH,
-                                   h_grad + t * BH, h_prev_grad, wci, wcf, wco, use_peephole,
-                                   True, lengths, t, dg + (t - t0) * B * ldg, ldg,
-                                   cs_prev_grad, n_threads)
+                cs_in = state_in(cs_prev, cs, t, L, reverse, BH)
+                at = step_at(t, L, reverse) * BH
+                dgt = dg + chunk_block(t, t0, t1, reverse) * B * ldg
+                lstm_backward_rows(B, H, off, cs_in, i_ + at, f + at, o + at, ci + at, co + at,
+                                   cs_grad + at, h_grad + at, h_prev_grad, wci, wcf, wco,
+                                   use_peephole, True, lengths, t, dgt, ldg, cs_prev_grad,
+                                   n_threads)
                 if stored_transposed(G4, s.hk, s.hn):   # dh = dG @ W_h^T, W_h^T as stored
-                    gemm(False, False, B, H, G4, 1, dg + (t - t0) * B * ldg, ldg, w_h, s.hn, 0,
-                         h_prev_grad, H)
+                    gemm(False, False, B, H, G4, 1, dgt, ldg, w_h, s.hn, 0, h_prev_grad, H)
                 else:
-                    gemm_small_by_weights_t(B, H, G4, dg + (t - t0) * B * ldg, ldg, w_h, s.hk,
-                                            False, h_prev_grad, H, dh_t)
-        lstm_backward_gemms(t0, t1, B, I, H, x, h_prev, h, w_x, s, dg, ldg, t1 < L, x_grad,
-                            w_x_grad, w_h_grad, gs, gemm_ws,
+                    gemm_small_by_weights_t(B, H, G4, dgt, ldg, w_h, s.hk, False, h_prev_grad,
+                                            H, dh_t)
+        lstm_backward_gemms(t0, t1, L, reverse, B, I, H, x, h_prev, h, w_x, s, dg, ldg,
+                            t1 < L, x_grad, w_x_grad, w_h_grad, gs, gemm_ws,
                             lstm_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
-        # (step 0 reads cs_prev, step t > 0 cs[t-1])
+        # The chunk's times [m0, m1): step 0 reads cs_prev, step t > 0 the cs of the
+        # time before, so dG's rows (in time order) read cs[m0-1:m1-1], or with
+        # `reverse` cs[m0+1:m1+1], with cs_prev for cs[-1] (the first rows) or cs[L]
+        # (the last rows)
+        m0 = L - t1 if reverse else t0
+        if reverse:
+            cs_in = cs + (m0 + 1) * BH
+        else:
+            cs_in = cs if t0 == 0 else cs + (t0 - 1) * BH
         lstm_param_sums((t1 - t0) * B, B, H, off, use_peephole, dg, ldg,
-                        cs_prev if t0 == 0 else NULL, cs if t0 == 0 else cs + (t0 - 1) * BH,
-                        cs + t0 * BH, acc + 7 * H, acc, max_threads)
+                        cs_prev if t0 == 0 else NULL, reverse, cs_in, cs + m0 * BH,
+                        acc + 7 * H, acc, max_threads)
         t1 = t0
     memset(x_grad + L * B * I, 0, (T - L) * B * I * sizeof(floating))
     store(G4, acc_b, b_grad)
@@ -1213,7 +1268,8 @@ def block_lstm_backward(
         floating[:, :] w_h_grad,         # OUT dW_h [H, 4H], a view as w_h's
         floating[::1] wci_grad, floating[::1] wcf_grad, floating[::1] wco_grad,  # OUT [H]
         floating[::1] b_grad,            # OUT [4H]
-        const int64_t[::1] lengths=None):  # IN [B] per-row lengths, or None
+        const int64_t[::1] lengths=None,  # IN [B] per-row lengths, or None
+        bint reverse=False):              # time read backwards (L == T, no lengths)
     """See block_lstm_backward_compute. The weights and their gradients: views
     as for block_lstm_forward (e.g. nn.LSTM's layout transposed), in place."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
@@ -1226,12 +1282,13 @@ def block_lstm_backward(
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
+    check_reverse(reverse, L, T, lengths is not None)
     with nogil:
         block_lstm_backward_compute(
             L, T, B, I, H, layout, &x[0, 0, 0], &cs_prev[0, 0], &h_prev[0, 0], &w_x[0, 0],
             &w_h[0, 0], s, &wci[0], &wcf[0], &wco[0], &i_[0, 0, 0], &cs[0, 0, 0],
             &f[0, 0, 0], &o[0, 0, 0], &ci[0, 0, 0], &co[0, 0, 0], &h[0, 0, 0], &cs_grad[0, 0, 0],
-            &h_grad[0, 0, 0], use_peephole, lens, &ws[0], &acc[0],
+            &h_grad[0, 0, 0], use_peephole, lens, reverse, &ws[0], &acc[0],
             &x_grad[0, 0, 0],
             &cs_prev_grad[0, 0], &h_prev_grad[0, 0], &w_x_grad[0, 0], &w_h_grad[0, 0], gs,
             &wci_grad[0],

@@ -172,6 +172,17 @@ def check_bool(op, name, value):
     return bool(value)
 
 
+def check_reverse(op, reverse, L, T, lengths):
+    """``reverse`` (the reverse direction read by the sequence kernels themselves) as a
+    bool, where it can run: every row at full length (no lengths, L = T)."""
+    reverse = check_bool(op, "reverse", reverse)
+    if reverse and (lengths is not None or L != T):
+        raise ValueError(f"{op}: reverse=True needs every row at full length (no "
+                         f"sequence_length, seq_len_max = T = {T}); got seq_len_max {L}"
+                         + ("" if lengths is None else " and a sequence_length"))
+    return reverse
+
+
 def check_float(op, name, value):
     """A real number (not a bool) as a Python float; ValueError if it does not fit one."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):

@@ -15,7 +15,8 @@ from collections import namedtuple
 from blockrnn import _config, _kernels
 from blockrnn._config import kernel_threads
 from blockrnn._validation import (
-    Arrays, check_blas_sizes, check_seq_len_max, check_sequence_length, steps_to_run)
+    Arrays, check_blas_sizes, check_reverse, check_seq_len_max, check_sequence_length,
+    steps_to_run)
 
 __all__ = ["block_gru_reset_after", "block_gru_reset_after_grad",
            "gru_cell_reset_after", "gru_cell_reset_after_grad"]
@@ -82,15 +83,27 @@ def block_gru_reset_after(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh, *,
 
     Under 4 MB each, the five arrays are views of one (5, T, B, H) array.
     """
-    args = Arrays("block_gru_reset_after", x=x, h_prev=h_prev, w_ih=w_ih, w_hh=w_hh,
-                  b_ih=b_ih, b_hh=b_hh)
+    return _block_gru_reset_after(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh,
+                                  sequence_length=sequence_length)
+
+
+def _block_gru_reset_after(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh, *,
+                           sequence_length=None, reverse=False):
+    """``block_gru_reset_after``; ``reverse=True`` (every row at full length: no
+    sequence_length, seq_len_max = T): the reverse direction of a bidirectional layer
+    read by the kernels themselves, step t at time T-1-t, the outputs in x's time
+    order (``block_gru_reset_after`` on ``x[::-1]``, reversed), with no reversed
+    copies (blockrnn.torch's reverse direction)."""
+    op = "block_gru_reset_after"
+    args = Arrays(op, x=x, h_prev=h_prev, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
     L, lengths, T, B, I, H = _check(args, seq_len_max, sequence_length)
+    reverse = check_reverse(op, reverse, L, T, lengths)
     outs = args.output_buffers(5, T, B, H)
     if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
         return BlockGRUResetAfterOutput(*args.results(outs))
     _kernels.block_gru_reset_after_forward(
         steps_to_run(L, lengths), *args.kernel(*_INPUTS), kernel_threads(B, H),
-        _config.thread_limit(), *outs, lengths)
+        _config.thread_limit(), *outs, lengths, reverse)
     return BlockGRUResetAfterOutput(*args.results(outs))
 
 
@@ -118,11 +131,23 @@ def block_gru_reset_after_grad(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh,
         Each of the shape of the matching input; x_grad is zero for t >= L
         (and in row b for t >= sequence_length[b]).
     """
-    args = Arrays("block_gru_reset_after_grad", x=x, h_prev=h_prev, w_ih=w_ih, w_hh=w_hh,
-                  b_ih=b_ih, b_hh=b_hh, r=r, z=z, n=n, hn=hn, h=h, h_grad=h_grad)
+    return _block_gru_reset_after_grad(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh,
+                                       r, z, n, hn, h, h_grad,
+                                       sequence_length=sequence_length)
+
+
+def _block_gru_reset_after_grad(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh,
+                                r, z, n, hn, h, h_grad, *, sequence_length=None,
+                                reverse=False):
+    """``block_gru_reset_after_grad``; ``reverse`` as in ``_block_gru_reset_after``
+    (every sequence argument in x's time order)."""
+    op = "block_gru_reset_after_grad"
+    args = Arrays(op, x=x, h_prev=h_prev, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh,
+                  r=r, z=z, n=n, hn=hn, h=h, h_grad=h_grad)
     L, lengths, T, B, I, H = _check(args, seq_len_max, sequence_length)
     for name in ("r", "z", "n", "hn", "h", "h_grad"):
         args.shape(name, "[T, B, H]", (T, B, H))
+    reverse = check_reverse(op, reverse, L, T, lengths)
     if B == 0 or H == 0:  # nothing to compute: zero gradients, whatever T is
         return BlockGRUResetAfterGradOutput(*(args.zeros(args[k].shape) for k in _INPUTS))
     grads = [args.empty(T, B, I), args.empty(B, H), args.empty(3 * H, I),
@@ -134,7 +159,7 @@ def block_gru_reset_after_grad(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh,
         steps,
         *args.kernel("x", "h_prev", "w_ih", "w_hh", "r", "z", "n", "hn", "h", "h_grad",
                      padded=("h",), steps=steps, lengths=lengths),
-        kernel_threads(B, H), _config.thread_limit(), *grads, lengths)
+        kernel_threads(B, H), _config.thread_limit(), *grads, lengths, reverse)
     return BlockGRUResetAfterGradOutput(*map(args.result, grads))
 
 

@@ -13,7 +13,7 @@ from collections import namedtuple
 from blockrnn import _config, _kernels
 from blockrnn._config import kernel_threads
 from blockrnn._validation import (
-    Arrays, check_blas_sizes, check_bool, check_float, check_seq_len_max,
+    Arrays, check_blas_sizes, check_bool, check_float, check_reverse, check_seq_len_max,
     check_sequence_length, steps_to_run)
 
 __all__ = [
@@ -412,13 +412,16 @@ block_lstm_grad_v2.__doc__ = _GRAD_DOC.format(
 # --------------------------------------------------------------------------
 
 def _block_lstm_nn(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b, *,
-                   cell_clip=0.0, use_peephole=False, sequence_length=None):
+                   cell_clip=0.0, use_peephole=False, sequence_length=None, reverse=False):
     """``block_lstm_v2`` with nn.LSTM's weights as stored: w_ih (4H, I) =
     ``weight_ih_l{k}``, w_hh (4H, H) = ``weight_hh_l{k}`` (gate rows i, f, g, o,
     BlockLSTMV2's IFCO), in place of w = [w_ih.T; w_hh.T]. The kernels read them
     in place (no transposed copy); the outputs are ``block_lstm_v2``'s, bit for
     bit on the float32 packed route. b (4H,): b_ih + b_hh (any forget bias added
-    by the caller)."""
+    by the caller). ``reverse=True`` (every row at full length: no sequence_length,
+    seq_len_max = T): the reverse direction of a bidirectional layer read by the
+    kernels themselves, step t at time T-1-t, the outputs in x's time order (what
+    ``block_lstm_v2`` on ``x[::-1]`` returns, reversed), with no reversed copies."""
     op = "block_lstm_nn"
     cell_clip = check_float(op, "cell_clip", cell_clip)
     use_peephole = check_bool(op, "use_peephole", use_peephole)
@@ -426,6 +429,7 @@ def _block_lstm_nn(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b
                   wcf=wcf, wco=wco, b=b)
     L, T, B, I, H = _check_sequence(args, seq_len_max, True, nn_layout=True)
     lengths = check_sequence_length(op, sequence_length, B, T)
+    reverse = check_reverse(op, reverse, L, T, lengths)
     outs = args.output_buffers(7, T, B, H)
     if B == 0 or H == 0:
         return BlockLSTMOutput(*args.results(outs))
@@ -434,15 +438,16 @@ def _block_lstm_nn(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b
     _kernels.block_lstm_forward(
         steps_to_run(L, lengths), x, cs_prev, h_prev, w_ih.T, w_hh.T, wci, wcf, wco, b, 0.0,
         cell_clip, use_peephole, _kernels.GateLayout.IFCO, kernel_threads(B, H),
-        _config.thread_limit(), *outs, lengths)
+        _config.thread_limit(), *outs, lengths, reverse)
     return BlockLSTMOutput(*args.results(outs))
 
 
 def _block_lstm_nn_grad(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b,
                         i, cs, f, o, ci, co, h, cs_grad, h_grad, *, use_peephole,
-                        sequence_length=None):
+                        sequence_length=None, reverse=False):
     """``block_lstm_grad_v2`` with nn.LSTM's weights as in ``_block_lstm_nn`` (b:
-    only its shape is used).
+    only its shape is used; ``reverse`` as there: every sequence argument in x's
+    time order, the gradient of ``_block_lstm_nn(..., reverse=True)``).
     Returns NNLSTMGradOutput(x_grad, cs_prev_grad, h_prev_grad, w_ih_grad (4H, I),
     w_hh_grad (4H, H), wci_grad, wcf_grad, wco_grad, b_grad (4H,)): the weight
     gradients computed in nn.LSTM's layout directly, b_grad that of b_ih and of
@@ -456,6 +461,7 @@ def _block_lstm_nn_grad(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, w
     for name in _GATES + ("h", "cs_grad", "h_grad"):
         args.shape(name, "[T, B, H]", (T, B, H))
     lengths = check_sequence_length(op, sequence_length, B, T)
+    reverse = check_reverse(op, reverse, L, T, lengths)
     if B == 0 or H == 0:
         return NNLSTMGradOutput(*(args.zeros(args[name].shape) for name in (
             "x", "cs_prev", "h_prev", "w_ih", "w_hh", "wci", "wcf", "wco", "b")))
@@ -469,7 +475,7 @@ def _block_lstm_nn_grad(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, w
     _kernels.block_lstm_backward(
         steps, x, cs_prev, h_prev, w_ih.T, w_hh.T, *rest, use_peephole,
         _kernels.GateLayout.IFCO, kernel_threads(B, H), _config.thread_limit(), *grads[:3],
-        grads[3].T, grads[4].T, *grads[5:], lengths)
+        grads[3].T, grads[4].T, *grads[5:], lengths, reverse)
     if not use_peephole:
         grads[5:8] = [args.zeros(args[name].shape) for name in ("wci", "wcf", "wco")]
     return NNLSTMGradOutput(*map(args.result, grads))

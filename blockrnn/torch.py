@@ -61,6 +61,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 import blockrnn
 from blockrnn import _kernels
+from blockrnn.gru_reset_after import _block_gru_reset_after, _block_gru_reset_after_grad
 from blockrnn.lstm import _block_lstm_nn, _block_lstm_nn_grad
 from blockrnn._validation import RESET_AFTER, check_float, check_sequence_length, steps_to_run
 from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
@@ -107,7 +108,9 @@ def _grad(where, name, g, dtype, lengths, reverse):
 # read os.getpid) never runs under tracing; register_fake gives the shapes. Each
 # op is functional: its outputs are new tensors, never views of an input, and no
 # two of them overlap. The forward ops also return the gate activations the backward
-# needs (in the op's time order); the backward is a custom op of its own.
+# needs (in the op's time order; the LSTM's and reset-after GRU's reverse direction
+# without lengths: in the input's, see _reverse_in_kernels); the backward is a custom
+# op of its own.
 # ---------------------------------------------------------------------------
 
 _T = torch.Tensor
@@ -202,6 +205,14 @@ def _in_op_order(a, lengths, reverse):
     return blockrnn.reverse_sequence(a, lengths) if reverse else a
 
 
+def _reverse_in_kernels(reverse, lengths):
+    """Whether the LSTM and reset-after GRU kernels read the reverse direction themselves
+    (every row at full length: ``_block_lstm_nn``'s and ``_block_gru_reset_after``'s
+    ``reverse``), so that x, the outputs and the gradients stay in the input's time
+    order with no reversed copies."""
+    return reverse and lengths is None
+
+
 def _input_order_in_place(a, lengths, reverse):
     """A kernel's new (T, B, ·) output (h, cs, the x gradient), in the op's time order,
     put back in the input's: for the reverse direction reversed in place, no second
@@ -260,8 +271,9 @@ def lstm_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
     peepholes or None (no peepholes); lengths None or an integer tensor (B,) in
     [0, T]. reverse: each row's valid prefix runs backwards (the reverse direction
     of a bidirectional layer). Returns (h, cs, i, f, o, ci, co), each (T, B, H):
-    h and cs in the input's time order (zero past a row's length), the gates in
-    the op's time order (saved for the backward).
+    h and cs in the input's time order (zero past a row's length), the gates as
+    ``lstm_backward_op`` reads them: in the op's time order, or (reverse without
+    lengths, which the kernels run backwards in time themselves) in the input's.
     """
     where = "blockrnn.torch.lstm_op"
     dt = weight_ih.dtype
@@ -276,10 +288,13 @@ def lstm_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
     b = _lstm_bias(where, b_ih, b_hh, forget_bias, H, w_hh.dtype)
     peep = wci is not None
     zeros = np.zeros(H, w_hh.dtype)
-    fwd = _block_lstm_nn(steps_to_run(T, n), _in_op_order(xa, n, reverse), c0a, h0a, w_ih,
+    in_kernels = _reverse_in_kernels(reverse, n)
+    copies = reverse and not in_kernels
+    fwd = _block_lstm_nn(steps_to_run(T, n), _in_op_order(xa, n, copies), c0a, h0a, w_ih,
                          w_hh, *((wci, wcf, wco) if peep else (zeros,) * 3), b,
-                         cell_clip=cell_clip, use_peephole=peep, sequence_length=n)
-    back = lambda a: _input_order_in_place(a, n, reverse)  # noqa: E731
+                         cell_clip=cell_clip, use_peephole=peep, sequence_length=n,
+                         reverse=in_kernels)
+    back = lambda a: _input_order_in_place(a, n, copies)  # noqa: E731
     return _fresh(back(fwd.h), back(fwd.cs), fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co)
 
 
@@ -317,12 +332,15 @@ def lstm_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_i
     b = _lstm_bias(where, b_ih, b_hh, forget_bias, H, w_hh.dtype)   # its shape is checked
     peep = wci is not None
     zeros = np.zeros(H, w_hh.dtype)
-    order = lambda a: _in_op_order(a, n, reverse)  # noqa: E731
+    in_kernels = _reverse_in_kernels(reverse, n)
+    copies = reverse and not in_kernels
+    order = lambda a: _in_op_order(a, n, copies)  # noqa: E731
     g = _block_lstm_nn_grad(steps_to_run(T, n), order(xa), c0a, h0a, w_ih, w_hh,
                             *((wci, wcf, wco) if peep else (zeros,) * 3), b,
                             ia, order(csa), fa, oa, cia, coa, order(ha), order(dcs),
-                            order(dh), use_peephole=peep, sequence_length=n)
-    return _fresh(_input_order_in_place(g.x_grad, n, reverse), g.h_prev_grad, g.cs_prev_grad,
+                            order(dh), use_peephole=peep, sequence_length=n,
+                            reverse=in_kernels)
+    return _fresh(_input_order_in_place(g.x_grad, n, copies), g.h_prev_grad, g.cs_prev_grad,
                   g.w_ih_grad, g.w_hh_grad, g.b_grad, g.wci_grad, g.wcf_grad, g.wco_grad)
 
 
@@ -396,7 +414,7 @@ def gru_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT, bias_hh:
     math and layout, gate rows r, z, n). x (T, B, I); h0 (B, H); weight_ih (3H, I);
     weight_hh (3H, H); bias_ih, bias_hh (3H,) or None; lengths, reverse as for
     ``lstm_op``. Returns (h, r, z, n, hn), each (T, B, H): h in the input's time
-    order, the rest in the op's (saved for the backward)."""
+    order, the rest as ``gru_backward_op`` reads them (as ``lstm_op``'s gates)."""
     where = "blockrnn.torch.gru_op"
     xa, h0a, w_ih, w_hh, b_ih, b_hh = _arrays(
         where, ("x", "h0", "weight_ih", "weight_hh", "bias_ih", "bias_hh"),
@@ -405,9 +423,11 @@ def gru_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT, bias_hh:
     n = _op_lengths(where, lengths, T, B)
     if b_ih is None:
         b_ih = b_hh = np.zeros(w_hh.shape[0], w_hh.dtype)
-    fwd = blockrnn.block_gru_reset_after(steps_to_run(T, n), _in_op_order(xa, n, reverse),
-                                         h0a, w_ih, w_hh, b_ih, b_hh, sequence_length=n)
-    return _fresh(_input_order_in_place(fwd.h, n, reverse), fwd.r, fwd.z, fwd.n, fwd.hn)
+    in_kernels = _reverse_in_kernels(reverse, n)
+    copies = reverse and not in_kernels
+    fwd = _block_gru_reset_after(steps_to_run(T, n), _in_op_order(xa, n, copies), h0a, w_ih,
+                                 w_hh, b_ih, b_hh, sequence_length=n, reverse=in_kernels)
+    return _fresh(_input_order_in_place(fwd.h, n, copies), fwd.r, fwd.z, fwd.n, fwd.hn)
 
 
 @gru_op.register_fake
@@ -432,11 +452,13 @@ def gru_backward_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
     m = _op_lengths(where, lengths, T, B)
     if b_ih is None:
         b_ih = b_hh = np.zeros(w_hh.shape[0], w_hh.dtype)
-    order = lambda a: _in_op_order(a, m, reverse)  # noqa: E731
-    g = blockrnn.block_gru_reset_after_grad(steps_to_run(T, m), order(xa), h0a, w_ih, w_hh,
-                                            b_ih, b_hh, ra, za, na, hna, order(ha), order(dh),
-                                            sequence_length=m)
-    return _fresh(_input_order_in_place(g.x_grad, m, reverse), g.h_prev_grad, g.w_ih_grad,
+    in_kernels = _reverse_in_kernels(reverse, m)
+    copies = reverse and not in_kernels
+    order = lambda a: _in_op_order(a, m, copies)  # noqa: E731
+    g = _block_gru_reset_after_grad(steps_to_run(T, m), order(xa), h0a, w_ih, w_hh, b_ih, b_hh,
+                                    ra, za, na, hna, order(ha), order(dh), sequence_length=m,
+                                    reverse=in_kernels)
+    return _fresh(_input_order_in_place(g.x_grad, m, copies), g.h_prev_grad, g.w_ih_grad,
                   g.w_hh_grad, g.b_ih_grad, g.b_hh_grad)
 
 

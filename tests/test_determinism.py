@@ -26,6 +26,8 @@ from threadpoolctl import threadpool_limits
 
 import blockrnn
 from blockrnn import _kernels
+from blockrnn.gru_reset_after import _block_gru_reset_after, _block_gru_reset_after_grad
+from blockrnn.lstm import _block_lstm_nn, _block_lstm_nn_grad
 from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
 
 # T, B, I, H: large enough for every route (several threads in the reverse loop,
@@ -87,6 +89,18 @@ def _all_ops(p, with_lengths):
     out["block_gru_reset_after"] = gs
     out["block_gru_reset_after_grad"] = blockrnn.block_gru_reset_after_grad(
         *ra, *gs, p["dh"], sequence_length=lens)
+    if not with_lengths:   # the reverse direction read by the LSTM kernels themselves
+        I = p["x"].shape[2]
+        nn = (p["T"], p["x"], p["cs"], p["h"], np.ascontiguousarray(p["w"][:I].T),
+              np.ascontiguousarray(p["w"][I:].T), p["wci"], p["wcf"], p["wco"], p["b"])
+        f = _block_lstm_nn(*nn, use_peephole=True, reverse=True)
+        out["lstm_nn_reverse"] = f
+        out["lstm_nn_reverse_grad"] = _block_lstm_nn_grad(
+            *nn, *f, p["dcs"], p["dh"], use_peephole=True, reverse=True)
+        gs = _block_gru_reset_after(*ra, reverse=True)
+        out["gru_reset_after_reverse"] = gs
+        out["gru_reset_after_reverse_grad"] = _block_gru_reset_after_grad(
+            *ra, *gs, p["dh"], reverse=True)
     return out
 
 
