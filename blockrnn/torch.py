@@ -109,7 +109,7 @@ def _grad(where, name, g, dtype, lengths, reverse):
 # op is functional: its outputs are new tensors, never views of an input, and no
 # two of them overlap. The forward ops also return the gate activations the backward
 # needs (in the op's time order; the LSTM's and reset-after GRU's reverse direction
-# without lengths: in the input's, see _reverse_in_kernels); the backward is a custom
+# without lengths: in the input's, see _reverse_route); the backward is a custom
 # op of its own.
 # ---------------------------------------------------------------------------
 
@@ -205,12 +205,13 @@ def _in_op_order(a, lengths, reverse):
     return blockrnn.reverse_sequence(a, lengths) if reverse else a
 
 
-def _reverse_in_kernels(reverse, lengths):
-    """Whether the LSTM and reset-after GRU kernels read the reverse direction themselves
-    (every row at full length: ``_block_lstm_nn``'s and ``_block_gru_reset_after``'s
-    ``reverse``), so that x, the outputs and the gradients stay in the input's time
-    order with no reversed copies."""
-    return reverse and lengths is None
+def _reverse_route(reverse, lengths):
+    """(in_kernels, copies) for the LSTM and reset-after GRU ops: whether their kernels
+    read the reverse direction themselves (every row at full length: ``_block_lstm_nn``'s
+    and ``_block_gru_reset_after``'s ``reverse``; x, the outputs and the gradients stay
+    in the input's time order), else whether it is reversed with copies (lengths)."""
+    in_kernels = reverse and lengths is None
+    return in_kernels, reverse and not in_kernels
 
 
 def _input_order_in_place(a, lengths, reverse):
@@ -288,8 +289,7 @@ def lstm_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
     b = _lstm_bias(where, b_ih, b_hh, forget_bias, H, w_hh.dtype)
     peep = wci is not None
     zeros = np.zeros(H, w_hh.dtype)
-    in_kernels = _reverse_in_kernels(reverse, n)
-    copies = reverse and not in_kernels
+    in_kernels, copies = _reverse_route(reverse, n)
     fwd = _block_lstm_nn(steps_to_run(T, n), _in_op_order(xa, n, copies), c0a, h0a, w_ih,
                          w_hh, *((wci, wcf, wco) if peep else (zeros,) * 3), b,
                          cell_clip=cell_clip, use_peephole=peep, sequence_length=n,
@@ -332,8 +332,7 @@ def lstm_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_i
     b = _lstm_bias(where, b_ih, b_hh, forget_bias, H, w_hh.dtype)   # its shape is checked
     peep = wci is not None
     zeros = np.zeros(H, w_hh.dtype)
-    in_kernels = _reverse_in_kernels(reverse, n)
-    copies = reverse and not in_kernels
+    in_kernels, copies = _reverse_route(reverse, n)
     order = lambda a: _in_op_order(a, n, copies)  # noqa: E731
     g = _block_lstm_nn_grad(steps_to_run(T, n), order(xa), c0a, h0a, w_ih, w_hh,
                             *((wci, wcf, wco) if peep else (zeros,) * 3), b,
@@ -423,8 +422,7 @@ def gru_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT, bias_hh:
     n = _op_lengths(where, lengths, T, B)
     if b_ih is None:
         b_ih = b_hh = np.zeros(w_hh.shape[0], w_hh.dtype)
-    in_kernels = _reverse_in_kernels(reverse, n)
-    copies = reverse and not in_kernels
+    in_kernels, copies = _reverse_route(reverse, n)
     fwd = _block_gru_reset_after(steps_to_run(T, n), _in_op_order(xa, n, copies), h0a, w_ih,
                                  w_hh, b_ih, b_hh, sequence_length=n, reverse=in_kernels)
     return _fresh(_input_order_in_place(fwd.h, n, copies), fwd.r, fwd.z, fwd.n, fwd.hn)
@@ -452,8 +450,7 @@ def gru_backward_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
     m = _op_lengths(where, lengths, T, B)
     if b_ih is None:
         b_ih = b_hh = np.zeros(w_hh.shape[0], w_hh.dtype)
-    in_kernels = _reverse_in_kernels(reverse, m)
-    copies = reverse and not in_kernels
+    in_kernels, copies = _reverse_route(reverse, m)
     order = lambda a: _in_op_order(a, m, copies)  # noqa: E731
     g = _block_gru_reset_after_grad(steps_to_run(T, m), order(xa), h0a, w_ih, w_hh, b_ih, b_hh,
                                     ra, za, na, hna, order(ha), order(dh), sequence_length=m,

@@ -170,7 +170,9 @@ def test_concurrent_callers_change_no_bit(dtype, callers):
 def _shedding_ops(p, cell):
     """run(lengths) -> (forward outputs, gradients) of the float32 sequence op `cell`
     ("lstm": block_lstm_v2, "gru": the reset-after GRU, "tf_gru": block_gru,
-    "lstm_proj": block_lstm_proj with P = H / 2); the threads its time loops ask of a
+    "lstm_proj": block_lstm_proj with P = H / 2; "lstm_reverse", "gru_reverse": the
+    LSTM's and the reset-after GRU's kernels reading the reverse direction themselves,
+    without lengths, and with lengths the forward direction); the threads its time loops ask of a
     budget of 2 (their steps' rule, and one below a loop's LOOP_MIN_WORK, loop_threads);
     and its step's recurrent product (K, N) (sequence_patient)."""
     T, B, H = p["T"], p["h"].shape[0], p["h"].shape[1]
@@ -179,6 +181,17 @@ def _shedding_ops(p, cell):
     def loop(threads, nq):   # the forward's and the backward's loop (one chunk of S steps)
         return [_kernels.loop_threads_for(threads, T * B * (I + H) * nq * H, "forward"),
                 _kernels.loop_threads_for(threads, S * B * nq * H * H, "backward")]
+    if cell == "lstm_reverse":   # reverse=True where it runs (no lengths), else forward
+        I_ = p["x"].shape[2]
+        nn = (T, p["x"], p["cs"], p["h"], np.ascontiguousarray(p["w"][:I_].T),
+              np.ascontiguousarray(p["w"][I_:].T), p["wci"], p["wcf"], p["wco"], p["b"])
+
+        def run(lengths):
+            kw = dict(sequence_length=lengths, reverse=lengths is None)
+            f = _block_lstm_nn(*nn, use_peephole=True, **kw)
+            return f, _block_lstm_nn_grad(*nn, *f, p["dcs"], p["dh"], use_peephole=True, **kw)
+        return run, [loop(_kernels.sequence_threads_for(B, H, 4 * H, H, 2), 4)[0],
+                     loop(_kernels.sequence_threads_for(B, 4 * H, H, H, 2), 4)[1]], (H, 4 * H)
     if cell == "lstm":
         args = (T, p["x"], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
 
@@ -211,17 +224,18 @@ def _shedding_ops(p, cell):
         return run, [_kernels.lstm_proj_loop_threads_for(T, B, H, P, 2)], (P, 5 * H)
     args = (T, p["x"], p["h"], p["w_ih"], p["w_hh"], p["b_ih"], p["b_hh"])
 
-    def run(lengths):
-        f = blockrnn.block_gru_reset_after(*args, sequence_length=lengths)
-        return f, blockrnn.block_gru_reset_after_grad(*args, *f, p["dh"],
-                                                      sequence_length=lengths)
+    def run(lengths):   # "gru_reverse": reverse=True where it runs (no lengths)
+        kw = dict(sequence_length=lengths, reverse=cell == "gru_reverse" and lengths is None)
+        f = _block_gru_reset_after(*args, **kw)
+        return f, _block_gru_reset_after_grad(*args, *f, p["dh"], **kw)
     # batch 1's backward runs its steps on the calling thread (BLAS)
     threads = loop(_kernels.gru_sequence_threads_for(B, H, 2), 3)
     return run, threads[:1] if B == 1 else threads, (H, 3 * H)
 
 
 @pytest.mark.parametrize("cell,T,B,I,H", [
-    (cell, *shape) for cell in ("lstm", "gru", "tf_gru", "lstm_proj")
+    (cell, *shape) for cell in ("lstm", "gru", "tf_gru", "lstm_proj", "lstm_reverse",
+                                "gru_reverse")
     for shape in [(20, 8, 32, 128), (40, 3, 24, 100), (20, 1, 24, 256)]])
 def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I, H):
     """Two Python threads calling a float32 sequence op's forward and backward at once,
@@ -255,7 +269,7 @@ def test_training_calls_that_shed_for_another_caller_keep_the_bits(cell, T, B, I
     assert _kernels.thread_budget_in_use() == 0
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru", "tf_gru"])
+@pytest.mark.parametrize("cell", ["lstm", "gru", "tf_gru", "lstm_reverse", "gru_reverse"])
 @pytest.mark.parametrize("T,B,I,H", [(40, 8, 32, 64), (20, 13, 20, 70)])
 def test_training_loops_split_by_rows_keep_the_bits(cell, T, B, I, H):
     """From 4 rows a thread (split_rows) the LSTM's and both GRUs' float32 loops give
