@@ -747,7 +747,7 @@ def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_
             or dim(h_prev, 0) != B):
         return None
     cdef Py_ssize_t L = int(seq_len_max)
-    outs = new_outputs(output_type, 4, typenum, o, T, B, H, max_threads)
+    outs = new_outputs(output_type, 4, typenum, o, T, B, H)
     cdef void* ws = new_workspace(
         block_gru_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32), typenum)
     with nogil:

@@ -478,7 +478,7 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
             or dim(w, 0) != I + H or dim(w, 1) != 4 * H or dim(b, 0) != 4 * H
             or dim(wci, 0) != H or dim(wcf, 0) != H or dim(wco, 0) != H):
         return None
-    outs = new_outputs(output_type, 7, typenum, o, T, B, H, max_threads)
+    outs = new_outputs(output_type, 7, typenum, o, T, B, H)
     cdef void* g = new_workspace(
         block_lstm_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32), typenum)
     cdef double fb = forget_bias, clip_ = cell_clip

@@ -82,8 +82,6 @@ cdef extern from "Python.h":
 cdef extern from "brnn_alloc.h" nogil:
     void* brnn_big_alloc(size_t nbytes)
     void brnn_big_free(void* p, size_t nbytes)
-    size_t brnn_big_frames(size_t nbytes)
-    void brnn_big_populate(void** blocks, size_t count, size_t nbytes, size_t f0, size_t f1)
 
 
 cdef extern from "Python.h":
@@ -105,17 +103,14 @@ cdef void free_big_block(object capsule) noexcept:
     brnn_big_free(p, <size_t>PyCapsule_GetContext(capsule))
 
 
-cdef cnp.ndarray big_empty(int ndim, cnp.npy_intp* dims, int typenum, Py_ssize_t nbytes,
-                           void** block):
+cdef cnp.ndarray big_empty(int ndim, cnp.npy_intp* dims, int typenum, Py_ssize_t nbytes):
     """A new C-contiguous array of nbytes (> 0) bytes on a block of brnn_big_alloc
-    (include/brnn_alloc.h: huge pages, to be faulted in by populate_blocks before
-    the kernel's threads write it), block[0] its start; or NumPy's empty array
-    where no such block can be mapped, block[0] NULL. The block is the array's
-    base (a capsule) and is unmapped with it."""
+    (include/brnn_alloc.h: huge pages, faulted in at once, before the kernel's
+    threads write it), or NumPy's empty array where no such block can be mapped.
+    The block is the array's base (a capsule) and is unmapped with it."""
     cdef void* p
     with nogil:
         p = brnn_big_alloc(nbytes)
-    block[0] = p
     if p == NULL:
         return cnp.PyArray_EMPTY(ndim, dims, typenum, 0)
     try:
@@ -134,29 +129,6 @@ cdef cnp.ndarray big_empty(int ndim, cnp.npy_intp* dims, int typenum, Py_ssize_t
     return arr
 
 
-cdef void populate_blocks(void** blocks, Py_ssize_t count, Py_ssize_t nbytes,
-                          int max_threads) noexcept nogil:
-    """Faults in `count` blocks of big_empty, nbytes each (a NULL block is NumPy's
-    and skipped), on up to max_threads threads from the budget, each thread a
-    share of their 2 MB frames: the OS zeroes the pages on the thread that
-    faults them (include/brnn_alloc.h), so a call's threads share that work as
-    they share its products."""
-    cdef Py_ssize_t k, n = 0, frames = count * <Py_ssize_t>brnn_big_frames(nbytes)
-    for k in range(count):
-        n += blocks[k] != NULL
-    if n == 0:
-        return
-    cdef int threads = brnn_budget_take(<int>max(1, min(frames, <Py_ssize_t>max_threads)),
-                                        max_threads)
-    if threads == 1:
-        brnn_big_populate(blocks, count, nbytes, 0, frames)
-    else:
-        for k in prange(threads, num_threads=threads, schedule="static"):
-            brnn_big_populate(blocks, count, nbytes, k * frames // threads,
-                              (k + 1) * frames // threads)
-    brnn_budget_give(threads)
-
-
 # Outputs smaller than this (each) are the views of one block (see new_outputs).
 cdef enum:
     SHARED_BLOCK_BYTES_C = 1 << 22
@@ -168,42 +140,30 @@ cdef inline bint shares_block(Py_ssize_t bytes_each) noexcept:
     return bytes_each < SHARED_BLOCK_BYTES_C
 
 
-cdef enum:
-    MAX_OUTPUTS = 8    # outputs of one call (new_outputs, output_buffers): BlockLSTM's 7
-
-
-def output_buffers(int count, tuple shape, dtype, int max_threads=1):
-    """`count` (<= 8) new C-contiguous arrays of `shape` and `dtype` for a
-    forward's outputs on the general path: the views block[k] of one array, or
-    separate arrays faulted in on up to max_threads threads, by the rule of
-    new_outputs."""
+def output_buffers(int count, tuple shape, dtype):
+    """`count` new C-contiguous arrays of `shape` and `dtype` for a forward's
+    outputs on the general path: the views block[k] of one array, or separate
+    arrays, by the rule of new_outputs."""
     dtype = np.dtype(dtype)
     cdef Py_ssize_t bytes_each = dtype.itemsize
     for n in shape:
         bytes_each *= n
-    if not 0 <= count <= MAX_OUTPUTS:
-        raise ValueError(f"output_buffers: count must be in [0, {MAX_OUTPUTS}], got {count}")
     if shares_block(bytes_each):
         return list(np.empty((count,) + shape, dtype=dtype))
     cdef cnp.npy_intp dims[3]
-    cdef void* blocks[MAX_OUTPUTS]
     cdef int ndim = len(shape)
     if ndim > 3:
         raise ValueError(f"output_buffers: at most 3 dimensions, got shape {shape}")
     for k in range(ndim):
         dims[k] = shape[k]
-    outs = [big_empty(ndim, dims, dtype.num, bytes_each, &blocks[k]) for k in range(count)]
-    with nogil:
-        populate_blocks(blocks, count, bytes_each, max_threads)
-    return outs
+    return [big_empty(ndim, dims, dtype.num, bytes_each) for _ in range(count)]
 
 
 cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
-                       cnp.npy_intp n0, cnp.npy_intp n1, cnp.npy_intp n2=-1,
-                       int max_threads=1):
+                       cnp.npy_intp n0, cnp.npy_intp n1, cnp.npy_intp n2=-1):
     """output_type(*arrays), a tuple subclass (the op's namedtuple) of `count`
-    (<= 8) new C-contiguous arrays of shape (n0, n1), or (n0, n1, n2) if n2 >= 0,
-    with ptr[k] their data.
+    new C-contiguous arrays of shape (n0, n1), or (n0, n1, n2) if n2 >= 0, with
+    ptr[k] their data.
 
     Arrays of less than SHARED_BLOCK_BYTES (4 MB) each are the views block[k]
     of one array of shape (count, n0, n1[, n2]), as output_buffers makes them
@@ -217,15 +177,12 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     itself, and their block would be above 32 MB, which glibc always maps
     afresh (measured at 100,64,512,512 between the benchmark's peers, median
     of 7, six runs: 209-255 ms separate, 240-278 ms as one block); they are
-    big_empty's blocks, on huge pages and faulted in before the kernel runs, on
-    up to max_threads threads (populate_blocks).
+    big_empty's blocks, on huge pages and faulted in before the kernel runs.
     The tuple is built the way tuple.__new__ builds a subclass instance
     (tp_alloc, then the items), without its method call, argument list and
     temporary tuple."""
     if not PyType_FastSubclass(<PyTypeObject*>output_type, Py_TPFLAGS_TUPLE_SUBCLASS):
         raise TypeError(f"output_type must be a tuple subclass, not {output_type!r}")
-    if not 0 <= count <= MAX_OUTPUTS:
-        raise ValueError(f"new_outputs: count must be in [0, {MAX_OUTPUTS}], got {count}")
     cdef cnp.npy_intp dims[4]
     dims[0] = count
     dims[1] = n0
@@ -236,7 +193,6 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
                               * (4 if typenum == cnp.NPY_FLOAT32 else 8))
     cdef cnp.ndarray block = None
     cdef cnp.dtype descr = None
-    cdef void* blocks[MAX_OUTPUTS]
     cdef int k
     if shares_block(nbytes):
         block = cnp.PyArray_EMPTY(ndim + 1, dims, typenum, 0)
@@ -249,7 +205,7 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
     Py_DECREF(outs)
     for k in range(count):   # a failure here frees outs and the arrays made so far
         if block is None:
-            arr = big_empty(ndim, &dims[1], typenum, nbytes, &blocks[k])
+            arr = big_empty(ndim, &dims[1], typenum, nbytes)
             ptr[k] = data(arr)
         else:
             ptr[k] = <char*>cnp.PyArray_DATA(block) + k * nbytes
@@ -259,9 +215,6 @@ cdef tuple new_outputs(type output_type, int count, int typenum, void** ptr,
             cnp.set_array_base(arr, block)
         Py_INCREF(arr)       # PyTuple_SET_ITEM steals it
         PyTuple_SET_ITEM(outs, k, arr)
-    if block is None:
-        with nogil:
-            populate_blocks(blocks, count, nbytes, max_threads)
     return outs
 
 

@@ -142,12 +142,11 @@ class Arrays:
         """An output buffer in the compute dtype."""
         return np.empty(shape, dtype=self.compute_dtype)
 
-    def output_buffers(self, count, *shape, max_threads=1):
+    def output_buffers(self, count, *shape):
         """``count`` output buffers of ``shape`` in the compute dtype: the views
         ``block[k]`` of one (count, *shape) array, or separate arrays from 4 MB
-        each on, faulted in on up to ``max_threads`` threads
-        (_kernels.output_buffers; why: new_outputs in _outputs.pxi)."""
-        return _kernels.output_buffers(count, shape, self.compute_dtype, max_threads)
+        each on (_kernels.output_buffers; why: new_outputs in _kernels.pyx)."""
+        return _kernels.output_buffers(count, shape, self.compute_dtype)
 
     def results(self, buffers):
         """The outputs in ``buffers`` (from output_buffers) in the storage dtype:

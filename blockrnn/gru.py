@@ -78,9 +78,8 @@ def gru_block_cell(x, h_prev, w_ru, w_c, b_ru, b_c):
         return out
     args = Arrays("gru_block_cell", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
     B, I, H = _check_cell(args)
-    threads = kernel_threads(B, H)
-    outs = args.output_buffers(4, B, H, max_threads=threads)
-    _kernels.gru_cell_forward(*args.kernel(*_INPUTS), threads, *outs)
+    outs = args.output_buffers(4, B, H)
+    _kernels.gru_cell_forward(*args.kernel(*_INPUTS), kernel_threads(B, H), *outs)
     return GRUBlockCellOutput(*args.results(outs))
 
 
@@ -202,12 +201,11 @@ def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=N
             return out
     args = Arrays("block_gru", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
     L, lengths, T, B, I, H = _check_sequence(args, seq_len_max, sequence_length)
-    max_threads = _config.thread_limit()
-    outs = args.output_buffers(4, T, B, H, max_threads=max_threads)
+    outs = args.output_buffers(4, T, B, H)
     if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
         return BlockGRUOutput(*args.results(outs))
     _kernels.block_gru_forward(steps_to_run(L, lengths), *args.kernel(*_INPUTS),
-                               kernel_threads(B, H), max_threads, *outs, lengths)
+                               kernel_threads(B, H), _config.thread_limit(), *outs, lengths)
     return BlockGRUOutput(*args.results(outs))
 
 

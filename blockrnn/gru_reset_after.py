@@ -98,13 +98,12 @@ def _block_gru_reset_after(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh, *,
     args = Arrays(op, x=x, h_prev=h_prev, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
     L, lengths, T, B, I, H = _check(args, seq_len_max, sequence_length)
     reverse = check_reverse(op, reverse, L, T, lengths)
-    max_threads = _config.thread_limit()
-    outs = args.output_buffers(5, T, B, H, max_threads=max_threads)
+    outs = args.output_buffers(5, T, B, H)
     if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
         return BlockGRUResetAfterOutput(*args.results(outs))
     _kernels.block_gru_reset_after_forward(
         steps_to_run(L, lengths), *args.kernel(*_INPUTS), kernel_threads(B, H),
-        max_threads, *outs, lengths, reverse)
+        _config.thread_limit(), *outs, lengths, reverse)
     return BlockGRUResetAfterOutput(*args.results(outs))
 
 

@@ -129,11 +129,10 @@ def lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
         raise ValueError(
             f"{op}: cs_prev is empty, has shape (B, H) = {(B, H)}; "
             f"LSTMBlockCell needs B > 0 and H > 0 (I may be 0)")
-    threads = kernel_threads(B, H)
-    outs = args.output_buffers(7, B, H, max_threads=threads)
+    outs = args.output_buffers(7, B, H)
     _kernels.lstm_cell_forward(
         *args.kernel("x", "cs_prev", "h_prev", *_PARAMS),
-        forget_bias, cell_clip, use_peephole, _kernels.GateLayout.ICFO, threads, *outs)
+        forget_bias, cell_clip, use_peephole, _kernels.GateLayout.ICFO, kernel_threads(B, H), *outs)
     return LSTMBlockCellOutput(*args.results(outs))
 
 
@@ -243,15 +242,14 @@ def _block_lstm(op, layout, seq_len_max, values, forget_bias, cell_clip, use_pee
     # TensorFlow checks the peephole lengths here even without peepholes.
     L, T, B, I, H = _check_sequence(args, seq_len_max, peepholes_required=True)
     lengths = check_sequence_length(op, sequence_length, B, T)
-    max_threads = _config.thread_limit()
-    outs = args.output_buffers(7, T, B, H, max_threads=max_threads)
+    outs = args.output_buffers(7, T, B, H)
     if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
         return BlockLSTMOutput(*args.results(outs))
     x, cs_prev, h_prev, w, wci, wcf, wco, b = args.kernel("x", "cs_prev", "h_prev", *_PARAMS)
     _kernels.block_lstm_forward(
         steps_to_run(L, lengths), x, cs_prev, h_prev, w[:I], w[I:], wci, wcf, wco, b,
         forget_bias, cell_clip, use_peephole, layout, kernel_threads(B, H),
-        max_threads, *outs, lengths)
+        _config.thread_limit(), *outs, lengths)
     return BlockLSTMOutput(*args.results(outs))
 
 
@@ -432,8 +430,7 @@ def _block_lstm_nn(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b
     L, T, B, I, H = _check_sequence(args, seq_len_max, True, nn_layout=True)
     lengths = check_sequence_length(op, sequence_length, B, T)
     reverse = check_reverse(op, reverse, L, T, lengths)
-    max_threads = _config.thread_limit()
-    outs = args.output_buffers(7, T, B, H, max_threads=max_threads)
+    outs = args.output_buffers(7, T, B, H)
     if B == 0 or H == 0:
         return BlockLSTMOutput(*args.results(outs))
     x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b = args.kernel(
@@ -441,7 +438,7 @@ def _block_lstm_nn(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b
     _kernels.block_lstm_forward(
         steps_to_run(L, lengths), x, cs_prev, h_prev, w_ih.T, w_hh.T, wci, wcf, wco, b, 0.0,
         cell_clip, use_peephole, _kernels.GateLayout.IFCO, kernel_threads(B, H),
-        max_threads, *outs, lengths, reverse)
+        _config.thread_limit(), *outs, lengths, reverse)
     return BlockLSTMOutput(*args.results(outs))
 
 

@@ -9,14 +9,11 @@
  * (100,64,512,512 forward, 7 x 13 MB, Zen 5): 4200-5700 faults per call, 12 ms
  * of system time on one thread and 20-49 ms on two, in a 57-78 ms call.
  *
- * brnn_big_alloc maps the block itself, starting on a 2 MB frame, and asks
- * for huge pages; brnn_big_populate then faults a range of its frames in at
- * once (MADV_POPULATE_WRITE, Linux 5.14), so that the caller's threads can
- * share a call's blocks between them: the OS zeroes the pages on the thread
- * that faults them in, 5 x 13 MB in 8.1 ms on one thread and 4.0 ms on two
- * (Zen 4). Where any of that is missing (not Linux, an older kernel,
- * transparent huge pages off), the block is still valid memory: what is
- * missing only leaves the faults to the first touch.
+ * brnn_big_alloc maps the block itself, starting on a 2 MB frame, asks for
+ * huge pages and faults it all in at once (MADV_POPULATE_WRITE, Linux 5.14):
+ * 7 x 13 MB in ~4.4 ms on one thread. Where any of that is missing (not
+ * Linux, an older kernel, transparent huge pages off), the block is still
+ * valid memory: what is missing only leaves the faults to the first touch.
  */
 #ifndef BRNN_ALLOC_H
 #define BRNN_ALLOC_H
@@ -36,8 +33,7 @@
 static inline size_t brnn_big_len(size_t nbytes) { return (nbytes + 4095) & ~(size_t)4095; }
 
 /* A block of nbytes (> 0) zeroed by the OS, starting on a 2 MB boundary, or
- * NULL if it cannot be mapped; its pages are faulted in on first touch or by
- * brnn_big_populate. Free it with brnn_big_free(p, nbytes). */
+ * NULL if it cannot be mapped. Free it with brnn_big_free(p, nbytes). */
 static void *brnn_big_alloc(size_t nbytes) {
     size_t len = brnn_big_len(nbytes);
     if (len > SIZE_MAX - BRNN_HUGE_PAGE) return NULL;
@@ -52,38 +48,14 @@ static void *brnn_big_alloc(size_t nbytes) {
 #ifdef MADV_HUGEPAGE
     madvise(p, len, MADV_HUGEPAGE);
 #endif
+    madvise(p, len, MADV_POPULATE_WRITE); /* EINVAL before Linux 5.14: faults later */
     return p;
-}
-
-/* 2 MB frames of a block of nbytes (> 0) of brnn_big_alloc; the last may be partial. */
-static inline size_t brnn_big_frames(size_t nbytes) {
-    return (nbytes + BRNN_HUGE_PAGE - 1) / BRNN_HUGE_PAGE;
-}
-
-/* Faults in the frames [f0, f1) of `count` blocks of nbytes each taken in
- * order (block k holds the frames k * brnn_big_frames(nbytes) onwards); a
- * NULL block (not one of brnn_big_alloc) is skipped. */
-static void brnn_big_populate(void *const *blocks, size_t count, size_t nbytes,
-                              size_t f0, size_t f1) {
-    size_t per = brnn_big_frames(nbytes), len = brnn_big_len(nbytes);
-    for (size_t k = f0 / per; k < count && k * per < f1; k++) {
-        size_t a = (f0 > k * per ? f0 - k * per : 0) * BRNN_HUGE_PAGE;
-        size_t e = (f1 < (k + 1) * per ? f1 - k * per : per) * BRNN_HUGE_PAGE;
-        if (e > len) e = len;
-        if (blocks[k] != NULL && a < e) /* EINVAL before Linux 5.14: faults on first touch */
-            madvise((char *)blocks[k] + a, e - a, MADV_POPULATE_WRITE);
-    }
 }
 
 static void brnn_big_free(void *p, size_t nbytes) { munmap(p, brnn_big_len(nbytes)); }
 
 #else /* not Linux: the callers use NumPy's allocation */
 static void *brnn_big_alloc(size_t nbytes) { (void)nbytes; return NULL; }
-static inline size_t brnn_big_frames(size_t nbytes) { (void)nbytes; return 1; }
-static void brnn_big_populate(void *const *blocks, size_t count, size_t nbytes,
-                              size_t f0, size_t f1) {
-    (void)blocks; (void)count; (void)nbytes; (void)f0; (void)f1;
-}
 static void brnn_big_free(void *p, size_t nbytes) { (void)p; (void)nbytes; }
 #endif
 

@@ -6,9 +6,6 @@ O(B x H), plus transposed copies of the recurrent weights (4H x H for the LSTM,
 3H x H for the GRU) when those are no larger than T x B x 4H, or for the float32
 forwards a packed copy of the weights (NumPy reports its allocations to
 tracemalloc)."""
-import platform
-import re
-import resource
 import tracemalloc
 
 import numpy as np
@@ -115,39 +112,3 @@ def test_outputs_of_4_mb_or_more_are_traced_and_freed():
     assert outputs >= 7 * _kernels.SHARED_BLOCK_BYTES
     assert outputs <= held <= outputs + SLACK, (held, outputs)
     assert left <= SLACK, left
-
-
-def _populate_supported():
-    """Whether this OS faults a range in on request (MADV_POPULATE_WRITE: Linux 5.14)."""
-    if platform.system() != "Linux":
-        return False
-    release = tuple(int(part) for part in re.findall(r"\d+", platform.release())[:2])
-    return release >= (5, 14)
-
-
-@pytest.mark.skipif(not _populate_supported(),
-                    reason="needs MADV_POPULATE_WRITE (Linux 5.14 or newer)")
-@pytest.mark.parametrize("max_threads", [1, 2, 3])
-@pytest.mark.parametrize("count, shape", [
-    (1, (_kernels.SHARED_BLOCK_BYTES // 4,)),   # exactly 2 frames of 2 MB
-    (5, (100, 64, 512)),                        # 6.25 frames each
-    (7, (3, 700, 1000)),                        # blocks not a whole number of 4 KB pages
-    (2, (1, 1, 1_100_000)),                     # fewer frames than some thread counts
-])
-def test_outputs_of_4_mb_or_more_are_faulted_in_before_the_kernel(count, shape, max_threads):
-    """The call's threads fault every page of its big output blocks in before the
-    kernel runs (populate_blocks splits their 2 MB frames between up to max_threads
-    threads): writing the outputs afterwards takes no page fault."""
-    bufs = _kernels.output_buffers(count, shape, np.float32, max_threads)
-    assert len(bufs) == count and all(a.shape == shape for a in bufs)
-    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    for a in bufs:
-        a.fill(1.0)
-    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
-    assert faults == 0, faults
-    assert all(float(a.sum(dtype=np.float64)) == a.size for a in bufs)
-
-
-def test_output_buffers_counts_are_checked():
-    with pytest.raises(ValueError, match="count must be in"):
-        _kernels.output_buffers(9, (1, 2, 3), np.float32, 1)
