@@ -6,6 +6,9 @@ O(B x H), plus transposed copies of the recurrent weights (4H x H for the LSTM,
 3H x H for the GRU) when those are no larger than T x B x 4H, or for the float32
 forwards a packed copy of the weights (NumPy reports its allocations to
 tracemalloc)."""
+import platform
+import re
+import resource
 import tracemalloc
 
 import numpy as np
@@ -112,3 +115,31 @@ def test_outputs_of_4_mb_or_more_are_traced_and_freed():
     assert outputs >= 7 * _kernels.SHARED_BLOCK_BYTES
     assert outputs <= held <= outputs + SLACK, (held, outputs)
     assert left <= SLACK, left
+
+
+def _populate_supported():
+    """Whether this OS faults a range in on request (MADV_POPULATE_WRITE: Linux 5.14)."""
+    if platform.system() != "Linux":
+        return False
+    release = tuple(int(part) for part in re.findall(r"\d+", platform.release())[:2])
+    return release >= (5, 14)
+
+
+@pytest.mark.skipif(not _populate_supported(),
+                    reason="needs MADV_POPULATE_WRITE (Linux 5.14 or newer)")
+@pytest.mark.parametrize("count, shape", [
+    (1, (_kernels.SHARED_BLOCK_BYTES // 4,)),   # exactly 2 frames of 2 MB
+    (5, (100, 64, 512)),                        # 6.25 frames each
+    (7, (3, 700, 1000)),                        # not a whole number of 4 KB pages
+])
+def test_outputs_of_4_mb_or_more_are_faulted_in_before_the_kernel(count, shape):
+    """Outputs of SHARED_BLOCK_BYTES or more each are faulted in when they are made
+    (include/brnn_alloc.h), before the kernel's threads write them: writing them
+    afterwards takes no page fault."""
+    bufs = _kernels.output_buffers(count, shape, np.float32)
+    assert len(bufs) == count and all(a.shape == shape for a in bufs)
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    for a in bufs:
+        a.fill(1.0)
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+    assert faults == 0, faults
