@@ -787,16 +787,30 @@ cdef inline Py_ssize_t block_gru_backward_workspace(
     """Elements of block_gru_backward_compute's workspace: [S*B, 4H] for a
     chunk of S = backward_chunk_steps(L, B * 4H) steps (see there), then d(r
     * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and w_ru[I:]^T
-    packed; then the GEMM driver's blocks for the products of a chunk
-    [gru_backward_gemm_threads(S, ...) * gru_backward_gemm_ws(S, ...)]. Its
-    double accumulator `acc` has sums_workspace(L, B, 4H, 3H) + 1 elements."""
+    packed, and x_grad's two B, w_ru[:I]^T and w_c[:I]^T, packed for the
+    driver [packed_b_size(2H, I) + packed_b_size(H, I)]; then the GEMM
+    driver's blocks for the products of a chunk [gru_backward_gemm_threads(S,
+    ...) * gru_backward_gemm_ws(S, ...)]. Its double accumulator `acc` has
+    sums_workspace(L, B, 4H, 3H) + 1 elements."""
     cdef Py_ssize_t S = max(1, backward_chunk_steps(L, B * 4 * H))
     cdef Py_ssize_t driver = (gru_backward_gemm_threads(S, B, I, H, max_threads)
                               * gru_backward_gemm_ws(S, B, I, H, packed))
     if packed:
         return (S * B * 4 * H + B * H + brnn_packed_size(H, H) + brnn_packed_size(2 * H, H)
-                + driver + 1)
+                + packed_b_size(True, 2 * H, I) + packed_b_size(True, H, I) + driver + 1)
     return S * B * 4 * H + B * H + driver + 1
+
+
+cdef inline gemm_spec gru_x_grad_job(
+        int part, Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, const floating* d,
+        const floating* w_ru, const floating* w_c, floating* x_grad) noexcept nogil:
+    """Part 0 or 1 of x_grad [rows, I] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T
+    (gru_backward_gemms; d: dRU [rows, 2H] or dC [rows, H], NULL with rows = 0
+    to pack the B). Its B, w_ru[:I]^T or w_c[:I]^T, is the same in every chunk
+    (pack_b)."""
+    if part == 0:
+        return gspec(rows, I, 2 * H, d, 2 * H, 1, w_ru, 1, 2 * H, False, x_grad, I)
+    return gspec(rows, I, H, d, H, 1, w_c, 1, H, True, x_grad, I)
 
 
 cdef void gru_backward_gemms(
@@ -810,6 +824,7 @@ cdef void gru_backward_gemms(
         bint accumulate,          # add the weight gradients onto the later chunks'
         floating* x_grad,         # OUT [L*B, I] (rows of steps [t0, t1) written)
         floating* w_ru_grad, floating* w_c_grad,    # IN/OUT [I+H, 2H], [I+H, H]
+        const floating* x_packed,  # x_grad's two B packed (pack_b, part 0's then 1's), or NULL
         floating* ws,             # workspace [threads * gru_backward_gemm_ws(S, B, I, H, f32)]
         int threads) noexcept nogil:
     """The GRU backward's products over the steps [t0, t1) of one chunk,
@@ -824,8 +839,10 @@ cdef void gru_backward_gemms(
     cdef const floating* xs = x + t0 * B * I
     cdef gemm_spec jobs[7]
     cdef int njobs = 6
-    jobs[0] = gspec(n, I, H2, d_ru, H2, 1, w_ru, 1, H2, False, x_grad + t0 * B * I, I)
-    jobs[1] = gspec(n, I, H, d_c, H, 1, w_c, 1, H, True, x_grad + t0 * B * I, I)
+    jobs[0] = packed_b(gru_x_grad_job(0, n, I, H, d_ru, w_ru, w_c, x_grad + t0 * B * I),
+                       x_packed)
+    jobs[1] = packed_b(gru_x_grad_job(1, n, I, H, d_c, w_ru, w_c, x_grad + t0 * B * I),
+                       x_packed + packed_b_size(True, H2, I) if x_packed != NULL else NULL)
     jobs[2] = gspec(I, H2, n, xs, 1, I, d_ru, H2, 1, accumulate, w_ru_grad, H2)
     jobs[3] = gspec(I, H, n, xs, 1, I, d_c, H, 1, accumulate, w_c_grad, H)
     jobs[4] = gspec(H, H, n, rh, 1, H, d_c, H, 1, accumulate, w_c_grad + I * H, H)
@@ -1054,16 +1071,25 @@ cdef void block_gru_backward_compute(
     cdef floating* w_c_t = d_hr + BH            # float32: w_c[I:]^T packed (float64:
                                                 #   the driver's blocks from here),
     cdef floating* w_ru_t = w_c_t + brnn_packed_size(H, H)   # w_ru[I:]^T packed
-    cdef floating* gws = w_ru_t + brnn_packed_size(H2, H) if floating is float else w_c_t
+    cdef floating* x_packed = NULL              # float32: x_grad's B packed (pack_b)
+    cdef floating* gws = w_c_t
     cdef bint use_packed = False
     cdef int granted
+    cdef gemm_spec x_grad_job
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, 3 * H * sizeof(double))     # [2H] b_ru's sums, [H] b_c's
     if floating is float:
         use_packed = B >= PACKED_MIN_ROWS   # (packed by the first chunk's region)
+        x_packed = w_ru_t + brnn_packed_size(H2, H)
+        gws = x_packed + packed_b_size(True, H2, I) + packed_b_size(True, H, I)
+        if L > 0:   # x_grad's B, packed once for every chunk and thread
+            x_grad_job = gru_x_grad_job(0, 0, I, H, <floating*>NULL, w_ru, w_c, <floating*>NULL)
+            pack_b(&x_grad_job, x_packed)
+            x_grad_job = gru_x_grad_job(1, 0, I, H, <floating*>NULL, w_ru, w_c, <floating*>NULL)
+            pack_b(&x_grad_job, x_packed + packed_b_size(True, H2, I))
     if L == 0:   # no step: zero weight gradients
         gru_backward_gemms(0, 0, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, False,
-                           x_grad, w_ru_grad, w_c_grad, gws, 1)
+                           x_grad, w_ru_grad, w_c_grad, NULL, gws, 1)
     t1 = L
     while t1 > 0:
         t0 = max(0, t1 - S)
@@ -1095,7 +1121,7 @@ cdef void block_gru_backward_compute(
         for k in range(k0, (t1 - t0) * BH):
             rh[k] = r[t0 * BH + k] * h[(t0 - 1) * BH + k]
         gru_backward_gemms(t0, t1, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, t1 < L,
-                           x_grad, w_ru_grad, w_c_grad, gws,
+                           x_grad, w_ru_grad, w_c_grad, x_packed, gws,
                            gru_backward_gemm_threads(t1 - t0, B, I, H, max_threads))
         blocked_column_sums((t1 - t0) * B, H2, d_ru, H2, acc + 3 * H, acc, max_threads)
         blocked_column_sums((t1 - t0) * B, H, d_c, H, acc + 3 * H, acc + H2, max_threads)

@@ -73,6 +73,10 @@ cdef extern from "brnn_gemm.h" nogil:
         int accumulate
         float* c
         Py_ssize_t ldc
+        const float* bp
+    Py_ssize_t brnn_gemm_prepacked_size(Py_ssize_t K, Py_ssize_t N)
+    void brnn_gemm_prepack_b(Py_ssize_t K, Py_ssize_t N, const float* b, Py_ssize_t sbk,
+                             Py_ssize_t sbn, float* P)
     brnn_packed_fn brnn_gemm_kernel(int path)
     Py_ssize_t brnn_gemm_jobs_ws(int njobs, const brnn_gemm_job* jobs)
     void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job* j, int tid, int nt, float* ws)
@@ -826,13 +830,15 @@ cdef inline brnn_gemm_job gemm_job(
         Py_ssize_t sak, const float* b, Py_ssize_t sbk, Py_ssize_t sbn, bint accumulate,
         float* c, Py_ssize_t ldc) noexcept nogil:
     """C[M, N] (+)= A[M, K] @ B[K, N] with A(m, k) = a[m*sam + k*sak] and
-    B(k, n) = b[k*sbk + n*sbn], C row stride ldc (include/brnn_gemm.h)."""
+    B(k, n) = b[k*sbk + n*sbn], C row stride ldc (include/brnn_gemm.h); the
+    driver packs B (a job's bp set to B packed beforehand spares it that)."""
     cdef brnn_gemm_job j
     j.M, j.N, j.K = M, N, K
     j.a, j.sam, j.sak = a, sam, sak
     j.b, j.sbk, j.sbn = b, sbk, sbn
     j.accumulate = accumulate
     j.c, j.ldc = c, ldc
+    j.bp = NULL
     return j
 
 
@@ -881,12 +887,14 @@ cdef enum:
 
 cdef struct gemm_spec:
     # One driver job of either precision (gemm_job's fields; the pointers are
-    # float* or double* as the run_gemm_specs call's ws).
+    # float* or double* as the run_gemm_specs call's ws). bp: float32's B
+    # packed beforehand (packed_b), or NULL; float64 packs its B itself.
     Py_ssize_t M, N, K, sam, sak, sbk, sbn, ldc
     const void* a
     const void* b
     void* c
     bint accumulate
+    const void* bp
 
 
 cdef inline gemm_spec gspec(
@@ -900,7 +908,30 @@ cdef inline gemm_spec gspec(
     j.b, j.sbk, j.sbn = b, sbk, sbn
     j.accumulate = accumulate
     j.c, j.ldc = c, ldc
+    j.bp = NULL
     return j
+
+
+cdef inline Py_ssize_t packed_b_size(bint f32, Py_ssize_t K, Py_ssize_t N) noexcept nogil:
+    """Elements of a job's B [K, N] packed by pack_b: float32's
+    brnn_gemm_prepacked_size; 0 for float64 (its driver packs B itself)."""
+    return brnn_gemm_prepacked_size(K, N) if f32 else 0
+
+
+cdef inline gemm_spec packed_b(gemm_spec j, const void* bp) noexcept nogil:
+    """The job j reading its B from bp, the same B packed by pack_b (float32;
+    for float64 bp is NULL and j is unchanged): the same bits as j."""
+    j.bp = bp
+    return j
+
+
+cdef void pack_b(const gemm_spec* j, floating* bp) noexcept nogil:
+    """bp [packed_b_size(K, N)] = the job's B packed for the driver of
+    include/brnn_gemm.h (brnn_gemm_prepack_b), once for all the calls that
+    share it (the weight of the x gradient, in every chunk of a backward and
+    on every thread); nothing for float64."""
+    if floating is float:
+        brnn_gemm_prepack_b(j.K, j.N, <const float*>j.b, j.sbk, j.sbn, bp)
 
 
 cdef inline gemm_spec gspec_c(
@@ -932,6 +963,7 @@ cdef void run_gemm_specs(int njobs, const gemm_spec* specs, floating* ws,
                              specs[i].sam, specs[i].sak, <const float*>specs[i].b,
                              specs[i].sbk, specs[i].sbn, specs[i].accumulate,
                              <float*>specs[i].c, specs[i].ldc)
+            fj[i].bp = <const float*>specs[i].bp
         else:
             dj[i].M, dj[i].N, dj[i].K = specs[i].M, specs[i].N, specs[i].K
             dj[i].a, dj[i].sam, dj[i].sak = <const double*>specs[i].a, specs[i].sam, specs[i].sak
@@ -980,13 +1012,15 @@ def packed_dgemm_memview(const double[:, :] a, const double[:, :] b, bint accumu
 
 
 def packed_gemm_memview(const float[:, :] a, const float[:, :] b, bint accumulate,
-                        float[:, ::1] c, str path=None, int parts=1, int threads=1):
+                        float[:, ::1] c, str path=None, int parts=1, int threads=1,
+                        bint prepack_b=False):
     """C (+)= A @ B through the driver of include/brnn_gemm.h (for its tests).
     A [M, K] and B [K, N] of any strides (transposed views included), C [M, N].
     `parts` > 1 runs the nt = parts thread parts one after another on this
     thread (every split the driver can make, without threads); `threads` > 1
     runs packed_gemm_jobs on up to that many threads instead. `path`: the
-    kernel variant (this process's by default)."""
+    kernel variant (this process's by default). `prepack_b`: B packed once
+    beforehand (brnn_gemm_prepack_b, the job's bp), not by each part."""
     cdef Py_ssize_t M = a.shape[0], K = a.shape[1], N = b.shape[1]
     cdef int p = packed_path if path is None else PACKED_PATHS.get(path, -1)
     cdef int tid
@@ -1002,6 +1036,11 @@ def packed_gemm_memview(const float[:, :] a, const float[:, :] b, bint accumulat
         M, N, K, &a[0, 0] if K > 0 else NULL, a.strides[0] // 4, a.strides[1] // 4,
         &b[0, 0] if K > 0 else NULL, b.strides[0] // 4, b.strides[1] // 4, accumulate,
         &c[0, 0], N)
+    cdef float[::1] bp
+    if prepack_b and K > 0:
+        bp = np.empty(brnn_gemm_prepacked_size(K, N), dtype=np.float32)
+        brnn_gemm_prepack_b(K, N, job.b, job.sbk, job.sbn, &bp[0])
+        job.bp = &bp[0]
     cdef brnn_packed_fn fn = brnn_gemm_kernel(p)
     with nogil:
         if threads > 1:

@@ -22,7 +22,10 @@
  *
  * Use: thread tid of nt calls brnn_gemm_f32 (or brnn_gemm_jobs_f32) with its
  * own workspace of brnn_gemm_ws(M, N, K) floats (brnn_gemm_jobs_ws for a job
- * list; at most BRNN_GEMM_WS); the nt calls together write all of C.
+ * list; at most BRNN_GEMM_WS); the nt calls together write all of C. A B that
+ * many calls share (a weight, in every chunk of a backward) may be packed once
+ * by brnn_gemm_prepack_b and given as the job's bp: the same blocks, so the
+ * same bits, without each thread packing it again at every call.
  * No barrier is needed between jobs that write different elements, nor
  * between jobs that write the same C of the same M and N (brnn_gemm_part then
  * gives every element to the same thread in both).
@@ -49,6 +52,7 @@ typedef struct {
     int accumulate;
     float *c;
     ptrdiff_t ldc;
+    const float *bp; /* B packed by brnn_gemm_prepack_b(K, N, ...), or NULL */
 } brnn_gemm_job;
 
 /* Floats of one thread's workspace for a product of those sizes: a packed B
@@ -60,6 +64,36 @@ static inline ptrdiff_t brnn_gemm_ws(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K) {
     ptrdiff_t nc = n16 < BRNN_GEMM_NC ? n16 : BRNN_GEMM_NC;
     ptrdiff_t mc = M < BRNN_GEMM_MC ? M : BRNN_GEMM_MC;
     return kc * nc + mc * (kc + 16);
+}
+
+/* Floats of B [K, N] packed by brnn_gemm_prepack_b: K x N rounded up to 16. */
+static inline ptrdiff_t brnn_gemm_prepacked_size(ptrdiff_t K, ptrdiff_t N) {
+    return K * ((N + BRNN_NR - 1) / BRNN_NR * BRNN_NR);
+}
+
+/* Where the block of columns [jb, jb + NC) and rows [pc, pc + KC) starts in a
+ * B packed by brnn_gemm_prepack_b: after the blocks of the columns before jb
+ * (K x jb floats, jb a multiple of NC) and those of the rows before pc in this
+ * column block (pc x its width rounded up to 16). */
+static inline ptrdiff_t brnn_gemm_prepacked_at(ptrdiff_t K, ptrdiff_t N, ptrdiff_t jb,
+                                               ptrdiff_t pc) {
+    ptrdiff_t nb = N - jb < BRNN_GEMM_NC ? N - jb : BRNN_GEMM_NC;
+    return jb * K + pc * ((nb + BRNN_NR - 1) / BRNN_NR * BRNN_NR);
+}
+
+/* P [brnn_gemm_prepacked_size(K, N)] = B [K, N] (B(k, n) = b[k * sbk + n * sbn])
+ * in the driver's blocks: for each block of NC columns from column 0, each
+ * block of KC rows packed as brnn_gemm_f32 packs it (brnn_pack_f32). */
+static void brnn_gemm_prepack_b(ptrdiff_t K, ptrdiff_t N, const float *b, ptrdiff_t sbk,
+                                ptrdiff_t sbn, float *P) {
+    for (ptrdiff_t jb = 0; jb < N; jb += BRNN_GEMM_NC) {
+        ptrdiff_t nb = N - jb < BRNN_GEMM_NC ? N - jb : BRNN_GEMM_NC;
+        for (ptrdiff_t pc = 0; pc < K; pc += BRNN_GEMM_KC) {
+            ptrdiff_t kc = K - pc < BRNN_GEMM_KC ? K - pc : BRNN_GEMM_KC;
+            brnn_pack_f32(kc, nb, b + pc * sbk + jb * sbn, sbk, sbn,
+                          P + brnn_gemm_prepacked_at(K, N, jb, pc));
+        }
+    }
 }
 
 /* The part of C [M, N] thread tid of nt computes: rows [*m0, *m1) x columns
@@ -198,18 +232,29 @@ static void brnn_gemm_f32(brnn_packed_fn fn, const brnn_gemm_job *j, int tid, in
     /* the layout of brnn_gemm_ws(M, N, K) */
     ptrdiff_t kc_max = j->K < BRNN_GEMM_KC ? j->K : BRNN_GEMM_KC, lda = kc_max + 16;
     ptrdiff_t n16 = (j->N + BRNN_NR - 1) / BRNN_NR * BRNN_NR;
-    float *bp = ws, *ap = ws + kc_max * (n16 < BRNN_GEMM_NC ? n16 : BRNN_GEMM_NC);
-    for (ptrdiff_t jc = n0; jc < n1; jc += BRNN_GEMM_NC) {
-        ptrdiff_t nc = n1 - jc < BRNN_GEMM_NC ? n1 - jc : BRNN_GEMM_NC;
+    float *bws = ws, *ap = ws + kc_max * (n16 < BRNN_GEMM_NC ? n16 : BRNN_GEMM_NC);
+    /* Column blocks of NC: this thread's own from n0, or, with B packed
+     * beforehand, the packed blocks from a multiple of NC (jb) that hold its
+     * columns [jc, je), panel (jc - jb) / 16 on. */
+    ptrdiff_t jb = j->bp ? n0 / BRNN_GEMM_NC * BRNN_GEMM_NC : n0;
+    for (; jb < n1; jb += BRNN_GEMM_NC) {
+        ptrdiff_t jc = jb > n0 ? jb : n0, je = n1 - jb < BRNN_GEMM_NC ? n1 : jb + BRNN_GEMM_NC;
+        ptrdiff_t skip = jc - jb; /* columns of the block before this thread's */
         for (ptrdiff_t pc = 0; pc < j->K; pc += BRNN_GEMM_KC) {
             ptrdiff_t kc = j->K - pc < BRNN_GEMM_KC ? j->K - pc : BRNN_GEMM_KC;
-            brnn_pack_f32(kc, nc, j->b + pc * j->sbk + jc * j->sbn, j->sbk, j->sbn, bp);
+            const float *bp = bws;
+            if (j->bp)
+                bp = j->bp + brnn_gemm_prepacked_at(j->K, j->N, jb, pc);
+            else
+                brnn_pack_f32(kc, je - jc, j->b + pc * j->sbk + jc * j->sbn, j->sbk, j->sbn,
+                              bws);
             int acc = j->accumulate || pc > 0;
             for (ptrdiff_t ic = m0; ic < m1; ic += BRNN_GEMM_MC) {
                 ptrdiff_t mc = m1 - ic < BRNN_GEMM_MC ? m1 - ic : BRNN_GEMM_MC;
                 brnn_gemm_pack_a(mc, kc, j->a + ic * j->sam + pc * j->sak, j->sam, j->sak, ap,
                                  lda);
-                fn(mc, kc, ap, lda, bp, 0, nc, acc, j->c + ic * j->ldc + jc, j->ldc);
+                fn(mc, kc, ap, lda, bp, skip, skip + je - jc, acc, j->c + ic * j->ldc + jb,
+                   j->ldc);
             }
         }
     }

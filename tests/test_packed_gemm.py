@@ -67,6 +67,26 @@ def test_every_thread_split_gives_the_same_bits(path, shape):
         np.testing.assert_array_equal(c, ref)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", SHAPES + [(3, 1100, 300), (5, 1600, 513)])
+def test_b_packed_once_gives_the_bits_of_b_packed_by_each_part(path, shape):
+    """A B packed beforehand (brnn_gemm_prepack_b, the job's bp: a backward's weight
+    packed once for all its chunks and threads) gives the bits of the driver packing
+    it itself, for every split; the wide shapes split columns inside a block of NC
+    = 512 (a part's first column not on a block's)."""
+    for trans_b in (False, True):
+        a, b = _operands(*shape, trans_a=False, trans_b=trans_b)
+        c0 = np.random.default_rng(2).uniform(-1, 1, (shape[0], shape[1])).astype(np.float32)
+        for accumulate in (False, True):
+            ref = c0.copy()
+            _kernels.packed_gemm_memview(a, b, accumulate, ref, path)
+            for parts in (1, 2, 3, 5):
+                c = c0.copy()
+                _kernels.packed_gemm_memview(a, b, accumulate, c, path, parts=parts,
+                                             prepack_b=True)
+                np.testing.assert_array_equal(c, ref, err_msg=f"{trans_b=} {parts=}")
+
+
 @pytest.mark.parametrize("shape", [(250, 130, 1100), (30, 530, 600), (600, 17, 513)])
 def test_thread_counts_give_the_same_bits(shape):
     """Real threads from the thread budget, 1..4 allowed."""
@@ -74,10 +94,11 @@ def test_thread_counts_give_the_same_bits(shape):
     ref = np.empty((shape[0], shape[1]), np.float32)
     _kernels.packed_gemm_memview(a, b, False, ref)
     for n in (2, 3, 4):
-        c = np.full_like(ref, np.nan)
-        with threadpool_limits(n, user_api="openmp"):
-            _kernels.packed_gemm_memview(a, b, False, c, threads=n)
-        np.testing.assert_array_equal(c, ref)
+        for prepack_b in (False, True):
+            c = np.full_like(ref, np.nan)
+            with threadpool_limits(n, user_api="openmp"):
+                _kernels.packed_gemm_memview(a, b, False, c, threads=n, prepack_b=prepack_b)
+            np.testing.assert_array_equal(c, ref)
     assert _kernels.thread_budget_in_use() == 0
 
 
