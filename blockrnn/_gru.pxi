@@ -788,7 +788,7 @@ cdef inline Py_ssize_t block_gru_backward_workspace(
     chunk of S = backward_chunk_steps(L, B * 4H) steps (see there), then d(r
     * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and w_ru[I:]^T
     packed, and x_grad's two B, w_ru[:I]^T and w_c[:I]^T, packed for the
-    driver [packed_b_size(2H, I) + packed_b_size(H, I)]; then the GEMM
+    driver [gru_x_grad_packed_size(I, H)]; then the GEMM
     driver's blocks for the products of a chunk [gru_backward_gemm_threads(S,
     ...) * gru_backward_gemm_ws(S, ...)]. Its double accumulator `acc` has
     sums_workspace(L, B, 4H, 3H) + 1 elements."""
@@ -797,20 +797,27 @@ cdef inline Py_ssize_t block_gru_backward_workspace(
                               * gru_backward_gemm_ws(S, B, I, H, packed))
     if packed:
         return (S * B * 4 * H + B * H + brnn_packed_size(H, H) + brnn_packed_size(2 * H, H)
-                + packed_b_size(True, 2 * H, I) + packed_b_size(True, H, I) + driver + 1)
+                + gru_x_grad_packed_size(I, H) + driver + 1)
     return S * B * 4 * H + B * H + driver + 1
 
 
-cdef inline gemm_spec gru_x_grad_job(
-        int part, Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, const floating* d,
-        const floating* w_ru, const floating* w_c, floating* x_grad) noexcept nogil:
-    """Part 0 or 1 of x_grad [rows, I] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T
-    (gru_backward_gemms; d: dRU [rows, 2H] or dC [rows, H], NULL with rows = 0
-    to pack the B). Its B, w_ru[:I]^T or w_c[:I]^T, is the same in every chunk
-    (pack_b)."""
-    if part == 0:
-        return gspec(rows, I, 2 * H, d, 2 * H, 1, w_ru, 1, 2 * H, False, x_grad, I)
-    return gspec(rows, I, H, d, H, 1, w_c, 1, H, True, x_grad, I)
+cdef inline void gru_x_grad_jobs(
+        Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, const floating* d_ru,
+        const floating* d_c, const floating* w_ru, const floating* w_c, floating* x_grad,
+        gemm_spec* jobs) noexcept nogil:
+    """jobs[0:2]: x_grad [rows, I] = dRU @ w_ru[:I]^T, then += dC @ w_c[:I]^T
+    (gru_backward_gemms; dRU [rows, 2H], dC [rows, H], NULL with rows = 0 to
+    pack the B). Their B, w_ru[:I]^T and w_c[:I]^T, are the same in every
+    chunk (pack_bs)."""
+    jobs[0] = gspec(rows, I, 2 * H, d_ru, 2 * H, 1, w_ru, 1, 2 * H, False, x_grad, I)
+    jobs[1] = gspec(rows, I, H, d_c, H, 1, w_c, 1, H, True, x_grad, I)
+
+
+cdef inline Py_ssize_t gru_x_grad_packed_size(Py_ssize_t I, Py_ssize_t H) noexcept nogil:
+    """Floats of gru_x_grad_jobs' B packed by pack_bs."""
+    cdef gemm_spec jobs[2]
+    gru_x_grad_jobs[float](0, I, H, NULL, NULL, NULL, NULL, NULL, jobs)
+    return packed_bs_size(2, jobs)
 
 
 cdef void gru_backward_gemms(
@@ -824,7 +831,7 @@ cdef void gru_backward_gemms(
         bint accumulate,          # add the weight gradients onto the later chunks'
         floating* x_grad,         # OUT [L*B, I] (rows of steps [t0, t1) written)
         floating* w_ru_grad, floating* w_c_grad,    # IN/OUT [I+H, 2H], [I+H, H]
-        const floating* x_packed,  # x_grad's two B packed (pack_b, part 0's then 1's), or NULL
+        const floating* x_packed,  # x_grad's B packed (pack_bs of gru_x_grad_jobs), or NULL
         floating* ws,             # workspace [threads * gru_backward_gemm_ws(S, B, I, H, f32)]
         int threads) noexcept nogil:
     """The GRU backward's products over the steps [t0, t1) of one chunk,
@@ -839,10 +846,8 @@ cdef void gru_backward_gemms(
     cdef const floating* xs = x + t0 * B * I
     cdef gemm_spec jobs[7]
     cdef int njobs = 6
-    jobs[0] = packed_b(gru_x_grad_job(0, n, I, H, d_ru, w_ru, w_c, x_grad + t0 * B * I),
-                       x_packed)
-    jobs[1] = packed_b(gru_x_grad_job(1, n, I, H, d_c, w_ru, w_c, x_grad + t0 * B * I),
-                       x_packed + packed_b_size(True, H2, I) if x_packed != NULL else NULL)
+    gru_x_grad_jobs(n, I, H, d_ru, d_c, w_ru, w_c, x_grad + t0 * B * I, jobs)
+    read_packed_bs(2, jobs, <const float*>x_packed)
     jobs[2] = gspec(I, H2, n, xs, 1, I, d_ru, H2, 1, accumulate, w_ru_grad, H2)
     jobs[3] = gspec(I, H, n, xs, 1, I, d_c, H, 1, accumulate, w_c_grad, H)
     jobs[4] = gspec(H, H, n, rh, 1, H, d_c, H, 1, accumulate, w_c_grad + I * H, H)
@@ -1071,22 +1076,21 @@ cdef void block_gru_backward_compute(
     cdef floating* w_c_t = d_hr + BH            # float32: w_c[I:]^T packed (float64:
                                                 #   the driver's blocks from here),
     cdef floating* w_ru_t = w_c_t + brnn_packed_size(H, H)   # w_ru[I:]^T packed
-    cdef floating* x_packed = NULL              # float32: x_grad's B packed (pack_b)
+    cdef floating* x_packed = NULL              # float32: x_grad's B packed (pack_bs)
     cdef floating* gws = w_c_t
     cdef bint use_packed = False
     cdef int granted
-    cdef gemm_spec x_grad_job
+    cdef gemm_spec x_grad_jobs[2]
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, 3 * H * sizeof(double))     # [2H] b_ru's sums, [H] b_c's
     if floating is float:
         use_packed = B >= PACKED_MIN_ROWS   # (packed by the first chunk's region)
         x_packed = w_ru_t + brnn_packed_size(H2, H)
-        gws = x_packed + packed_b_size(True, H2, I) + packed_b_size(True, H, I)
+        gru_x_grad_jobs(0, I, H, <floating*>NULL, <floating*>NULL, w_ru, w_c, <floating*>NULL,
+                        x_grad_jobs)
+        gws = x_packed + packed_bs_size(2, x_grad_jobs)
         if L > 0:   # x_grad's B, packed once for every chunk and thread
-            x_grad_job = gru_x_grad_job(0, 0, I, H, <floating*>NULL, w_ru, w_c, <floating*>NULL)
-            pack_b(&x_grad_job, x_packed)
-            x_grad_job = gru_x_grad_job(1, 0, I, H, <floating*>NULL, w_ru, w_c, <floating*>NULL)
-            pack_b(&x_grad_job, x_packed + packed_b_size(True, H2, I))
+            pack_bs(2, x_grad_jobs, <float*>x_packed)
     if L == 0:   # no step: zero weight gradients
         gru_backward_gemms(0, 0, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, False,
                            x_grad, w_ru_grad, w_c_grad, NULL, gws, 1)

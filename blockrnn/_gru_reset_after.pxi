@@ -485,7 +485,7 @@ cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_
     gradients of one chunk of S = backward_chunk_steps(L, B * 4H) steps dG
     [S*B, 4H] (gru_ra_backward_block's rows), then for float32 w_hh packed as
     the [3H, H] matrix it is and x_grad's two B, w_ih's blocks, packed for the
-    driver [packed_b_size(2H, I) + packed_b_size(H, I)]; then the GEMM driver's
+    driver [gru_ra_x_grad_packed_size(I, H)]; then the GEMM driver's
     blocks for the products of a chunk [gru_ra_backward_gemm_threads(S, ...) *
     gru_ra_backward_gemm_ws(S, ...)]. Its double accumulator has 4H + 1
     elements."""
@@ -493,8 +493,8 @@ cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_
     cdef Py_ssize_t driver = (gru_ra_backward_gemm_threads(S, B, I, H, max_threads)
                               * gru_ra_backward_gemm_ws(S, B, I, H, packed))
     if packed:
-        return (S * B * 4 * H + brnn_packed_size(3 * H, H) + packed_b_size(True, 2 * H, I)
-                + packed_b_size(True, H, I) + driver + 1)
+        return (S * B * 4 * H + brnn_packed_size(3 * H, H) + gru_ra_x_grad_packed_size(I, H)
+                + driver + 1)
     return S * B * 4 * H + driver + 1
 
 
@@ -618,17 +618,23 @@ cdef int gru_ra_backward_packed(
     return region_threads(&bar, n_threads)
 
 
-cdef inline gemm_spec gru_ra_x_grad_job(
-        int part, Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, const floating* dg,
-        const floating* w_ih, floating* x_grad) noexcept nogil:
-    """Part 0 or 1 of x_grad [rows, I] = dG_x @ w_ih (gru_ra_backward_products):
+cdef inline void gru_ra_x_grad_jobs(
+        Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, const floating* dg,
+        const floating* w_ih, floating* x_grad, gemm_spec* jobs) noexcept nogil:
+    """jobs[0:2]: x_grad [rows, I] = dG_x @ w_ih (gru_ra_backward_products) as
     dG[:, r|z] @ w_ih[:2H], then += dG[:, nx] @ w_ih[2H:] (dG [rows, 4H]; NULL
-    with rows = 0 to pack the B). Its B, a block of w_ih, is the same in every
-    chunk (pack_b)."""
-    if part == 0:
-        return gspec(rows, I, 2 * H, dg, 4 * H, 1, w_ih, I, 1, False, x_grad, I)
-    return gspec(rows, I, H, dg + 3 * H if dg != NULL else NULL, 4 * H, 1, w_ih + 2 * H * I,
-                 I, 1, True, x_grad, I)
+    with rows = 0 to pack the B). Their B, w_ih's blocks, are the same in
+    every chunk (pack_bs)."""
+    jobs[0] = gspec(rows, I, 2 * H, dg, 4 * H, 1, w_ih, I, 1, False, x_grad, I)
+    jobs[1] = gspec(rows, I, H, dg + 3 * H if dg != NULL else NULL, 4 * H, 1,
+                    w_ih + 2 * H * I, I, 1, True, x_grad, I)
+
+
+cdef inline Py_ssize_t gru_ra_x_grad_packed_size(Py_ssize_t I, Py_ssize_t H) noexcept nogil:
+    """Floats of gru_ra_x_grad_jobs' B packed by pack_bs."""
+    cdef gemm_spec jobs[2]
+    gru_ra_x_grad_jobs[float](0, I, H, NULL, NULL, NULL, jobs)
+    return packed_bs_size(2, jobs)
 
 
 cdef void gru_ra_backward_products(
@@ -637,7 +643,7 @@ cdef void gru_ra_backward_products(
         const floating* x, const floating* h_prev, const floating* h,
         const floating* w_ih, const floating* dg, bint accumulate,
         floating* x_grad, floating* w_ih_grad, floating* w_hh_grad,
-        const floating* x_packed,  # x_grad's two B packed (pack_b, part 0's then 1's), or NULL
+        const floating* x_packed,  # x_grad's B packed (pack_bs of gru_ra_x_grad_jobs), or NULL
         floating* gws, int threads) noexcept nogil:
     """The products over the steps [t0, t1) of one chunk (x_grad and the
     weight gradients), all in this one place (dG's rows [dr, dz, dhn, dnx],
@@ -659,9 +665,8 @@ cdef void gru_ra_backward_products(
     cdef const floating* xs = x + m0 * B * I
     cdef gemm_spec jobs[6]
     cdef int njobs = 5
-    jobs[0] = packed_b(gru_ra_x_grad_job(0, rows, I, H, dg, w_ih, xg), x_packed)
-    jobs[1] = packed_b(gru_ra_x_grad_job(1, rows, I, H, dg, w_ih, xg),
-                       x_packed + packed_b_size(True, H2, I) if x_packed != NULL else NULL)
+    gru_ra_x_grad_jobs(rows, I, H, dg, w_ih, xg, jobs)
+    read_packed_bs(2, jobs, <const float*>x_packed)
     jobs[2] = gspec(H2, I, rows, dg, 1, G4, xs, I, 1, accumulate, w_ih_grad, I)
     jobs[3] = gspec(H, I, rows, dg + H3, 1, G4, xs, I, 1, accumulate, w_ih_grad + H2 * I, I)
     if t0 > 0:
@@ -718,22 +723,20 @@ cdef void block_gru_ra_backward_compute(
     cdef floating* dg = ws
     cdef floating* dgt
     cdef floating* packed = ws + max(1, S) * B * G4
-    cdef floating* x_packed = NULL   # float32: x_grad's B packed (pack_b)
+    cdef floating* x_packed = NULL   # float32: x_grad's B packed (pack_bs)
     cdef floating* gws = packed
     cdef bint use_packed = False
     cdef int granted
-    cdef gemm_spec x_grad_job
+    cdef gemm_spec x_grad_jobs[2]
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, G4 * sizeof(double))
     if floating is float:
         use_packed = B >= PACKED_MIN_ROWS   # (w_hh packed by the first chunk's region)
         x_packed = packed + brnn_packed_size(H3, H)
-        gws = x_packed + packed_b_size(True, 2 * H, I) + packed_b_size(True, H, I)
+        gru_ra_x_grad_jobs(0, I, H, <floating*>NULL, w_ih, <floating*>NULL, x_grad_jobs)
+        gws = x_packed + packed_bs_size(2, x_grad_jobs)
         if L > 0:   # x_grad's B, packed once for every chunk and thread
-            x_grad_job = gru_ra_x_grad_job(0, 0, I, H, <floating*>NULL, w_ih, <floating*>NULL)
-            pack_b(&x_grad_job, x_packed)
-            x_grad_job = gru_ra_x_grad_job(1, 0, I, H, <floating*>NULL, w_ih, <floating*>NULL)
-            pack_b(&x_grad_job, x_packed + packed_b_size(True, 2 * H, I))
+            pack_bs(2, x_grad_jobs, <float*>x_packed)
     if L == 0:   # no step: zero weight gradients
         gru_ra_backward_products(0, 0, 0, False, B, I, H, x, h_prev, h, w_ih, dg, False,
                                  x_grad, w_ih_grad, w_hh_grad, NULL, gws, 1)

@@ -922,7 +922,7 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
     dG [S*B, 4H] (row stride lstm_dg_stride), then one step's recurrent
     product dh^T [H, B]; float32 (packed) then W_h^T packed
     [brnn_packed_size(4H, H)] and x_grad's B, W_x^T, packed for the driver
-    [packed_b_size(4H, I)]; then the GEMM
+    [brnn_gemm_prepacked_size(4H, I)]; then the GEMM
     driver's blocks for the products of a chunk
     [lstm_backward_gemm_threads(S, ...) * lstm_backward_gemm_ws(S, ...)]. Its
     double accumulator `acc` has 3 * 4H + 1 elements."""
@@ -931,7 +931,7 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
                               * lstm_backward_gemm_ws(S, B, I, H, packed))
     if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start on 64 bytes, align64)
         return (S * B * lstm_dg_stride(H, 4) + B * H + brnn_packed_size(4 * H, H)
-                + packed_b_size(True, 4 * H, I) + PACKED_ALIGN_PAD + driver + 1)
+                + brnn_gemm_prepacked_size(4 * H, I) + PACKED_ALIGN_PAD + driver + 1)
     return S * B * lstm_dg_stride(H, 8) + B * H + driver + 1
 
 
@@ -939,7 +939,7 @@ cdef inline gemm_spec lstm_x_grad_job(
         Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, const void* dg, Py_ssize_t ldg,
         const void* w_x, WeightStrides s, void* x_grad) noexcept nogil:
     """The job x_grad [rows, I] = dG [rows, 4H] @ W_x^T (W_x [I, 4H] of strides
-    s.xk, s.xn): its B, W_x^T, is the same in every chunk (pack_b)."""
+    s.xk, s.xn): its B, W_x^T, is the same in every chunk (pack_bs)."""
     return gspec(rows, I, 4 * H, dg, ldg, 1, w_x, s.xn, s.xk, False, x_grad, I)
 
 
@@ -958,7 +958,7 @@ cdef void lstm_backward_gemms(
         floating* w_x_grad,       # IN/OUT dW_x [I, 4H] (strides gs.xk, gs.xn)
         floating* w_h_grad,       # IN/OUT dW_h [H, 4H] (strides gs.hk, gs.hn)
         WeightStrides gs,
-        const floating* w_x_packed,  # IN  x_grad's B packed (pack_b of lstm_x_grad_job), or NULL
+        const floating* w_x_packed,  # IN  x_grad's B packed (pack_bs of lstm_x_grad_job), or NULL
         floating* ws,             # workspace [threads * lstm_backward_gemm_ws(S, B, I, H, f32)]
         int threads) noexcept nogil:
     """The backward's products over the steps [t0, t1) of one chunk, through
@@ -977,8 +977,8 @@ cdef void lstm_backward_gemms(
     cdef Py_ssize_t G4 = 4 * H, n = (t1 - t0) * B, m0 = L - t1 if reverse else t0
     cdef gemm_spec jobs[4]
     cdef int njobs = 3
-    jobs[0] = packed_b(lstm_x_grad_job(n, I, H, dg, ldg, w_x, s, x_grad + m0 * B * I),
-                       w_x_packed)
+    jobs[0] = lstm_x_grad_job(n, I, H, dg, ldg, w_x, s, x_grad + m0 * B * I)
+    read_packed_bs(1, jobs, <const float*>w_x_packed)
     jobs[1] = gspec_c(I, G4, n, x + m0 * B * I, 1, I, dg, ldg, 1, accumulate, w_x_grad,
                       gs.xk, gs.xn)
     if t0 > 0:
@@ -1194,7 +1194,7 @@ cdef void block_lstm_backward_compute(
     cdef floating* dg = ws                            # [S*B, 4H], row stride ldg
     cdef floating* dh_t = ws + max(1, S) * B * ldg    # [H, B] (BLAS route)
     cdef floating* packed_t = dh_t + BH   # float32: W_h^T packed, W_x^T packed for the
-    cdef floating* w_x_packed = NULL      # driver (pack_b); then the driver's blocks
+    cdef floating* w_x_packed = NULL      # driver (pack_bs); then the driver's blocks
     cdef floating* gemm_ws = packed_t
     cdef gemm_spec x_grad_job
     cdef double* acc_b = acc                  # [4H]: b_grad's sums
@@ -1207,10 +1207,10 @@ cdef void block_lstm_backward_compute(
     if floating is float:   # W_h^T packed (by the first chunk's region), from 64 bytes on
         packed_t = <floating*>align64(<float*>packed_t)
         w_x_packed = packed_t + brnn_packed_size(G4, H)
-        gemm_ws = w_x_packed + packed_b_size(True, G4, I)
+        x_grad_job = lstm_x_grad_job(0, I, H, NULL, 0, w_x, s, NULL)
+        gemm_ws = w_x_packed + packed_bs_size(1, &x_grad_job)
         if L > 0:   # x_grad's B, packed once for every chunk and thread
-            x_grad_job = lstm_x_grad_job(0, I, H, NULL, 0, w_x, s, NULL)
-            pack_b(&x_grad_job, w_x_packed)
+            pack_bs(1, &x_grad_job, <float*>w_x_packed)
     if L == 0:   # no step: zero weight gradients
         lstm_backward_gemms(0, 0, 0, False, B, I, H, x, h_prev, h, w_x, s, dg, ldg, False,
                             x_grad, w_x_grad, w_h_grad, gs, NULL, gemm_ws, 1)

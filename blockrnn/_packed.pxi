@@ -888,7 +888,7 @@ cdef enum:
 cdef struct gemm_spec:
     # One driver job of either precision (gemm_job's fields; the pointers are
     # float* or double* as the run_gemm_specs call's ws). bp: float32's B
-    # packed beforehand (packed_b), or NULL; float64 packs its B itself.
+    # packed beforehand (read_packed_bs), or NULL; float64 packs its B itself.
     Py_ssize_t M, N, K, sam, sak, sbk, sbn, ldc
     const void* a
     const void* b
@@ -912,26 +912,36 @@ cdef inline gemm_spec gspec(
     return j
 
 
-cdef inline Py_ssize_t packed_b_size(bint f32, Py_ssize_t K, Py_ssize_t N) noexcept nogil:
-    """Elements of a job's B [K, N] packed by pack_b: float32's
-    brnn_gemm_prepacked_size; 0 for float64 (its driver packs B itself)."""
-    return brnn_gemm_prepacked_size(K, N) if f32 else 0
+cdef Py_ssize_t packed_bs_size(int njobs, const gemm_spec* jobs) noexcept nogil:
+    """Floats of the float32 jobs' B packed back to back by pack_bs."""
+    cdef Py_ssize_t n = 0
+    cdef int i
+    for i in range(njobs):
+        n += brnn_gemm_prepacked_size(jobs[i].K, jobs[i].N)
+    return n
 
 
-cdef inline gemm_spec packed_b(gemm_spec j, const void* bp) noexcept nogil:
-    """The job j reading its B from bp, the same B packed by pack_b (float32;
-    for float64 bp is NULL and j is unchanged): the same bits as j."""
-    j.bp = bp
-    return j
+cdef void pack_bs(int njobs, const gemm_spec* jobs, float* bp) noexcept nogil:
+    """bp [packed_bs_size] = the float32 jobs' B packed back to back for the
+    driver of include/brnn_gemm.h (brnn_gemm_prepack_b): once for every call
+    that shares them (the weight of the x gradient, in every chunk of a
+    backward and on every thread; their A and C are not read)."""
+    cdef int i
+    for i in range(njobs):
+        brnn_gemm_prepack_b(jobs[i].K, jobs[i].N, <const float*>jobs[i].b, jobs[i].sbk,
+                            jobs[i].sbn, bp)
+        bp += brnn_gemm_prepacked_size(jobs[i].K, jobs[i].N)
 
 
-cdef void pack_b(const gemm_spec* j, floating* bp) noexcept nogil:
-    """bp [packed_b_size(K, N)] = the job's B packed for the driver of
-    include/brnn_gemm.h (brnn_gemm_prepack_b), once for all the calls that
-    share it (the weight of the x gradient, in every chunk of a backward and
-    on every thread); nothing for float64."""
-    if floating is float:
-        brnn_gemm_prepack_b(j.K, j.N, <const float*>j.b, j.sbk, j.sbn, bp)
+cdef void read_packed_bs(int njobs, gemm_spec* jobs, const float* bp) noexcept nogil:
+    """The jobs read their B from bp, packed there by pack_bs (the same bits);
+    bp NULL (float64) leaves them packing it themselves."""
+    cdef int i
+    if bp == NULL:
+        return
+    for i in range(njobs):
+        jobs[i].bp = bp
+        bp += brnn_gemm_prepacked_size(jobs[i].K, jobs[i].N)
 
 
 cdef inline gemm_spec gspec_c(
