@@ -44,9 +44,9 @@ Method:
    until the heap has settled (a call after the first takes no new page fault, or three
    in a row take the same number: ``worker.warm_up``; at most WARMUP_MAX_S in all), then timed up to ``--reps`` times (default
    5) but no longer than REP_BUDGET_S (at least once); the round's value is the best of
-   those. The table shows per implementation the MEDIAN over the rounds and the best, and
-   their spread (median / best - 1). Cell rows: a sample is the mean of enough calls to
-   last ~20 ms. The worker also reports its process's CPU time per call (CPU/wall: how many
+   those. A sample is the mean of enough back-to-back calls to last ~20 ms (one call when
+   a call takes longer). The table shows per implementation the MEDIAN over the rounds
+   and the best, and their spread (median / best - 1). The worker also reports its process's CPU time per call (CPU/wall: how many
    cores were busy on average) and its number of threads after the calls
    (/proc/self/status Threads).
 3. Twice: on all cores (every runtime at its defaults, or ``--num-threads``), then on one
@@ -95,9 +95,9 @@ from blockrnn.bench.peers import (CELL_SHAPE, CELL_WORKLOADS, DEFAULT_SHAPES, IM
                                   MODEL_SHAPES, MODEL_WORKLOADS, SEQUENCE_WORKLOADS,
                                   STACKED_SHAPES, STACKED_WORKLOADS, WORKLOAD_TITLES, WORKLOADS)
 
-CELL_TARGET_S = 0.02         # one cell-latency sample lasts about this long
-QUICK_CELL_TARGET_S = 0.005
-REP_BUDGET_S = 0.2           # a round's timed calls of one workload stop after this long
+SAMPLE_TARGET_S = 0.02       # one timed sample (a loop of calls) lasts about this long
+QUICK_SAMPLE_TARGET_S = 0.005
+REP_BUDGET_S = 0.2           # a round's timed samples of one workload stop after this long
 QUICK_REP_BUDGET_S = 0.05
 # Pause in a worker before each workload: the previous workload's spinning threads (of
 # the same library) go idle. Between implementations there is none to wait for: each
@@ -159,9 +159,10 @@ def parse_args(argv):
                         help=f"rounds of the shapes with >= {BIG_FLOPS:.0e} LSTM forward flops "
                              f"(100,64,512,512) (default {BIG_ROUNDS}, at most --rounds)")
     parser.add_argument("--reps", type=int, default=None,
-                        help="at most this many timed calls per workload in a round, the "
+                        help="at most this many timed samples per workload in a round, the "
                              f"round keeping the best (default 5, --quick 2; they stop after "
-                             f"{REP_BUDGET_S:g} s, at least one)")
+                             f"{REP_BUDGET_S:g} s, at least one; a sample: the mean of the "
+                             f"calls of ~{SAMPLE_TARGET_S * 1e3:g} ms, or one longer call)")
     parser.add_argument("--cores", choices=("all", "one", "both"), default="both",
                         help="run on all cores, on one core (pinned, every runtime 1 thread),"
                              " or both (default)")
@@ -288,7 +289,7 @@ class Run:
         self.reps = opts.reps or (2 if opts.quick else 5)
         self.budget = QUICK_REP_BUDGET_S if opts.quick else REP_BUDGET_S
         self.warmup_max = max(opts.warmup, QUICK_WARMUP_MAX_S if opts.quick else WARMUP_MAX_S)
-        self.cell_target = QUICK_CELL_TARGET_S if opts.quick else CELL_TARGET_S
+        self.sample_target = QUICK_SAMPLE_TARGET_S if opts.quick else SAMPLE_TARGET_S
         self.sgemm_reps = 1 if opts.quick else 3
         self.tasks = {}          # impl -> [(workload, shape)] that passed parity
         self.calls = {}          # (workload, shape, impl) -> Impl label, note
@@ -345,7 +346,7 @@ class Run:
     def spec(self, impl, mode, tasks, memory):
         return {"impl": impl, "tasks": [{"workload": w, "shape": list(s)} for w, s in tasks],
                 "seed": self.opts.seed, "reps": self.reps, "budget_s": self.budget,
-                "cell_target_s": self.cell_target, "one_core": mode == "one",
+                "sample_target_s": self.sample_target, "one_core": mode == "one",
                 "num_threads": self.opts.num_threads if mode == "all" else None,
                 "memory": memory, "settle_s": self.opts.settle,
                 "warmup_s": self.opts.warmup, "warmup_max_s": self.warmup_max,

@@ -13,9 +13,10 @@ The spec (a JSON object)::
     impl       "blockrnn", "tf", "torch", "ort", "jax", or "sgemm"
     tasks      [{"workload": ..., "shape": [T, B, I, H] or [B, I, H] (cells) or [n] (sgemm)}]
     seed       inputs' seed (the parent checked parity on the same inputs)
-    reps       at most this many timed calls per task ...
+    reps       at most this many timed samples per task ...
     budget_s   ... and no more once they last this long (at least one)
-    cell_target_s   a cell sample is the mean of enough calls to last this long
+    sample_target_s   a sample is the mean of enough calls to last this long (one call
+               when a call is longer)
     one_core   pin every thread of this process to CPU ``cpu`` and set every runtime to 1
                thread (the parent sets OMP_NUM_THREADS, XLA_FLAGS, ... in our environment)
     num_threads     all cores: None for each runtime's defaults, else that many threads
@@ -185,9 +186,12 @@ def run_spec(spec):
                 fn = impls[0].run
             result["warmup_calls"] = warm_up(fn, spec.get("warmup_s", 0.0),
                                              spec.get("warmup_max_s"))
-            calls = 1
-            if workload in peers.CELL_WORKLOADS:
-                calls = measure.calibrate(fn, spec.get("cell_target_s", 0.02))
+            # A sample of ~20 ms, not one call: a sub-millisecond call timed alone
+            # varies with its timer and its wake-ups (batch-1 rows: 21-48% median over
+            # best across rounds, against 2-9% with loops), and the process CPU time
+            # of a partner thread still running on another CPU is not counted yet
+            # (CPU/wall read 1.01 for 2-thread calls).
+            calls = measure.calibrate(fn, spec.get("sample_target_s", 0.02))
             result["times_s"], result["cpu_s"] = time_task(
                 fn, spec.get("reps", 5), spec.get("budget_s", 0.25), calls)
             result["calls_per_sample"] = calls
