@@ -46,9 +46,9 @@ Method:
    5) but no longer than REP_BUDGET_S (at least once); the round's value is the best of
    those. A sample is the mean of enough back-to-back calls to last ~20 ms (one call when
    a call takes longer). The table shows per implementation the MEDIAN over the rounds
-   and the best, and their spread (median / best - 1). The worker also reports its process's CPU time per call (CPU/wall: how many
-   cores were busy on average) and its number of threads after the calls
-   (/proc/self/status Threads).
+   and the best, and their spread (median / best - 1). The worker also reports its
+   process's CPU time per call (CPU/wall: how many cores were busy on average) and its
+   number of threads after the calls (/proc/self/status Threads).
 3. Twice: on all cores (every runtime at its defaults, or ``--num-threads``), then on one
    core (the worker pinned to one CPU with ``os.sched_setaffinity``, OMP_NUM_THREADS,
    OPENBLAS_NUM_THREADS, MKL_NUM_THREADS = 1 and XLA_FLAGS single-threaded in its
