@@ -489,9 +489,9 @@ def run(opts):
           f" per workload and round: warm-up calls for {opts.warmup:g} s (at least one) "
           f"and until the heap has settled (a call after the first takes no new page fault "
           f"or three the same number; at most {bench.warmup_max:g} s), "
-          f"then up to {bench.reps} timed calls "
-          f"(at most {bench.budget:g} s), the best kept; MEDIAN over rounds reported (best "
-          "and spread also shown)\n")
+          f"then up to {bench.reps} timed samples (each the mean of the calls of "
+          f"~{bench.sample_target * 1e3:g} ms, or one longer call; at most {bench.budget:g} s), "
+          "the best kept; MEDIAN over rounds reported (best and spread also shown)\n")
     with tempfile.TemporaryDirectory(prefix="blockrnn-bench-jax-") as cache_dir:
         bench.cache_dir = cache_dir
         for k, mode in enumerate(modes_of(opts)):
