@@ -922,7 +922,7 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
     dG [S*B, 4H] (row stride lstm_dg_stride), then one step's recurrent
     product dh^T [H, B]; float32 (packed) then W_h^T packed
     [brnn_packed_size(4H, H)] and x_grad's B, W_x^T, packed for the driver
-    [brnn_gemm_prepacked_size(4H, I)]; then the GEMM
+    [lstm_x_grad_packed_size(I, H)]; then the GEMM
     driver's blocks for the products of a chunk
     [lstm_backward_gemm_threads(S, ...) * lstm_backward_gemm_ws(S, ...)]. Its
     double accumulator `acc` has 3 * 4H + 1 elements."""
@@ -931,7 +931,7 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
                               * lstm_backward_gemm_ws(S, B, I, H, packed))
     if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start on 64 bytes, align64)
         return (S * B * lstm_dg_stride(H, 4) + B * H + brnn_packed_size(4 * H, H)
-                + brnn_gemm_prepacked_size(4 * H, I) + PACKED_ALIGN_PAD + driver + 1)
+                + lstm_x_grad_packed_size(I, H) + PACKED_ALIGN_PAD + driver + 1)
     return S * B * lstm_dg_stride(H, 8) + B * H + driver + 1
 
 
@@ -941,6 +941,14 @@ cdef inline gemm_spec lstm_x_grad_job(
     """The job x_grad [rows, I] = dG [rows, 4H] @ W_x^T (W_x [I, 4H] of strides
     s.xk, s.xn): its B, W_x^T, is the same in every chunk (pack_bs)."""
     return gspec(rows, I, 4 * H, dg, ldg, 1, w_x, s.xn, s.xk, False, x_grad, I)
+
+
+cdef inline Py_ssize_t lstm_x_grad_packed_size(Py_ssize_t I, Py_ssize_t H) noexcept nogil:
+    """Floats of lstm_x_grad_job's B packed by pack_bs."""
+    cdef WeightStrides s0
+    s0.xk = s0.xn = s0.hk = s0.hn = 0
+    cdef gemm_spec job = lstm_x_grad_job(0, I, H, NULL, 0, NULL, s0, NULL)
+    return packed_bs_size(1, &job)
 
 
 cdef void lstm_backward_gemms(
@@ -1207,9 +1215,9 @@ cdef void block_lstm_backward_compute(
     if floating is float:   # W_h^T packed (by the first chunk's region), from 64 bytes on
         packed_t = <floating*>align64(<float*>packed_t)
         w_x_packed = packed_t + brnn_packed_size(G4, H)
-        x_grad_job = lstm_x_grad_job(0, I, H, NULL, 0, w_x, s, NULL)
-        gemm_ws = w_x_packed + packed_bs_size(1, &x_grad_job)
+        gemm_ws = w_x_packed + lstm_x_grad_packed_size(I, H)
         if L > 0:   # x_grad's B, packed once for every chunk and thread
+            x_grad_job = lstm_x_grad_job(0, I, H, NULL, 0, w_x, s, NULL)
             pack_bs(1, &x_grad_job, <float*>w_x_packed)
     if L == 0:   # no step: zero weight gradients
         lstm_backward_gemms(0, 0, 0, False, B, I, H, x, h_prev, h, w_x, s, dg, ldg, False,
