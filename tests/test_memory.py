@@ -135,11 +135,21 @@ def _populate_supported():
 def test_outputs_of_4_mb_or_more_are_faulted_in_before_the_kernel(count, shape):
     """Outputs of SHARED_BLOCK_BYTES or more each are faulted in when they are made
     (include/brnn_alloc.h), before the kernel's threads write them: writing them
-    afterwards takes no page fault."""
-    bufs = _kernels.output_buffers(count, shape, np.float32)
-    assert len(bufs) == count and all(a.shape == shape for a in bufs)
-    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    for a in bufs:
-        a.fill(1.0)
-    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
-    assert faults == 0, faults
+    afterwards takes no page fault.
+
+    A fault the kernel or Python takes for another reason (a NUMA-balancing hint,
+    a new allocator arena) can land inside the window, so up to five fresh sets of
+    buffers are tried and one must fill with no fault: outputs that were not
+    faulted in take at least one fault per 2 MB frame on every try."""
+    tries = []
+    for _ in range(5):
+        bufs = _kernels.output_buffers(count, shape, np.float32)
+        assert len(bufs) == count and all(a.shape == shape for a in bufs)
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        for a in bufs:
+            a.fill(1.0)
+        tries.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+        del bufs
+        if tries[-1] == 0:
+            break
+    assert min(tries) == 0, f"page faults while filling, per try: {tries}"
