@@ -5,12 +5,13 @@
 #
 # Structure as the LSTM family (_lstm.pxi): every recurrent product depends on
 # h[t-1] only, so one product h[t-1] @ w_hh^T of 3H columns per step.
-# float32 from PACKED_MIN_ROWS rows on: ONE OpenMP region per call, each
+# float32 forward: ONE OpenMP region per call, each
 # thread owning whole 16-cell panels (unit_start), the input projection of all
 # steps hoisted before the time loop (each thread its own cells: no barrier),
 # one barrier per step, weights packed once per call straight
-# from nn.GRU's layout (W(k, n) = w[n, k]). float32 batch 1: the input
-# projection hoisted, the steps by the one-row kernel (gru_ra_forward_row1).
+# from nn.GRU's layout (W(k, n) = w[n, k]); at batch 1 w_hh in the wide
+# one-row layout (include/brnn_inference.h), as the LSTM's. The float32
+# backward from PACKED_MIN_ROWS rows on likewise.
 # float64: BLAS (gemm with trans flags: w_ih is the [I, 3H] weight
 # transposed) and gate loops over rows.
 
@@ -165,7 +166,7 @@ cdef inline Py_ssize_t gru_ra_forward_workspace(Py_ssize_t B, Py_ssize_t I, Py_s
     """Elements of block_gru_ra_forward_compute's workspace: one step's
     recurrent product g [B, 3H]; float32 then w_hh's three gate blocks packed
     [3, brnn_packed_size(H, H)] and w_ih's [3, brnn_packed_size(I, H)]."""
-    if packed:   # (+ PACKED_ALIGN_PAD: batch 1 aligns its packed weights, align64)
+    if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start at align64)
         return (B * 3 * H + 3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1
                 + PACKED_ALIGN_PAD)
     return B * 3 * H + 1
@@ -173,14 +174,15 @@ cdef inline Py_ssize_t gru_ra_forward_workspace(Py_ssize_t B, Py_ssize_t I, Py_s
 
 cdef void gru_ra_forward_packed_step(
         Py_ssize_t t, Py_ssize_t at, Py_ssize_t B, Py_ssize_t H,
-        const float* packed, const float* h_in, const float* b_ih,
+        const float* packed, bint wide, const float* h_in, const float* b_ih,
         const float* b_hh, const int64_t* lengths, float* g,
         float* r, float* z, float* n, float* hn, float* h,
         Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
         brnn_barrier* rows_bar, int nt) noexcept nogil:
     """Step t of the float32 forward, writing time index `at` (step_at) of the
     outputs: the three gate columns of the cells
-    [u0, u1) of h_in @ w_hh^T into g by the packed kernel, then the gates
+    [u0, u1) of h_in @ w_hh^T into g by the packed kernel (recurrent_product:
+    w_hh's blocks in the wide layout at batch 1, else panels), then the gates
     (r[t], z[t], n[t] hold x[t] @ w_ih^T already, see gru_ra_forward_packed),
     both for the rows [r0, r1) without rows_bar (every row in a split by
     cells, the thread's rows over every cell in a split by rows); with
@@ -190,8 +192,8 @@ cdef void gru_ra_forward_packed_step(
     cdef Py_ssize_t p0 = 0 if rows_bar != NULL else r0, p1 = B if rows_bar != NULL else r1
     if u1 > u0:
         for q in range(3):
-            packed_product(p1 - p0, H, h_in + p0 * H, H, packed + q * ps, u0, u1, False,
-                           g + p0 * 3 * H + q * H, 3 * H)
+            recurrent_product(p1 - p0, H, h_in + p0 * H, packed + q * ps, wide, H, u0, u1,
+                              False, g + p0 * 3 * H + q * H, 3 * H)
     gate_math_block(rows_bar, nt, NULL, H, &u0, &u1, &r0, &r1)
     if u1 <= u0 or r1 <= r0:
         return
@@ -202,13 +204,13 @@ cdef void gru_ra_forward_packed_step(
 
 
 cdef void gru_ra_pack_cols(Py_ssize_t I, Py_ssize_t H, const float* w_ih, const float* w_hh,
-                           Py_ssize_t u0, Py_ssize_t u1, float* packed) noexcept nogil:
+                           bint wide, Py_ssize_t u0, Py_ssize_t u1, float* packed) noexcept nogil:
     """The columns of cells [u0, u1) of w_hh's then w_ih's three gate blocks
-    packed (block q: W(k, j) = w[q*H + j, k]), as gru_ra_forward_packed reads
-    them."""
+    packed (block q: W(k, j) = w[q*H + j, k]; w_hh's in the wide layout if
+    `wide`), as gru_ra_forward_packed reads them."""
     cdef Py_ssize_t q, ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     for q in range(3):
-        pack_cols(H, H, w_hh + q * H * H, 1, H, False, u0, u1, packed + q * ps)
+        pack_cols(H, H, w_hh + q * H * H, 1, H, wide, u0, u1, packed + q * ps)
         pack_cols(I, H, w_ih + q * H * I, 1, I, False, u0, u1, packed + 3 * ps + q * psx)
 
 
@@ -216,6 +218,7 @@ cdef int gru_ra_forward_packed(
         Py_ssize_t L, Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
         const float* w_ih, const float* w_hh,  # IN [3H, I], [3H, H]
         float* packed,            # OUT w_hh's then w_ih's three gate blocks packed
+        bint wide,                # w_hh's blocks in the wide layout (batch 1)
         const float* x, const float* h_prev, const float* b_ih, const float* b_hh,
         const int64_t* lengths,
         bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
@@ -256,10 +259,10 @@ cdef int gru_ra_forward_packed(
         memset(&sp, 0, sizeof(sp))
     dst[0], dst[1], dst[2] = r, z, n
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        gru_ra_pack_cols(I, H, w_ih, w_hh, 0, H, packed)
+        gru_ra_pack_cols(I, H, w_ih, w_hh, wide, 0, H, packed)
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, 0, H)
         for t in range(L):
-            gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed,
+            gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed, wide,
                                        state_in(h_prev, h, t, L, reverse, BH), b_ih, b_hh,
                                        lengths, g, r, z, n, hn, h, 0, H, 0, B, NULL, 1)
         return 1
@@ -270,13 +273,13 @@ cdef int gru_ra_forward_packed(
         u1 = unit_start(H, tid + 1, nt)
         r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
         r1 = (tid + 1) * B // nt if by_rows else B
-        gru_ra_pack_cols(I, H, w_ih, w_hh, u0, u1, packed)
+        gru_ra_pack_cols(I, H, w_ih, w_hh, wide, u0, u1, packed)
         packed_inputs_part(L * B, I, H, 3, x, packed_x, psx, dst, u0, u1)
         if split:   # every step of the rows [r0, r1), once every column is projected
             brnn_barrier_wait(&bar, nt)
             t = 0
             while t < L:
-                gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed,
+                gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed, wide,
                                            state_in(h_prev, h, t, L, reverse, BH), b_ih, b_hh,
                                            lengths, g, r, z, n, hn, h, 0, H, r0, r1, NULL, nt)
                 t = t + 1
@@ -285,7 +288,7 @@ cdef int gru_ra_forward_packed(
             rows_done(&sp, tid, t)
         else:
             for t in range(L):
-                gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed,
+                gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed, wide,
                                            state_in(h_prev, h, t, L, reverse, BH), b_ih, b_hh,
                                            lengths, g, r, z, n, hn, h, u0, u1, r0, r1,
                                            &rows_bar if nt > 1 and by_rows else NULL, nt)
@@ -296,64 +299,11 @@ cdef int gru_ra_forward_packed(
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k], L):
-                gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed,
+                gru_ra_forward_packed_step(t, step_at(t, L, reverse), B, H, packed, wide,
                                            state_in(h_prev, h, t, L, reverse, BH), b_ih, b_hh,
                                            lengths, g, r, z, n, hn, h, 0, H, k * B // sp.nt,
                                            (k + 1) * B // sp.nt, NULL, 1)
         return n_threads - sp.given
-    return region_threads(&bar, n_threads)
-
-
-cdef int gru_ra_forward_row1(
-        Py_ssize_t L, Py_ssize_t H,
-        const float* packed,      # IN  w_hh's three gate blocks packed
-        const float* h_prev, const float* b_ih, const float* b_hh, const int64_t* lengths,
-        bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
-        float* g,                 # workspace [3H]
-        float* r, float* z, float* n, float* hn, float* h,  # OUT [T, 1, H]
-        int n_threads) noexcept nogil:
-    """The time loop of the float32 forward at batch 1, its input projection
-    hoisted (r, z, n [:L] hold x @ w_ih^T's blocks): per step g = h[t-1] @
-    w_hh^T by the one-row kernel (step_product), the inference forward's
-    (gru_ra_infer_step: the same sums and gate calls, so the same bits), then
-    the gates; n_threads threads own whole panels, one barrier per step,
-    which can shed (step_barrier, sequence_patient): thread 0 then runs every
-    cell of the steps left. The bits do not depend on n_threads. Returns the
-    threads the caller gives back to the budget (region_threads)."""
-    cdef Py_ssize_t t, q, at, u0 = 0, u1 = 0, ps = brnn_packed_size(H, H)
-    cdef const float* h_in
-    cdef int tid, nt, cores = brnn_omp_get_num_procs()
-    cdef bint patient = sequence_patient(1, H, 3 * H, n_threads)
-    cdef brnn_barrier bar
-    memset(&bar, 0, sizeof(bar))
-    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        for t in range(L):
-            h_in = state_in(h_prev, h, t, L, reverse, H)
-            at = step_at(t, L, reverse) * H
-            for q in range(3):
-                recurrent_product(1, H, h_in, packed + q * ps, row1_wide, H, 0, H, False,
-                                  g + q * H, 3 * H)
-            gru_ra_forward_block[float](1, H, g, b_ih, b_hh, h_in, lengths, t, r + at,
-                                        z + at, n + at, hn + at, h + at)
-        return 1
-    with parallel(num_threads=n_threads):
-        tid = brnn_omp_get_thread_num()
-        nt = brnn_omp_get_num_threads()
-        u0 = unit_start(H, tid, nt)
-        u1 = unit_start(H, tid + 1, nt)
-        for t in range(L):
-            if u1 > u0:
-                h_in = state_in(h_prev, h, t, L, reverse, H)
-                at = step_at(t, L, reverse) * H
-                for q in range(3):
-                    recurrent_product(1, H, h_in, packed + q * ps, row1_wide, H, u0, u1, False,
-                                      g + q * H, 3 * H)
-                gru_ra_forward_block[float](1, H, g, b_ih, b_hh, h_in, lengths, t, r + at,
-                                            z + at, n + at, hn + at, h + at, u0, u1 - u0)
-            if nt > 1 and step_barrier(&bar, nt, cores, patient):
-                if tid != 0:   # shed: thread 0 runs every cell of the steps left
-                    break
-                nt, u0, u1 = 1, 0, H
     return region_threads(&bar, n_threads)
 
 
@@ -373,47 +323,36 @@ cdef void block_gru_ra_forward_compute(
     t >= lengths[b]). With `reverse` (L == T, no lengths) step t reads x[T-1-t]
     and writes the outputs at T-1-t, its state from T-t (as the LSTM's).
 
-    float32 from PACKED_MIN_ROWS rows on: every product in the packed kernel,
-    in one parallel region on up to max_threads threads from the thread budget
-    (gru_ra_forward_packed), the input projection of all steps first.
+    float32: every product in the packed kernel, in one parallel region on up
+    to max_threads threads from the thread budget (gru_ra_forward_packed; the
+    LSTM's thread rule, sequence_threads), the input projection of all steps
+    first. At batch 1 a step's product is a GEMV, w_hh's blocks read in the
+    wide layout (the inference forward's sums, so its bits), as the LSTM's.
+    Batch 1 ran a loop of its own until stop 55 (the weights packed and the
+    input projection done before its region, on one thread from H = 148):
+    in one region, T=50, I=H, 2-core Zen 4 VM, 300-call medians, 2 threads
+    against that loop's best: H=128 118-140 us vs 183-185 (1 thread), H=256
+    368-418 vs 546-571 (2 threads); one thread the same either way.
     Measured as in block_lstm_forward_compute (hoisted vs x[t] @ w_ih^T in each
     step, median ms, 2 threads / 1 thread): 100,32,256,256 20.1 vs 21.7 /
     16.1 vs 17.3; 200,16,128,256 20.2 vs 20.5 / 13.4 vs 14.1; 100,64,512,512
-    149.3 vs 157.1 / 141.0 vs 152.6. Otherwise the input projection of all L
-    steps is hoisted too (one product per gate, into r, z, n: the packed
-    kernel for float32 batch 1, packed_inputs; gemm for float64). float32
-    batch 1 then computes each step's g = h[t-1] @ w_hh^T by the one-row kernel
-    (gru_ra_forward_row1, the inference forward's bits); float64 by gemm, then
-    the gates on n_threads."""
+    149.3 vs 157.1 / 141.0 vs 152.6. float64: the input projection of all L
+    steps hoisted too (gemm, one per gate, into r, z, n), then each step's
+    g = h[t-1] @ w_hh^T by gemm and the gates on n_threads."""
     cdef Py_ssize_t t, q, at, BH = B * H, H3 = 3 * H
-    cdef Py_ssize_t ps = brnn_packed_size(H, H), psx = brnn_packed_size(I, H)
     cdef floating* g = ws
-    cdef floating* packed = ws + B * H3
     cdef const floating* h_in
     cdef floating* dst[3]
-    cdef float* fdst[3]
     cdef int granted
     dst[0], dst[1], dst[2] = r, z, n
-    if floating is float and B >= PACKED_MIN_ROWS:
-        granted = brnn_budget_take(loop_threads(gru_sequence_threads(B, H, max_threads),
-                                                L * B * (I + H) * H3, LOOP_MIN_WORK_FORWARD),
-                                   max_threads)
-        brnn_budget_give(gru_ra_forward_packed(L, B, I, H, w_ih, w_hh, packed, x, h_prev,
-                                               b_ih, b_hh, lengths, reverse, g, r, z, n, hn,
-                                               h, granted))
-    elif floating is float:   # batch 1 (or 0): packed as above, aligned; inputs hoisted
-        packed = align64(packed)
-        for q in range(3):
-            pack_recurrent(H, H, w_hh + q * H * H, 1, H, row1_wide, packed + q * ps)
-            brnn_pack_f32(I, H, w_ih + q * H * I, 1, I, packed + 3 * ps + q * psx)
-            fdst[q] = dst[q]
-        packed_inputs(L * B, I, H, 3, x, packed + 3 * ps, fdst, max_threads)
-        if B == 1:
-            granted = brnn_budget_take(loop_threads(gru_sequence_threads(1, H, max_threads),
-                                                    L * H3 * H, LOOP_MIN_WORK_FORWARD),
+    if floating is float:
+        if B > 0:
+            granted = brnn_budget_take(loop_threads(sequence_threads(B, H, H3, H, max_threads),
+                                                    L * B * (I + H) * H3, LOOP_MIN_WORK_FORWARD),
                                        max_threads)
-            brnn_budget_give(gru_ra_forward_row1(L, H, packed, h_prev, b_ih, b_hh, lengths,
-                                                 reverse, g, r, z, n, hn, h, granted))
+            brnn_budget_give(gru_ra_forward_packed(
+                L, B, I, H, w_ih, w_hh, align64(ws + B * H3), B == 1 and row1_wide, x, h_prev,
+                b_ih, b_hh, lengths, reverse, g, r, z, n, hn, h, granted))
     else:
         for q in range(3):   # x[:L] @ w_ih[q-block]^T
             gemm(False, True, L * B, H, I, 1, x, I, w_ih + q * H * I, I, 0, dst[q], H)

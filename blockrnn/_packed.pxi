@@ -462,9 +462,10 @@ cdef enum:
     # tile is one FMA chain per panel (a GEMV per step beat it: 0.60 vs 0.82 ms
     # for the LSTM forward at 50,1,128,128, GRU 0.32 vs 0.41, LSTM backward
     # 0.54 vs 0.70; at two rows the packed kernel won, LSTM forward 1.0 vs
-    # 11 ms, GRU 0.7 vs 10.8, on a loaded machine). The float32 GRU forwards
-    # run batch 1 on the one-row kernel instead (step_product), their
-    # backwards on BLAS; the LSTM's run every batch size on the packed loops
+    # 11 ms, GRU 0.7 vs 10.8, on a loaded machine). The TF GRU's float32
+    # forward runs batch 1 on the one-row kernel in a loop of its own
+    # (gru_forward_row1), both GRUs' backwards on BLAS; the LSTM's loops and
+    # the reset-after GRU's forward run every batch size on the packed loops
     # (batch 1 on the wide one-row kernel, _lstm.pxi).
     PACKED_MIN_ROWS = 2
 
@@ -488,7 +489,8 @@ cdef inline Py_ssize_t unit_start(Py_ssize_t H, int tid, int nt) noexcept nogil:
 
 cdef inline int sequence_threads(Py_ssize_t B, Py_ssize_t K, Py_ssize_t N, Py_ssize_t H,
                                  int limit) noexcept nogil:
-    """Threads a float32 training loop of the LSTM asks of the budget by its
+    """Threads a float32 training loop of the LSTM (and the reset-after GRU's
+    forward) asks of the budget by its
     steps (loop_threads then keeps a short call on one), its
     steps' recurrent product [B, K] @ [K, N] over H cells (the input
     projection is hoisted out of the steps): one per INFER_WORK_PER_THREAD
@@ -548,7 +550,8 @@ def loop_threads_for(int threads, Py_ssize_t work, str loop):
 
 cdef inline int gru_sequence_threads(Py_ssize_t B, Py_ssize_t H, int limit) noexcept nogil:
     """Threads a float32 training loop of a GRU asks of the budget by its
-    steps (TF's and the reset-after GRU's, forward and backward; loop_threads
+    steps (TF's forward and backward, the reset-after GRU's backward; its
+    forward asks by the LSTM's rule, sequence_threads; loop_threads
     then keeps a short call on one): one per
     SEQUENCE_WORK_PER_THREAD multiply-adds of a step's recurrent products
     (B x H x 3H) at every batch size, batch 1 included (unlike the LSTM's,
@@ -556,8 +559,9 @@ cdef inline int gru_sequence_threads(Py_ssize_t B, Py_ssize_t H, int limit) noex
     least 1. Batch 1, T=50, I=H, quiet 2-core Zen 4 VM, forward p25 2 threads
     / 1, calls alternating in one process: TF GRU (two barriers a step)
     H=128 1.07-1.23 (kept on 1), H=160 1.04, H=192 0.99, H=224 0.88, H=256
-    0.76; reset-after GRU H=128 1.15-1.16 (kept on 1), H=160 0.95, H=192
-    0.94, H=256 0.73."""
+    0.76; the reset-after GRU's batch-1 loop of then (packing and input
+    projection outside its region) H=128 1.15-1.16, H=160 0.95, H=192 0.94,
+    H=256 0.73 (its one-region loop now: block_gru_ra_forward_compute)."""
     return step_threads(B * H * 3 * H, SEQUENCE_WORK_PER_THREAD, H, limit)
 
 

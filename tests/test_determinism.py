@@ -228,8 +228,10 @@ def _shedding_ops(p, cell):
         kw = dict(sequence_length=lengths, reverse=cell == "gru_reverse" and lengths is None)
         f = _block_gru_reset_after(*args, **kw)
         return f, _block_gru_reset_after_grad(*args, *f, p["dh"], **kw)
-    # batch 1's backward runs its steps on the calling thread (BLAS)
-    threads = loop(_kernels.gru_sequence_threads_for(B, H, 2), 3)
+    # the forward asks by the LSTM's rule (batch 1's as the inference forward's), the
+    # backward by the GRUs'; batch 1's backward runs its steps on the calling thread (BLAS)
+    threads = [loop(_kernels.sequence_threads_for(B, H, 3 * H, H, 2), 3)[0],
+               loop(_kernels.gru_sequence_threads_for(B, H, 2), 3)[1]]
     return run, threads[:1] if B == 1 else threads, (H, 3 * H)
 
 
@@ -309,10 +311,14 @@ def test_training_loops_are_patient_only_with_long_steps():
 
 def test_gru_and_projected_lstm_loops_take_a_second_thread_from_2_16_multiply_adds():
     """The GRUs' training loops ask one thread per 2^15 multiply-adds of a step's
-    recurrent products B x H x 3H at every batch size: batch 1 at H = 128 stays on
-    one thread, where two were slower (the LSTM's batch-1 loops take two). The
-    projected LSTM's likewise on B x P x 5H, split by panels of P."""
+    recurrent products B x H x 3H at every batch size (TF's GRU, and the reset-after
+    GRU's backward): TF's batch 1 at H = 128 stays on one thread, where two were
+    slower. The LSTM's batch-1 loops take two there, and so does the reset-after GRU's
+    forward (the LSTM's rule, on B x H x 3H). The projected LSTM's likewise on
+    B x P x 5H, split by panels of P."""
     assert _kernels.sequence_threads_for(1, 128, 4 * 128, 128, 2) == 2
+    assert _kernels.sequence_threads_for(1, 128, 3 * 128, 128, 2) == 2
+    assert _kernels.sequence_threads_for(1, 64, 3 * 64, 64, 2) == 1   # 12288: one a thread
     assert _kernels.gru_sequence_threads_for(1, 128, 2) == 1
     assert _kernels.gru_sequence_threads_for(1, 256, 2) == 2
     assert _kernels.gru_sequence_threads_for(8, 32, 2) == 1   # 24576

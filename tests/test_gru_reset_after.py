@@ -243,13 +243,18 @@ def _run32(shape, seed, lengths):
 
 
 def test_the_shapes_below_do_run_on_several_threads():
-    """The training loops' rule (gru_sequence_threads on a step's recurrent product)."""
-    assert _kernels.gru_sequence_threads_for(24, 200, 4) == 4      # forward, backward
+    """The training loops' rules on a step's recurrent product: the forward's
+    (sequence_threads, the LSTM's: at batch 1 the inference forward's) and the
+    backward's (gru_sequence_threads; batch 1's backward steps run on the caller)."""
+    assert _kernels.gru_sequence_threads_for(24, 200, 4) == 4      # backward
+    assert _kernels.sequence_threads_for(24, 200, 600, 200, 4) == 4   # forward
     assert _kernels.gru_sequence_threads_for(2, 600, 4) == 4
+    assert _kernels.sequence_threads_for(2, 600, 1800, 600, 4) == 4
     assert _kernels.gru_sequence_threads_for(3, 37, 4) == 1
-    assert _kernels.packed_input_threads_for(64, 320, 3 * 160, 160, 4) == 2  # batch 1
-    assert _kernels.gru_sequence_threads_for(1, 160, 4) == 2       # its steps
-    assert _kernels.gru_sequence_threads_for(1, 848, 4) == 4
+    assert _kernels.sequence_threads_for(3, 37, 111, 37, 4) == 1
+    assert _kernels.sequence_threads_for(1, 160, 480, 160, 4) == 4   # batch 1's forward
+    assert _kernels.sequence_threads_for(1, 848, 2544, 848, 4) == 4
+    assert _kernels.loop_threads_for(4, 64 * 1 * (320 + 160) * 480, "forward") == 4
 
 
 @pytest.mark.parametrize("shape", THREAD_SHAPES, ids=lambda s: "x".join(map(str, s)))

@@ -69,8 +69,8 @@ def test_reverse_equals_the_op_on_reversed_copies(shape, dtype, peephole):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gru_reverse_equals_the_op_on_reversed_copies(shape, dtype):
-    """The reset-after GRU (nn.GRU's): batch 1 runs its own one-row loop
-    (gru_ra_forward_row1) and the per-step gemm backward, from 2 rows the packed
+    """The reset-after GRU (nn.GRU's): batch 1 runs the packed forward loop on
+    the wide one-row layout and the per-step gemm backward, from 2 rows the packed
     loops; 65 x 32 x 4 x 256 floats of dG are again chunks of 32, 32 and 1 steps."""
     T, B, I, H = shape
     p = _problem(T, B, I, H, dtype)
