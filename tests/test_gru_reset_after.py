@@ -254,6 +254,10 @@ def test_the_shapes_below_do_run_on_several_threads():
     assert _kernels.sequence_threads_for(3, 37, 111, 37, 4) == 1
     assert _kernels.sequence_threads_for(1, 160, 480, 160, 4) == 4   # batch 1's forward
     assert _kernels.sequence_threads_for(1, 848, 2544, 848, 4) == 4
+    # the GRUs' backward rule at batch 1, and the TF GRU's batch-1 forward (unchanged)
+    assert _kernels.packed_input_threads_for(64, 320, 3 * 160, 160, 4) == 2
+    assert _kernels.gru_sequence_threads_for(1, 160, 4) == 2
+    assert _kernels.gru_sequence_threads_for(1, 848, 4) == 4
     assert _kernels.loop_threads_for(4, 64 * 1 * (320 + 160) * 480, "forward") == 4
 
 
