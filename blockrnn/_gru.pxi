@@ -363,10 +363,9 @@ cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
     """Elements of block_gru_forward_compute's workspace: one step's recurrent
     product ru [B, 2H], then r * h[t-1] [B, H]; float32 (packed): then w_ru's
     two gate blocks and w_c packed, each as its x rows [I, H] then its h rows
-    [H, H] (see gru_forward_packed; batch 1: the three x-row blocks, then the
-    three h-row blocks); float64, if recurrent_weights_transposed:
+    [H, H] (see gru_forward_packed); float64, if recurrent_weights_transposed:
     w_ru[I:]^T [2H, H], w_c[I:]^T [H, H] and a product transposed [2H, B]."""
-    if packed:   # (+ PACKED_ALIGN_PAD: batch 1 aligns its packed weights, align64)
+    if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start at align64)
         return (B * 3 * H + 3 * (brnn_packed_size(I, H) + brnn_packed_size(H, H)) + 1
                 + PACKED_ALIGN_PAD)
     if recurrent_weights_transposed(L, B, H):
@@ -375,17 +374,18 @@ cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
 
 
 cdef void gru_pack_cols(Py_ssize_t I, Py_ssize_t H, const float* w_ru, const float* w_c,
-                        Py_ssize_t u0, Py_ssize_t u1, float* packed) noexcept nogil:
+                        bint wide, Py_ssize_t u0, Py_ssize_t u1, float* packed) noexcept nogil:
     """The columns of cells [u0, u1) of w_ru's r and u blocks and of w_c
     packed, as gru_forward_packed reads them: block q (r, u, c) at packed +
-    q * ps, its x rows [I, H] then, at + psx, its h rows [H, H]."""
+    q * ps, its x rows [I, H] then, at + psx, its h rows [H, H] (in the wide
+    one-row layout if `wide`, include/brnn_inference.h)."""
     cdef Py_ssize_t q, psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     for q in range(2):
         pack_cols(I, H, w_ru + q * H, 2 * H, 1, False, u0, u1, packed + q * ps)
-        pack_cols(H, H, w_ru + I * 2 * H + q * H, 2 * H, 1, False, u0, u1,
+        pack_cols(H, H, w_ru + I * 2 * H + q * H, 2 * H, 1, wide, u0, u1,
                   packed + q * ps + psx)
     pack_cols(I, H, w_c, H, 1, False, u0, u1, packed + 2 * ps)
-    pack_cols(H, H, w_c + I * H, H, 1, False, u0, u1, packed + 2 * ps + psx)
+    pack_cols(H, H, w_c + I * H, H, 1, wide, u0, u1, packed + 2 * ps + psx)
 
 
 cdef int gru_forward_packed(
@@ -393,11 +393,13 @@ cdef int gru_forward_packed(
         const float* w_ru, const float* w_c,  # IN [I + H, 2H], [I + H, H]
         float* packed,            # OUT w_ru's r and u blocks and w_c, each [I + H, H] as
                                   #     its rows [:I] then [I:] packed (gru_pack_cols)
+        bint wide,                # the [I:] rows in the wide layout (batch 1)
         const float* x, const float* h_prev, const float* b_ru, const float* b_c,
         const int64_t* lengths,
         float* ru, float* rh,     # workspace [B, 2H], [B, H]
         float* r, float* u, float* c, float* h,  # OUT [T, B, H]
-        int n_threads) noexcept nogil:
+        int n_threads,
+        int step_threads) noexcept nogil:   # of them, those that run the steps
     """The time loop of the float32 GRU forward: ONE parallel region of
     n_threads for all L steps, each thread owning a fixed slice of cells
     [u0, u1) of the products. Before the loop a thread packs its cells'
@@ -417,28 +419,33 @@ cdef int gru_forward_packed(
     and row of the steps left. From SPLIT_ROWS rows a thread (split_rows)
     each thread runs every step of its block of rows instead (both halves
     on those rows, every cell), after a barrier that ends the hoist, as
-    lstm_forward_packed. Returns the threads the caller gives back to the
-    budget (region_threads)."""
+    lstm_forward_packed. With step_threads < n_threads (batch 1, where two
+    barriers a step cost more than a second thread saves below H = 148 but
+    the packing and the projection still gain from it) every thread packs
+    and projects its cells, then after a barrier only the first step_threads
+    run the steps, the cells split among them. Returns the threads the
+    caller gives back to the budget (region_threads)."""
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B, BH = B * H
     cdef int tid = 0, nt = 1, half, cores = brnn_omp_get_num_procs()
-    cdef bint by_rows = gates_by_rows(B, n_threads)
-    cdef bint split = split_rows(B, n_threads)
-    cdef bint patient = sequence_patient(B, H, 3 * H, n_threads)
+    cdef bint by_rows = gates_by_rows(B, step_threads)
+    cdef bint split = split_rows(B, step_threads)
+    cdef bint patient = sequence_patient(B, H, 3 * H, step_threads)
     cdef float* dst[3]
-    cdef brnn_barrier bar, rows_bar
+    cdef brnn_barrier bar, rows_bar, hoist_bar
     cdef RowSplit sp
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))
+    memset(&hoist_bar, 0, sizeof(hoist_bar))
     if split:
         memset(&sp, 0, sizeof(sp))
     dst[0], dst[1], dst[2] = r, u, c
     if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        gru_pack_cols(I, H, w_ru, w_c, 0, H, packed)
+        gru_pack_cols(I, H, w_ru, w_c, wide, 0, H, packed)
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, 0, H)
         for t in range(L):
-            gru_forward_rows_step(t, B, H, packed, ps, psx, h_prev, b_ru, b_c, lengths, ru, rh,
-                                  r, u, c, h, 0, B)
+            gru_forward_rows_step(t, B, H, packed, ps, psx, wide, h_prev, b_ru, b_c, lengths,
+                                  ru, rh, r, u, c, h, 0, B)
         return 1
     with parallel(num_threads=n_threads):
         tid = brnn_omp_get_thread_num()
@@ -447,22 +454,29 @@ cdef int gru_forward_packed(
         u1 = unit_start(H, tid + 1, nt)
         r0 = tid * B // nt if by_rows else 0   # the rows whose gates it computes
         r1 = (tid + 1) * B // nt if by_rows else B
-        gru_pack_cols(I, H, w_ru, w_c, u0, u1, packed)
+        gru_pack_cols(I, H, w_ru, w_c, wide, u0, u1, packed)
         packed_inputs_part(L * B, I, H, 3, x, packed, ps, dst, u0, u1)
         if split:   # every step of the rows [r0, r1), once every column is projected
             brnn_barrier_wait(&bar, nt)
             t = 0
             while t < L:
-                gru_forward_rows_step(t, B, H, packed, ps, psx, h_prev, b_ru, b_c, lengths, ru,
-                                      rh, r, u, c, h, r0, r1)
+                gru_forward_rows_step(t, B, H, packed, ps, psx, wide, h_prev, b_ru, b_c,
+                                      lengths, ru, rh, r, u, c, h, r0, r1)
                 t = t + 1
                 if t < L and rows_leave(&sp, tid, cores):
                     break
             rows_done(&sp, tid, t)
         else:
-            for t in range(L):
+            if step_threads < nt:   # the steps on fewer threads, once every cell is projected
+                brnn_barrier_wait(&hoist_bar, nt)
+                nt = step_threads
+                u0 = unit_start(H, tid, nt)
+                u1 = unit_start(H, tid + 1, nt)
+                r0 = tid * B // nt if by_rows else 0
+                r1 = (tid + 1) * B // nt if by_rows else B
+            for t in range(L if tid < nt else 0):
                 for half in range(2):
-                    gru_forward_packed_half(half, t, B, H, packed, ps, psx,
+                    gru_forward_packed_half(half, t, B, H, packed, ps, psx, wide,
                                             h_prev if t == 0 else h + (t - 1) * BH, b_ru, b_c,
                                             lengths, ru, rh, r, u, c, h, u0, u1, r0, r1,
                                             &rows_bar if nt > 1 and by_rows else NULL, nt,
@@ -476,22 +490,24 @@ cdef int gru_forward_packed(
     if split:   # the steps of the threads that left early, on the caller's thread
         for k in range(1, sp.nt):
             for t in range(sp.resume[k], L):
-                gru_forward_rows_step(t, B, H, packed, ps, psx, h_prev, b_ru, b_c, lengths, ru,
-                                      rh, r, u, c, h, k * B // sp.nt, (k + 1) * B // sp.nt)
+                gru_forward_rows_step(t, B, H, packed, ps, psx, wide, h_prev, b_ru, b_c,
+                                      lengths, ru, rh, r, u, c, h, k * B // sp.nt,
+                                      (k + 1) * B // sp.nt)
         return n_threads - sp.given
     return region_threads(&bar, n_threads)
 
 
 cdef void gru_forward_packed_half(
         int half, Py_ssize_t t, Py_ssize_t B, Py_ssize_t H,
-        const float* packed, Py_ssize_t ps, Py_ssize_t psx,
+        const float* packed, Py_ssize_t ps, Py_ssize_t psx, bint wide,
         const float* h_in, const float* b_ru, const float* b_c, const int64_t* lengths,
         float* ru, float* rh, float* r, float* u, float* c, float* h,
         Py_ssize_t u0, Py_ssize_t u1, Py_ssize_t r0, Py_ssize_t r1,
         brnn_barrier* rows_bar, int nt, brnn_barrier* step_bar) noexcept nogil:
     """Half 0 or 1 of step t of gru_forward_packed (r[t], u[t], c[t] hold
-    x[t] @ W_x already): the product's columns of the cells [u0, u1), then
-    the gate math, both for the rows [r0, r1) without rows_bar (every row in
+    x[t] @ W_x already): the product's columns of the cells [u0, u1)
+    (recurrent_product: the h rows in the wide layout at batch 1, else
+    panels), then the gate math, both for the rows [r0, r1) without rows_bar (every row in
     a split by cells, the thread's rows over every cell in a split by rows);
     with rows_bar, the product of every row, then the gate math of the rows
     [r0, r1), every cell, after a barrier of the nt threads (within the
@@ -502,13 +518,13 @@ cdef void gru_forward_packed_half(
     if u1 > u0:
         k = p0 * H
         if half == 0:
-            packed_product(p1 - p0, H, h_in + k, H, packed + psx, u0, u1, False, ru + 2 * k,
-                           2 * H)
-            packed_product(p1 - p0, H, h_in + k, H, packed + ps + psx, u0, u1, False,
-                           ru + 2 * k + H, 2 * H)
+            recurrent_product(p1 - p0, H, h_in + k, packed + psx, wide, H, u0, u1, False,
+                              ru + 2 * k, 2 * H)
+            recurrent_product(p1 - p0, H, h_in + k, packed + ps + psx, wide, H, u0, u1, False,
+                              ru + 2 * k + H, 2 * H)
         else:
-            packed_product(p1 - p0, H, rh + k, H, packed + 2 * ps + psx, u0, u1, True,
-                           c + t * BH + k, H)
+            recurrent_product(p1 - p0, H, rh + k, packed + 2 * ps + psx, wide, H, u0, u1, True,
+                              c + t * BH + k, H)
     gate_math_block(rows_bar, nt, step_bar, H, &u0, &u1, &r0, &r1)
     if u1 <= u0:
         return
@@ -527,7 +543,7 @@ cdef void gru_forward_packed_half(
 
 cdef void gru_forward_rows_step(
         Py_ssize_t t, Py_ssize_t B, Py_ssize_t H, const float* packed, Py_ssize_t ps,
-        Py_ssize_t psx, const float* h_prev, const float* b_ru, const float* b_c,
+        Py_ssize_t psx, bint wide, const float* h_prev, const float* b_ru, const float* b_c,
         const int64_t* lengths, float* ru, float* rh, float* r, float* u, float* c, float* h,
         Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
     """Step t of gru_forward_packed for the rows [r0, r1), every cell, on the
@@ -535,80 +551,9 @@ cdef void gru_forward_rows_step(
     The one-thread loop, the split by rows and its leftover steps run it."""
     cdef int half
     for half in range(2):
-        gru_forward_packed_half(half, t, B, H, packed, ps, psx,
+        gru_forward_packed_half(half, t, B, H, packed, ps, psx, wide,
                                 h_prev if t == 0 else h + (t - 1) * B * H, b_ru, b_c, lengths,
                                 ru, rh, r, u, c, h, 0, H, r0, r1, NULL, 1, NULL)
-
-
-cdef void gru_forward_row1_half(
-        int half, Py_ssize_t t, Py_ssize_t H, const float* packed_h, Py_ssize_t ps,
-        const float* h_in, const float* b_ru, const float* b_c, const int64_t* lengths,
-        float* ru, float* rh, float* r, float* u, float* c, float* h,
-        Py_ssize_t u0, Py_ssize_t u1) noexcept nogil:
-    """Half 0 or 1 of step t of gru_forward_row1 for the cells [u0, u1), as
-    gru_forward_packed_half with the input projection hoisted (r[t], u[t],
-    c[t] hold x[t]'s products) and the one-row kernel (step_product). The h
-    rows of w_ru's r and u blocks and of w_c: packed_h + q * ps."""
-    cdef Py_ssize_t k, nu = u1 - u0
-    if nu <= 0:
-        return
-    if half == 0:
-        recurrent_product(1, H, h_in, packed_h, row1_wide, H, u0, u1, False, ru, 2 * H)
-        recurrent_product(1, H, h_in, packed_h + ps, row1_wide, H, u0, u1, False, ru + H, 2 * H)
-        brnn_gru_gates_row_f32(nu, ru + u0, ru + H + u0, b_ru + u0, b_ru + H + u0, h_in + u0,
-                               True, r + t * H + u0, u + t * H + u0, rh + u0)
-        return
-    recurrent_product(1, H, rh, packed_h + 2 * ps, row1_wide, H, u0, u1, True, c + t * H, H)
-    k = t * H + u0
-    if finished(lengths, 0, t):
-        zero_gru_outputs(k, nu, r, u, c, h)
-    else:
-        brnn_gru_output_row_f32(nu, b_c + u0, h_in + u0, u + k, c + k, h + k)
-
-
-cdef int gru_forward_row1(
-        Py_ssize_t L, Py_ssize_t H,
-        const float* packed_h,    # IN  the h rows of w_ru's r, u blocks and of w_c packed
-        const float* h_prev, const float* b_ru, const float* b_c, const int64_t* lengths,
-        float* ru, float* rh,     # workspace [2H], [H]
-        float* r, float* u, float* c, float* h,  # OUT [T, 1, H]; [:L] hold x's products
-        int n_threads) noexcept nogil:
-    """The time loop of the float32 GRU forward at batch 1, its input
-    projection hoisted: the recurrent products by the one-row kernel, the
-    inference forward's (gru_infer_half: the same sums and gate calls, so the
-    same bits), on n_threads threads owning whole panels, two barriers per
-    step as gru_forward_packed, the second of which can shed (step_barrier).
-    The bits do not depend on n_threads. Returns the threads the caller
-    gives back to the budget (region_threads)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, ps = brnn_packed_size(H, H)
-    cdef int tid = 0, nt = 1, half, cores = brnn_omp_get_num_procs()
-    cdef bint patient = sequence_patient(1, H, 3 * H, n_threads)
-    cdef brnn_barrier bar
-    memset(&bar, 0, sizeof(bar))
-    if n_threads == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        for t in range(L):
-            for half in range(2):
-                gru_forward_row1_half(half, t, H, packed_h, ps,
-                                      h_prev if t == 0 else h + (t - 1) * H, b_ru, b_c,
-                                      lengths, ru, rh, r, u, c, h, 0, H)
-        return 1
-    with parallel(num_threads=n_threads):
-        tid = brnn_omp_get_thread_num()
-        nt = brnn_omp_get_num_threads()
-        u0 = unit_start(H, tid, nt)
-        u1 = unit_start(H, tid + 1, nt)
-        for t in range(L):
-            gru_forward_row1_half(0, t, H, packed_h, ps, h_prev if t == 0 else h + (t - 1) * H,
-                                  b_ru, b_c, lengths, ru, rh, r, u, c, h, u0, u1)
-            if nt > 1:   # a stall here counts at the step's end
-                brnn_barrier_wait_within(&bar, nt, &bar)
-            gru_forward_row1_half(1, t, H, packed_h, ps, h_prev if t == 0 else h + (t - 1) * H,
-                                  b_ru, b_c, lengths, ru, rh, r, u, c, h, u0, u1)
-            if nt > 1 and step_barrier(&bar, nt, cores, patient):
-                if tid != 0:   # shed: thread 0 runs every cell of the steps left
-                    break
-                nt, u0, u1 = 1, 0, H
-    return region_threads(&bar, n_threads)
 
 
 cdef void block_gru_forward_compute(
@@ -632,17 +577,21 @@ cdef void block_gru_forward_compute(
     O(B x H), plus transposed copies of w_ru[I:] and w_c[I:] when
     recurrent_weights_transposed: the recurrent products then go through
     gemm_small_by_weights_t, as in block_lstm_forward_compute. That is the
-    float64 route. float32 at batch 1 hoists the input projection in the
-    packed kernel (packed_inputs) and runs the steps' recurrent products by
-    the one-row kernel (gru_forward_row1, the inference forward's bits);
-    float32 from
-    PACKED_MIN_ROWS rows on runs every product of the loop in the packed
+    float64 route. float32 runs every product of the loop in the packed
     kernel on up to max_threads threads from the thread budget
     (gru_forward_packed), the input projection hoisted inside its region as
     in block_lstm_forward_compute. Measured as there (hoisted vs x[t] @ W_x in
     each step, median ms, 2 threads / 1 thread): 100,32,256,256 24.2 vs 24.6 /
     16.5 vs 17.4; 200,16,128,256 25.8 vs 26.6 / 12.5 vs 13.6; 100,64,512,512
-    160.9 vs 166.0 / 144.2 vs 149.0."""
+    160.9 vs 166.0 / 144.2 vs 149.0. At batch 1 a step's products are GEMVs,
+    the h rows read in the wide layout (the inference forward's sums, so its
+    bits), and the steps run on one thread below H = 148 (gru_sequence_threads)
+    while the packing and the projection may take two (packed_input_threads).
+    Batch 1 ran a loop of its own until stop 56 (the weights packed on the
+    calling thread and the projection in a region of its own before the
+    steps' region): in one region, T=50, I=H, 2-core Intel Xeon (AVX-512) VM,
+    300-call p25, 2 threads, three alternating rounds: H=128 148-156 us vs
+    147-190, H=160 251-278 vs 274-278, H=256 423-506 vs 548-704."""
     cdef Py_ssize_t t, BH = B * H
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH
@@ -651,33 +600,21 @@ cdef void block_gru_forward_compute(
     cdef floating* w_ru_t = NULL  # if recurrent_weights_transposed: w_ru[I:]^T [2H, H],
     cdef floating* w_c_t = NULL   # w_c[I:]^T [H, H]
     cdef floating* tmp = NULL     # and a product transposed [2H, B]
-    cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H), psh
-    cdef floating* packed = rh + B * H
-    cdef int q, granted
-    cdef float* dst[3]
-    if floating is float and B >= PACKED_MIN_ROWS:
-        granted = brnn_budget_take(loop_threads(gru_sequence_threads(B, H, max_threads),
-                                                L * B * (I + H) * 3 * H, LOOP_MIN_WORK_FORWARD),
-                                   max_threads)
-        brnn_budget_give(gru_forward_packed(L, B, I, H, w_ru, w_c, packed, x, h_prev, b_ru,
-                                            b_c, lengths, ru, rh, r, u, c, h, granted))
-    elif floating is float:   # batch 1 (or 0): the x rows' three blocks, then the h rows'
-        packed = align64(packed)
-        brnn_pack_f32(I, H, w_ru, 2 * H, 1, packed)
-        brnn_pack_f32(I, H, w_ru + H, 2 * H, 1, packed + psx)
-        brnn_pack_f32(I, H, w_c, H, 1, packed + 2 * psx)
-        psh = brnn_packed_size(H, H)
-        pack_recurrent(H, H, w_ru + I * 2 * H, 2 * H, 1, row1_wide, packed + 3 * psx)
-        pack_recurrent(H, H, w_ru + I * 2 * H + H, 2 * H, 1, row1_wide, packed + 3 * psx + psh)
-        pack_recurrent(H, H, w_c + I * H, H, 1, row1_wide, packed + 3 * psx + 2 * psh)
-        dst[0], dst[1], dst[2] = r, u, c
-        packed_inputs(L * B, I, H, 3, x, packed, dst, max_threads)
-        if B == 1:
-            granted = brnn_budget_take(loop_threads(gru_sequence_threads(1, H, max_threads),
-                                                    L * 3 * H * H, LOOP_MIN_WORK_FORWARD),
+    cdef int granted, steps, want
+    if floating is float:
+        if B > 0:
+            steps = gru_sequence_threads(B, H, max_threads)
+            if B == 1:   # the packing and the projection may take more (gru_forward_packed)
+                want = max(steps, packed_input_threads(L, I, 3 * H, H, max_threads))
+            else:
+                want = steps
+            granted = brnn_budget_take(loop_threads(want, L * B * (I + H) * 3 * H,
+                                                    LOOP_MIN_WORK_FORWARD),
                                        max_threads)
-            brnn_budget_give(gru_forward_row1(L, H, packed + 3 * psx, h_prev, b_ru, b_c,
-                                              lengths, ru, rh, r, u, c, h, granted))
+            brnn_budget_give(gru_forward_packed(L, B, I, H, w_ru, w_c, align64(rh + B * H),
+                                                B == 1 and row1_wide, x, h_prev, b_ru, b_c,
+                                                lengths, ru, rh, r, u, c, h, granted,
+                                                min(steps, granted)))
     else:
         if recurrent_weights_transposed(L, B, H):
             w_ru_t = rh + B * H

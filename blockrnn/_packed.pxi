@@ -462,11 +462,10 @@ cdef enum:
     # tile is one FMA chain per panel (a GEMV per step beat it: 0.60 vs 0.82 ms
     # for the LSTM forward at 50,1,128,128, GRU 0.32 vs 0.41, LSTM backward
     # 0.54 vs 0.70; at two rows the packed kernel won, LSTM forward 1.0 vs
-    # 11 ms, GRU 0.7 vs 10.8, on a loaded machine). The TF GRU's float32
-    # forward runs batch 1 on the one-row kernel in a loop of its own
-    # (gru_forward_row1), both GRUs' backwards on BLAS; the LSTM's loops and
-    # the reset-after GRU's forward run every batch size on the packed loops
-    # (batch 1 on the wide one-row kernel, _lstm.pxi).
+    # 11 ms, GRU 0.7 vs 10.8, on a loaded machine). Both GRUs' backwards run
+    # batch 1 on BLAS; the LSTM's loops and both GRUs' forwards run every
+    # batch size on the packed loops (batch 1 on the wide one-row kernel,
+    # _lstm.pxi).
     PACKED_MIN_ROWS = 2
 
 
@@ -706,46 +705,20 @@ cdef inline void gate_math_block(brnn_barrier* rows_bar, int nt, brnn_barrier* s
 
 
 cdef enum:
-    # Multiply-adds per thread of a sequence's whole input projection below
-    # which packed_inputs stays on one thread (it is one region, no barrier).
+    # Multiply-adds per thread of a batch-1 sequence's whole input projection
+    # below which it stays on one thread (no barrier in it: the TF GRU's
+    # forward region takes more threads than its steps for it,
+    # block_gru_forward_compute).
     PACKED_INPUT_WORK_PER_THREAD = 1 << 22
 
 
 cdef inline int packed_input_threads(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t N, Py_ssize_t H,
                                      int limit) noexcept nogil:
-    """Threads packed_inputs asks of the budget for [rows, I] @ [I, N] over H
-    cells: one per PACKED_INPUT_WORK_PER_THREAD multiply-adds, at most one per
-    16-cell panel, at most `limit`, at least 1 (step_threads)."""
+    """Threads a hoisted input projection [rows, I] @ [I, N] over H cells
+    asks of the budget: one per PACKED_INPUT_WORK_PER_THREAD multiply-adds,
+    at most one per 16-cell panel, at most `limit`, at least 1
+    (step_threads)."""
     return step_threads(rows * I * N, PACKED_INPUT_WORK_PER_THREAD, H, limit)
-
-
-cdef void packed_inputs(
-        Py_ssize_t rows, Py_ssize_t I, Py_ssize_t H, int nq,
-        const float* x,           # IN  [rows, I]
-        const float* packed,      # IN  nq gate blocks [I, H], block q packed at q * brnn_packed_size(I, H)
-        float** dst,              # OUT nq arrays [rows, H]: dst[q] = x @ block q
-        int max_threads) noexcept nogil:
-    """The input projection of all steps of a batch-1 forward in the packed
-    kernel (OpenBLAS's sgemm ran it at ~24 GFLOP/s at 50x128x512 on the
-    caller's thread, this at ~80), on up to max_threads threads from the
-    thread budget, each owning whole panels (unit_start). Each element is one
-    packed-kernel sum: the bits do not depend on the thread count."""
-    cdef Py_ssize_t u0 = 0, u1 = 0, psx = brnn_packed_size(I, H)
-    cdef int tid, nt, granted
-    if rows == 0 or H == 0:
-        return
-    granted = brnn_budget_take(packed_input_threads(rows, I, nq * H, H, max_threads),
-                               max_threads)
-    if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
-        packed_inputs_part(rows, I, H, nq, x, packed, psx, dst, 0, H)
-    else:
-        with parallel(num_threads=granted):
-            tid = brnn_omp_get_thread_num()
-            nt = brnn_omp_get_num_threads()
-            u0 = unit_start(H, tid, nt)
-            u1 = unit_start(H, tid + 1, nt)
-            packed_inputs_part(rows, I, H, nq, x, packed, psx, dst, u0, u1)
-    brnn_budget_give(granted)
 
 
 cdef enum:

@@ -22,8 +22,10 @@ SHAPES = [(5, 3, 4, 37), (7, 9, 0, 1), (6, 1, 8, 64), (1, 2, 3, 16), (16, 7, 5, 
           (3, 13, 20, 200), (2, 2, 64, 600), (2, 24, 60, 200)]
 # Batch 1 with an input projection large enough for several threads (its
 # float32 error over 64 steps is above the variant test's float64 tolerance),
-# and batch 1 with steps large enough for the one-row route's threads.
-THREAD_SHAPES = SHAPES + [(64, 1, 320, 160), (3, 1, 8, 848)]
+# and batch 1 with steps large enough for the one-row route's threads; at
+# H = 96 the TF GRU's forward region takes 2 threads for its packing and
+# projection and runs its steps on one (gru_forward_packed's step_threads).
+THREAD_SHAPES = SHAPES + [(64, 1, 320, 160), (3, 1, 8, 848), (64, 1, 512, 96)]
 
 
 def _problem(T, B, I, H, seed, dtype=np.float32):
@@ -79,6 +81,11 @@ def test_large_enough_calls_do_run_on_several_threads():
     assert _kernels.packed_input_threads_for(64, 320, 4 * 160, 160, 4) == 3   # batch 1
     assert _kernels.packed_input_threads_for(64, 320, 3 * 160, 160, 4) == 2   # GRU
     assert _kernels.packed_input_threads_for(50, 128, 4 * 128, 128, 4) == 1   # bench
+    # the TF GRU's batch-1 forward at THREAD_SHAPES[-1]: 2 threads pack and project,
+    # 1 runs the steps
+    assert _kernels.gru_sequence_threads_for(1, 96, 4) == 1
+    assert _kernels.packed_input_threads_for(64, 512, 3 * 96, 96, 4) == 2
+    assert _kernels.loop_threads_for(2, 64 * (512 + 96) * 3 * 96, "forward") == 2
 
 
 def test_concurrent_callers_give_the_serial_bits():
