@@ -423,8 +423,8 @@ cdef int gru_forward_packed(
     barriers a step cost more than a second thread saves below H = 148 but
     the packing and the projection still gain from it) every thread packs
     and projects its cells, then after a barrier only the first step_threads
-    run the steps, the cells split among them. Returns the threads the
-    caller gives back to the budget (region_threads)."""
+    (at most n_threads) run the steps, the cells split among them. Returns
+    the threads the caller gives back to the budget (region_threads)."""
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
     cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B, BH = B * H
     cdef int tid = 0, nt = 1, half, cores = brnn_omp_get_num_procs()
@@ -494,7 +494,9 @@ cdef int gru_forward_packed(
                                       lengths, ru, rh, r, u, c, h, k * B // sp.nt,
                                       (k + 1) * B // sp.nt)
         return n_threads - sp.given
-    return region_threads(&bar, n_threads)
+    # a shed gives back the step threads but thread 0; those that only packed and
+    # projected are given back here
+    return region_threads(&bar, step_threads) + n_threads - step_threads
 
 
 cdef void gru_forward_packed_half(

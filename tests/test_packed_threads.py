@@ -88,6 +88,32 @@ def test_large_enough_calls_do_run_on_several_threads():
     assert _kernels.loop_threads_for(2, 64 * (512 + 96) * 3 * 96, "forward") == 2
 
 
+def test_tf_gru_batch1_forward_gives_back_every_thread_when_its_steps_shed():
+    """The TF GRU's batch-1 forward region can hold more threads for its packing and
+    projection (4 here) than its steps use (2): with a budget of 4 on fewer cores the
+    budget is over-committed, so the steps' barrier sheds at once, giving back the
+    step threads but thread 0; the threads that only projected must be given back too
+    (bc8a660 returned only the steps' share: two threads of the budget leaked for good
+    at each such call). The bits are the serial ones."""
+    T, I, H = 64, 640, 160
+    assert _kernels.gru_sequence_threads_for(1, H, 4) == 2
+    assert _kernels.packed_input_threads_for(T, I, 3 * H, H, 4) == 4
+    rng = np.random.default_rng(11)
+    r = lambda *s: rng.uniform(-1, 1, s).astype(np.float32)  # noqa: E731
+    args = (T, r(T, 1, I), r(1, H), r(I + H, 2 * H) / 8, r(I + H, H) / 8, r(2 * H), r(H))
+
+    def run(threads):
+        outs = [np.empty((T, 1, H), np.float32) for _ in range(4)]
+        _kernels.block_gru_forward(*args, threads, threads, *outs)
+        return outs
+
+    serial = run(1)
+    for _ in range(3):
+        for e, g in zip(serial, run(4)):
+            np.testing.assert_array_equal(g, e)
+        assert _kernels.thread_budget_in_use() == 0
+
+
 def test_concurrent_callers_give_the_serial_bits():
     problems = [_problem(*shape, seed=i) for i, shape in enumerate(THREAD_SHAPES * 3)]
     serial = [_run(p) for p in problems]
