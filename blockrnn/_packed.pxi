@@ -136,8 +136,9 @@ cdef int choose_packed_path() except -1:
 cdef int packed_path = choose_packed_path()
 # Every float32 product, the per-step ones and the GEMM driver's, runs
 # brnn_gemm_kernel: on AVX-512 its 12 x 32 tiles over panel pairs (two FMAs per
-# broadcast; the 12 x 16 tile is load-bound), elsewhere the variant itself. Same bits
-# as the 12 x 16 tile.
+# broadcast; the 12 x 16 tile is load-bound), and for products of at most 6 rows
+# 6 x 64 tiles over groups of four panels (enough FMA chains in flight);
+# elsewhere the variant itself. Same bits as the 12 x 16 tile.
 cdef brnn_packed_fn packed_product = brnn_gemm_kernel(packed_path)
 cdef brnn_dgemm_fn dgemm_product = brnn_dgemm_kernel(packed_path)  # the float64 driver's
 
@@ -301,10 +302,12 @@ def packed_kernel_name():
 
 def packed_product_memview(const float[:, ::1] a, const float[:, :] w, bint accumulate,
                            float[:, ::1] c, str path=None, Py_ssize_t n0=0,
-                           Py_ssize_t n1=-1, int repeat=1):
+                           Py_ssize_t n1=-1, int repeat=1, bint driver=False):
     """C[:, n0:n1] (+)= A @ W[:, n0:n1] through the packed kernel (for its tests):
     W [K, N] (any strides) packed, then one call of the variant `path` (this
-    process's by default; one the CPU cannot run raises ValueError).
+    process's by default; one the CPU cannot run raises ValueError): its own
+    function, or with `driver` the one every float32 product runs
+    (brnn_gemm_kernel: on AVX-512 its 12 x 32 and few-row 6 x 64 tiles).
     A [rows, K], C [rows, N]; n0 a multiple of 16. `repeat` runs the
     product that many times on the one packing (to time the kernel alone)."""
     cdef Py_ssize_t rows = a.shape[0], K = a.shape[1], N = w.shape[1]
@@ -318,7 +321,7 @@ def packed_product_memview(const float[:, ::1] a, const float[:, :] w, bint accu
             or not 0 <= n0 <= n1 <= N or n0 % BRNN_NR):
         raise ValueError("packed_product_memview: inconsistent shapes or column range")
     cdef float[::1] packed = np.empty(brnn_packed_size(K, N) + 1, dtype=np.float32)
-    cdef brnn_packed_fn fn = brnn_packed_kernel(p)
+    cdef brnn_packed_fn fn = brnn_gemm_kernel(p) if driver else brnn_packed_kernel(p)
     cdef Py_ssize_t sk = w.strides[0] // 4, sn = w.strides[1] // 4
     with nogil:
         brnn_pack_f32(K, N, &w[0, 0] if K > 0 and N > 0 else NULL, sk, sn, &packed[0])

@@ -81,6 +81,32 @@ def test_row_tiling_never_changes_the_bits(path, rows):
         np.testing.assert_array_equal(one[0], whole[r])
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 12, 13, 18])
+@pytest.mark.parametrize("K", [0, 1, 7, 130])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_driver_kernel_gives_the_panel_kernels_bits(path, rows, K, accumulate):
+    """The kernel every float32 product runs (brnn_gemm_kernel; on AVX-512 12 x 32
+    tiles over panel pairs, and for at most 6 rows 6 x 64 tiles over groups of four
+    panels, then pairs, then a last panel) computes every element as the variant's
+    own 12 x 16 kernel: the same bits, for column ranges that start on any panel,
+    end inside one, and hold 1-5 whole or partial groups of four panels, and never
+    a store outside the range."""
+    rng = np.random.default_rng(rows * 1000 + K)
+    N = 200
+    a = rng.standard_normal((rows, K)).astype(np.float32)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    start = rng.standard_normal((rows, N)).astype(np.float32)
+    for n0, n1 in [(0, N), (0, 64), (0, 63), (16, 80), (16, 200), (48, 176), (64, 65),
+                   (0, 16), (32, 130), (176, 200)]:
+        want, got = start.copy(), start.copy()
+        _kernels.packed_product_memview(a, w, accumulate, want, path, n0, n1)
+        _kernels.packed_product_memview(a, w, accumulate, got, path, n0, n1, driver=True)
+        np.testing.assert_array_equal(got, want, err_msg=f"{n0=} {n1=}")
+        np.testing.assert_array_equal(got[:, :n0], start[:, :n0])
+        np.testing.assert_array_equal(got[:, n1:], start[:, n1:])
+
+
 def test_a_path_the_cpu_lacks_is_refused():
     for name in ("avx512", "avx2"):
         if name not in PATHS:
