@@ -163,9 +163,9 @@ static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tile2_avx512(
  * broadcast: 29 of the 32 zmm registers) keep twice as many chains in
  * flight. Measured on one core of a 2-core Intel Xeon (Emerald Rapids) VM,
  * 64 step products of W [H, 4H] packed, the two tiles alternated 30 times in
- * one process, mean GFLOP/s: 4 rows H=256 108 -> 132, H=128 119 -> 138; 5
- * rows H=256 128 -> 143; 6 rows 122 -> 137; 2 rows H=128 59 -> 77. Each
- * element is still one in-order FMA chain over k: the same bits. */
+ * one process, mean GFLOP/s in 2-3 runs: 4 rows H=128-256 +14 to +22%, 5-6
+ * rows H=256 +12 to +22%, 2 rows H=128 +24 to +31%; H=512 (W out of L2)
+ * equal. Each element is still one in-order FMA chain over k: the same bits. */
 static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tile4_avx512(
         int mr, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p, int accumulate,
         float *c, ptrdiff_t ldc) {
