@@ -158,7 +158,7 @@ static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tile2_avx512(
  * A product of 1-6 rows (a thread's rows of a small batch's step, a batch of
  * 2-6) gives the 12 x 32 tile only 2 x rows accumulators: 8 at 4 rows, the
  * bare minimum of independent FMA chains that hides the FMA latency on two
- * FMA ports, so every load that misses L1 stalls it. Four panels per tile
+ * FMA ports, so a load that misses L1 can stall it. Four panels per tile
  * (4 x rows accumulators, 24 at 6 rows, with the 4 panel rows and the
  * broadcast: 29 of the 32 zmm registers) keep twice as many chains in
  * flight. Measured on one core of a 2-core Intel Xeon (Emerald Rapids) VM,
