@@ -119,88 +119,26 @@ static inline void brnn_gemm_part(ptrdiff_t M, ptrdiff_t N, int tid, int nt, ptr
 }
 
 #if BRNN_PACKED_X86
-/* ---- AVX-512F, for the driver: 12 rows x 32 columns (two panels) ----
+/* ---- AVX-512F, for the driver: two and four panels a tile ----
  * brnn_packed_avx512's 12 x 16 tile issues one broadcast per FMA, so loads,
  * not FMAs, bound it (measured alone: 70-81 GFLOP/s on one core where
- * OpenBLAS's sgemm ran 97). Two panels per tile feed two FMAs per broadcast
- * (24 accumulators). Each element is still one in-order FMA chain over k,
- * the same as brnn_packed_avx512's: the same bits. */
-static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tile2_avx512(
-        int mr, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p,
-        ptrdiff_t cols, int accumulate, float *c, ptrdiff_t ldc) {
-    const float *q = p + BRNN_NR * K; /* the next panel */
-    __m512 acc0[12], acc1[12];
-#pragma GCC unroll 12
-    for (int r = 0; r < mr; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
-    for (ptrdiff_t k = 0; k < K; k++) {
-        __m512 b0 = _mm512_loadu_ps(p + k * BRNN_NR), b1 = _mm512_loadu_ps(q + k * BRNN_NR);
-#pragma GCC unroll 12
-        for (int r = 0; r < mr; r++) {
-            __m512 ar = _mm512_set1_ps(a[r * lda + k]);
-            acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
-        }
-    }
-    __mmask16 mask = (__mmask16)((1u << (cols - BRNN_NR)) - 1u);
-#pragma GCC unroll 12
-    for (int r = 0; r < mr; r++) {
-        float *cr = c + r * ldc;
-        if (accumulate) {
-            acc0[r] = _mm512_add_ps(_mm512_loadu_ps(cr), acc0[r]);
-            acc1[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, cr + BRNN_NR), acc1[r]);
-        }
-        _mm512_storeu_ps(cr, acc0[r]);
-        _mm512_mask_storeu_ps(cr + BRNN_NR, mask, acc1[r]);
-    }
-}
-
-/* ---- AVX-512F, for few rows: up to 6 rows x 64 columns (four panels) ----
+ * OpenBLAS's sgemm ran 97). The driver runs brnn_tiles_avx512 (brnn_packed.h)
+ * on two panels, 12 x 32 (two FMAs per broadcast, 24 accumulators).
  * A product of 1-6 rows (a thread's rows of a small batch's step, a batch of
  * 2-6) gives the 12 x 32 tile only 2 x rows accumulators: 8 at 4 rows, the
  * bare minimum of independent FMA chains that hides the FMA latency on two
- * FMA ports, so a load that misses L1 can stall it. Four panels per tile
- * (4 x rows accumulators, 24 at 6 rows, with the 4 panel rows and the
- * broadcast: 29 of the 32 zmm registers) keep twice as many chains in
- * flight. Measured on one core of a 2-core Intel Xeon (Emerald Rapids) VM,
- * 64 step products of W [H, 4H] packed, the two tiles alternated 30 times in
- * one process, mean GFLOP/s in 2-3 runs: 4 rows H=128-256 +14 to +22%, 5-6
- * rows H=256 +12 to +22%, 2 rows H=128 +24 to +31%; H=512 (W out of L2)
- * equal. Each element is still one in-order FMA chain over k: the same bits. */
-static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tile4_avx512(
-        int mr, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p, int accumulate,
-        float *c, ptrdiff_t ldc) {
-    __m512 acc[6][4];
-#pragma GCC unroll 6
-    for (int r = 0; r < mr; r++)
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
-    for (ptrdiff_t k = 0; k < K; k++) {
-        __m512 b[4];
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; q++) b[q] = _mm512_loadu_ps(p + q * BRNN_NR * K + k * BRNN_NR);
-#pragma GCC unroll 6
-        for (int r = 0; r < mr; r++) {
-            __m512 ar = _mm512_set1_ps(a[r * lda + k]);
-#pragma GCC unroll 4
-            for (int q = 0; q < 4; q++) acc[r][q] = _mm512_fmadd_ps(ar, b[q], acc[r][q]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < mr; r++) {
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; q++) {
-            float *cq = c + r * ldc + q * BRNN_NR;
-            if (accumulate) acc[r][q] = _mm512_add_ps(_mm512_loadu_ps(cq), acc[r][q]);
-            _mm512_storeu_ps(cq, acc[r][q]);
-        }
-    }
-}
-
+ * FMA ports, so a load that misses L1 can stall it. Such a product first
+ * runs its whole groups of four panels in 6 x 64 tiles (4 x rows chains).
+ * Measured on one core of a 2-core Intel Xeon (Emerald Rapids) VM, 64 step
+ * products of W [H, 4H] packed, the two tiles alternated 30 times in one
+ * process, mean GFLOP/s in 2-3 runs: 4 rows H=128-256 +14 to +22%, 5-6 rows
+ * H=256 +12 to +22%, 2 rows H=128 +24 to +31%; H=512 (W out of L2) equal.
+ * Every tile is one FMA chain per element over k in order: the same bits. */
 #define BRNN_GEMM_TILE4_CASE(m) \
-    case m: brnn_tile4_avx512(m, K, A, lda, P + n * K, accumulate, C + n, ldc); break;
+    case m: brnn_tiles_avx512(m, 4, K, A, lda, P + n * K, 4 * BRNN_NR, accumulate, C + n, ldc); break;
 
 #define BRNN_GEMM_TILE2_CASE(m) \
-    case m: brnn_tile2_avx512(m, K, A + r * lda, lda, panel, cols, accumulate, C + r * ldc + n, ldc); break;
+    case m: brnn_tiles_avx512(m, 2, K, A + r * lda, lda, panel, cols, accumulate, C + r * ldc + n, ldc); break;
 
 /* brnn_packed_fn for the driver on AVX-512: column pairs of panels in 12 x 32
  * tiles, a last single panel by brnn_packed_avx512; a product of at most 6
@@ -223,7 +161,7 @@ static void brnn_gemm_avx512(ptrdiff_t rows, ptrdiff_t K, const float *A, ptrdif
         ptrdiff_t cols = n1 - n < 2 * BRNN_NR ? n1 - n : 2 * BRNN_NR;
         ptrdiff_t r = 0;
         for (; r + 12 <= rows; r += 12)
-            brnn_tile2_avx512(12, K, A + r * lda, lda, panel, cols, accumulate,
+            brnn_tiles_avx512(12, 2, K, A + r * lda, lda, panel, cols, accumulate,
                               C + r * ldc + n, ldc);
         switch (rows - r) {
         BRNN_GEMM_TILE2_CASE(1) BRNN_GEMM_TILE2_CASE(2) BRNN_GEMM_TILE2_CASE(3)

@@ -19,30 +19,13 @@ typedef void (*brnn_row1_fn)(ptrdiff_t K, const float *a, const float *P, ptrdif
                              ptrdiff_t n1, int accumulate, float *c);
 
 #if BRNN_PACKED_X86
-/* AVX-512F: up to 8 panels of 16 columns, one zmm accumulator each. */
+/* AVX-512F: brnn_tiles_avx512 (brnn_packed.h) on one row and 8 panels. */
 BRNN_AVX512
 static void brnn_row1_avx512(ptrdiff_t K, const float *a, const float *P, ptrdiff_t n0,
                              ptrdiff_t n1, int accumulate, float *c) {
     ptrdiff_t n = n0;
-    for (; n + 8 * BRNN_NR <= n1; n += 8 * BRNN_NR) {
-        const float *p = P + n * K;
-        __m512 acc[8];
-#pragma GCC unroll 8
-        for (int q = 0; q < 8; q++) acc[q] = _mm512_setzero_ps();
-        for (ptrdiff_t k = 0; k < K; k++) {
-            __m512 ak = _mm512_set1_ps(a[k]);
-#pragma GCC unroll 8
-            for (int q = 0; q < 8; q++)
-                acc[q] = _mm512_fmadd_ps(ak, _mm512_loadu_ps(p + q * BRNN_NR * K + k * BRNN_NR),
-                                         acc[q]);
-        }
-#pragma GCC unroll 8
-        for (int q = 0; q < 8; q++) {
-            float *cq = c + n + q * BRNN_NR;
-            if (accumulate) acc[q] = _mm512_add_ps(_mm512_loadu_ps(cq), acc[q]);
-            _mm512_storeu_ps(cq, acc[q]);
-        }
-    }
+    for (; n + 8 * BRNN_NR <= n1; n += 8 * BRNN_NR)
+        brnn_tiles_avx512(1, 8, K, a, K, P + n * K, 8 * BRNN_NR, accumulate, c + n, 0);
     if (n < n1) brnn_packed_avx512(1, K, a, K, P, n, n1, accumulate, c, 0);
 }
 

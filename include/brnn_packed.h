@@ -253,27 +253,59 @@ static void brnn_packed_avx2(ptrdiff_t rows, ptrdiff_t K, const float *A, ptrdif
     BRNN_PACKED_LOOP(6, brnn_tile_avx2)
 }
 
-/* ---- AVX-512F: 12 rows x 16 columns in 12 zmm accumulators ---- */
+/* ---- AVX-512F: mr rows x np panels, one zmm accumulator per row and panel ----
+ * The one AVX-512 tile: every AVX-512 kernel (this file's 12 x 16, the
+ * driver's 12 x 32 and 6 x 64 in brnn_gemm.h, the inference's 1 x 128 in
+ * brnn_inference.h) is this function at constant mr and np (mr x np <= 24
+ * accumulators, so that they, the np panel rows and the broadcast fit the 32
+ * zmm registers). p points at the first of np consecutive panels of the
+ * packing (BRNN_NR * K floats apart); the tile covers cols columns,
+ * (np - 1) x 16 < cols <= np x 16, the last panel masked. Each element is one
+ * FMA chain over k in order, started from 0, added to c once if
+ * accumulating: the bits do not depend on mr or np. */
 #define BRNN_AVX512 __attribute__((target("avx512f")))
+static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tiles_avx512(
+        int mr, int np, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p,
+        ptrdiff_t cols, int accumulate, float *c, ptrdiff_t ldc) {
+    __m512 acc[12][8];
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int q = 0; q < np; q++) acc[r][q] = _mm512_setzero_ps();
+    for (ptrdiff_t k = 0; k < K; k++) {
+        __m512 b[8];
+#pragma GCC unroll 8
+        for (int q = 0; q < np; q++) b[q] = _mm512_loadu_ps(p + q * BRNN_NR * K + k * BRNN_NR);
+#pragma GCC unroll 12
+        for (int r = 0; r < mr; r++) {
+            __m512 ar = _mm512_set1_ps(a[r * lda + k]);
+#pragma GCC unroll 8
+            for (int q = 0; q < np; q++) acc[r][q] = _mm512_fmadd_ps(ar, b[q], acc[r][q]);
+        }
+    }
+    __mmask16 last = (__mmask16)((1u << (cols - (np - 1) * BRNN_NR)) - 1u);
+#pragma GCC unroll 12
+    for (int r = 0; r < mr; r++) {
+#pragma GCC unroll 8
+        for (int q = 0; q < np; q++) {
+            float *cq = c + r * ldc + q * BRNN_NR;
+            if (q < np - 1) {
+                if (accumulate) acc[r][q] = _mm512_add_ps(_mm512_loadu_ps(cq), acc[r][q]);
+                _mm512_storeu_ps(cq, acc[r][q]);
+            } else {
+                if (accumulate)
+                    acc[r][q] = _mm512_add_ps(_mm512_maskz_loadu_ps(last, cq), acc[r][q]);
+                _mm512_mask_storeu_ps(cq, last, acc[r][q]);
+            }
+        }
+    }
+}
+
+/* One panel: up to 12 rows x 16 columns (12 accumulators). */
 static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tile_avx512(
         int mr, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p,
         ptrdiff_t cols, int accumulate, float *c, ptrdiff_t ldc) {
-    __m512 acc[12];
-    for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
-    for (ptrdiff_t k = 0; k < K; k++) {
-        __m512 b = _mm512_loadu_ps(p + k * BRNN_NR);
-#pragma GCC unroll 12
-        for (int r = 0; r < mr; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k]), b, acc[r]);
-    }
-    __mmask16 mask = (__mmask16)((1u << cols) - 1u);
-#pragma GCC unroll 12
-    for (int r = 0; r < mr; r++) {
-        float *cr = c + r * ldc;
-        if (accumulate)
-            acc[r] = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, cr), acc[r]);
-        _mm512_mask_storeu_ps(cr, mask, acc[r]);
-    }
+    brnn_tiles_avx512(mr, 1, K, a, lda, p, cols, accumulate, c, ldc);
 }
 
 BRNN_AVX512
