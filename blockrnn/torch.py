@@ -75,8 +75,9 @@ __all__ = ["LSTM", "GRU", "upgrade_state_dict_v01", "lstm_op", "lstm_backward_op
 _DTYPES = (torch.float32, torch.float64)
 
 
-def _numpy(where, name, t, dtype=None):
-    """A NumPy view of a CPU float32/float64 tensor (no copy), with clear errors."""
+def _check_tensor(where, name, t, dtype=None):
+    """A CPU float32/float64 tensor, of dtype `dtype` if given (the parameters'), with clear
+    errors. It reads the tensor's metadata only, so that torch.compile traces it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
@@ -87,6 +88,11 @@ def _numpy(where, name, t, dtype=None):
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{where}: {name} has dtype {t.dtype} but the parameters have "
                         f"{dtype}; convert the input or the module (e.g. module.double())")
+
+
+def _numpy(where, name, t, dtype=None):
+    """A NumPy view of a CPU float32/float64 tensor (no copy), checked by _check_tensor."""
+    _check_tensor(where, name, t, dtype)
     return t.detach().numpy()
 
 
@@ -903,21 +909,6 @@ def _repack(y, packed):
     t = torch.searchsorted(cum, p, right=True)
     data = y[t, p - (cum - bs)[t]]
     return PackedSequence(data, bs, packed.sorted_indices, packed.unsorted_indices)
-
-
-def _check_tensor(where, name, t, dtype):
-    """A CPU float tensor of the parameters' dtype (checked on its metadata only, so that
-    torch.compile traces it: no .numpy())."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"{where}: blockrnn runs on the CPU only; {name} is on {t.device} "
-                         f"(move it with .cpu())")
-    if t.dtype not in _DTYPES:
-        raise TypeError(f"{where}: {name} must be float32 or float64, got {t.dtype}")
-    if t.dtype != dtype:
-        raise TypeError(f"{where}: {name} has dtype {t.dtype} but the parameters have "
-                        f"{dtype}; convert the input or the module (e.g. module.double())")
 
 
 def _lengths_tensor(where, sequence_length, T, B):
