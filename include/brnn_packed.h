@@ -256,13 +256,13 @@ static void brnn_packed_avx2(ptrdiff_t rows, ptrdiff_t K, const float *A, ptrdif
 /* ---- AVX-512F: mr rows x np panels, one zmm accumulator per row and panel ----
  * The one AVX-512 tile: every AVX-512 kernel (this file's 12 x 16, the
  * driver's 12 x 32 and 6 x 64 in brnn_gemm.h, the inference's 1 x 128 in
- * brnn_inference.h) is this function at constant mr and np (mr x np <= 24
- * accumulators, so that they, the np panel rows and the broadcast fit the 32
- * zmm registers). p points at the first of np consecutive panels of the
- * packing (BRNN_NR * K floats apart); the tile covers cols columns,
- * (np - 1) x 16 < cols <= np x 16, the last panel masked. Each element is one
- * FMA chain over k in order, started from 0, added to c once if
- * accumulating: the bits do not depend on mr or np. */
+ * brnn_inference.h) is this function at constant mr <= 12 and np <= 8 (the
+ * bounds of acc) with mr x np <= 24 accumulators, so that they, the np panel
+ * rows and the broadcast fit the 32 zmm registers. p points at the first of
+ * np consecutive panels of the packing (BRNN_NR * K floats apart); the tile
+ * covers cols columns, (np - 1) x 16 < cols <= np x 16, the last panel
+ * masked. Each element is one FMA chain over k in order, started from 0,
+ * added to c once if accumulating: the bits do not depend on mr or np. */
 #define BRNN_AVX512 __attribute__((target("avx512f")))
 static inline __attribute__((always_inline)) BRNN_AVX512 void brnn_tiles_avx512(
         int mr, int np, ptrdiff_t K, const float *a, ptrdiff_t lda, const float *p,
