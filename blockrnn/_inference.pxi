@@ -760,7 +760,9 @@ cdef inline float* fdata(arr):
 
 
 cdef inline const int64_t* lengths_data(lens):
-    return NULL if lens is None else <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>lens)
+    if lens is None:
+        return NULL
+    return <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>lens)
 
 
 cdef inline float* new_floats(Py_ssize_t n) except NULL:

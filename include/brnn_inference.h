@@ -246,20 +246,25 @@ typedef void (*brnn_row1_gates_fn)(ptrdiff_t K, const float *a, const float *Pp,
                                    float *out);
 
 #if BRNN_PACKED_X86
-/* A panel block is a wide-layout block of nq * 16 columns, all of them the
- * panel's (wb = cols = nq * 16, no accumulation): the wide kernels' row body
- * (BRNN_ROW1_WIDE_ROW, through ROW(M) of M vectors) computes it, so each
- * element is the same FMA chain. M4 / M3: the vectors of 4 / 3 panels. */
+/* A panel block is a wide-layout block of nq * 16 columns (nq = 4 gates for
+ * the LSTM, 3 for the GRU), all of them the panel's (wb = cols = nq * 16, no
+ * accumulation): the wide kernels' row body (BRNN_ROW1_WIDE_ROW, through
+ * ROW(M) of M vectors) computes it, so each element is the same FMA chain.
+ * M4 / M3: the vectors of 4 / 3 panels. cols is a constant in each branch, so
+ * every vector is whole and the partial-store path compiles away (with cols
+ * a run-time nq * 16, GCC kept it and warned -Warray-bounds about its tmp). */
 #define BRNN_ROW1_GATES(ROW, M4, M3)                                                \
     {                                                                               \
         const float *p = Pp;                                                        \
         float *cn = out;                                                            \
         const int accumulate = 0;                                                   \
-        const ptrdiff_t wb = nq * BRNN_NR, cols = wb;                               \
-        if (nq == 4)                                                                \
+        if (nq == 4) {                                                              \
+            const ptrdiff_t wb = 4 * BRNN_NR, cols = wb;                            \
             ROW(M4)                                                                 \
-        else                                                                        \
+        } else {                                                                    \
+            const ptrdiff_t wb = 3 * BRNN_NR, cols = wb;                            \
             ROW(M3)                                                                 \
+        }                                                                           \
     }
 
 BRNN_AVX512
