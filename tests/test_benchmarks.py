@@ -380,7 +380,8 @@ def test_targets_are_judged_from_the_rows():
     own["sgemm_share"] = 0.74
     results = {"header": {"usable_cpus": 2},
                "roofline": {"all": {"gflops": 200.0}, "one": {"gflops": 100.0}}, "rows": [
-        own, _row("lstm_fwdbwd", shape, "tf", 250.0), _row("lstm_fwdbwd", shape, "torch", 90.0),
+        own, _row("lstm_fwdbwd", shape, "tf", 250.0, best_ms=200.0),
+        _row("lstm_fwdbwd", shape, "torch", 90.0),
         _row("lstm_fwdbwd", shape, "blockrnn", 100.0, flops, "one", best_ms=95.0),
         _row("lstm_fwdbwd", shape, "torch", 110.0, flops, "one"),
         _row("lstm_cell", (1, 32, 32), "blockrnn", 0.002),
@@ -407,13 +408,17 @@ def test_targets_are_judged_from_the_rows():
     assert v[8]["peer"] == "spread" and v[8]["mode"] == "all"
     assert math.isclose(v[8]["value"], 1.2) and v[8]["over"] == 1 and v[8]["rows"] == 2
     assert math.isclose(v[9]["value"], 100 / 95)
+    assert (v[8]["peer_rows"], v[8]["peer_over"]) == (3, 1)      # TensorFlow's 250 / 200
+    assert math.isclose(v[8]["peer_worst"], 1.25)
+    assert (v[9]["peer_rows"], v[9]["peer_over"], v[9]["peer_worst"]) == (1, 0, 1.0)
     text = targets.format_verdicts(v)
     assert "all cores, LSTM fwd+bwd 100,32,256,256: blockrnn / TensorFlow <= 0.2" in text
     assert "0.240  MISSED  (roofline floor" in text and "0.667  met" in text
     assert "sgemm share >= 75%" in text and "74.0%  MISSED" in text
     assert "one core -> all cores, LSTM fwd+bwd 100,32,256,256: blockrnn one core / all " \
            "cores >= 1.8x" in text and "1.67x  MISSED" in text
-    assert "1.200x  MISSED  (worst: LSTM fwd+bwd 100,32,256,256; 1 rows over)" in text
+    assert "1.200x  MISSED  (worst: LSTM fwd+bwd 100,32,256,256; 1 rows over; peers: " \
+           "1 of 3 rows over, worst 1.250x)" in text
     assert "not measured" in text and "2 of 8 measured targets met" in text
 
     results["header"]["usable_cpus"] = 1       # one CPU: no scaling to judge
