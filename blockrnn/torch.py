@@ -13,7 +13,9 @@ CPU only; float32 and float64 tensors.
   layers, both directions, dropout between layers, ``PackedSequence`` input),
   parameters (names, shapes, gate order, registration order, initialisation),
   so that a ``state_dict`` moves strictly both ways and an optimizer, weight
-  decay and gradient clipping see what they see with nn.LSTM / nn.GRU.
+  decay and gradient clipping see what they see with nn.LSTM / nn.GRU; nn's
+  ``all_weights``, ``_all_weights``, ``_flat_weights_names``, ``mode`` and
+  ``flatten_parameters()`` (a no-op, as nn's on CPU) for code that uses them.
   ``LSTM.from_torch(nn_lstm)``, ``GRU.from_torch(nn_gru)`` copy a module.
   blockrnn's extras (peepholes, cell clipping, forget bias; the GRUBlockCell
   GRU with ``reset_after=False``) exist only when asked for.
@@ -1019,6 +1021,25 @@ class _RNNBase(nn.Module):
     def num_directions(self):
         return 2 if self.bidirectional else 1
 
+    def _name_weights(self):
+        """nn.RNNBase's name lists, once the parameters are registered: _all_weights
+        (each layer's and direction's parameter names, in registration order -- code
+        written for nn.LSTM walks it, e.g. to set the forget gate's bias) and
+        _flat_weights_names (all of them, in that order)."""
+        self._all_weights = [[n for n in self._parameters if n.endswith(sfx)]
+                             for _, _, sfx, _ in self._cells()]
+        self._flat_weights_names = [n for names in self._all_weights for n in names]
+
+    @property
+    def all_weights(self):
+        """nn.RNNBase.all_weights: the parameters of each layer and direction (a list
+        of lists, in _all_weights' order)."""
+        return [[getattr(self, n) for n in names] for names in self._all_weights]
+
+    def flatten_parameters(self):
+        """A no-op, as nn.RNNBase's on CPU: the kernels read the parameters where
+        they are. Here so that code written for nn.LSTM / nn.GRU runs unchanged."""
+
     def _cells(self):
         """(layer k, direction d, name suffix, layer input size I_k) in nn.LSTM's order."""
         D, H = self.num_directions, self.hidden_size
@@ -1331,6 +1352,8 @@ class LSTM(_RNNBase):
             if use_peephole:
                 for name in _PEEPHOLES:
                     self._add(f"{name}{sfx}", H)
+        self.mode = "LSTM"
+        self._name_weights()
         self.reset_parameters()
 
     def _cell_params(self, sfx):
@@ -1482,6 +1505,8 @@ class GRU(_RNNBase):
                 if self.bias:
                     self._add(f"b_ru{sfx}", 2 * H)
                     self._add(f"b_c{sfx}", H)
+        self.mode, self.proj_size = "GRU", 0     # nn.GRU's (it has no projection)
+        self._name_weights()
         self.reset_parameters()
 
     def _cell_params(self, sfx):

@@ -108,6 +108,55 @@ def test_extras_only_when_asked_for():
         [n for n, _ in nn.LSTM(I, H, proj_size=2).named_parameters()]
 
 
+RNNBASE_CASES = [("lstm", {}), ("lstm", dict(num_layers=2, bidirectional=True)),
+                 ("lstm", dict(bias=False)), ("lstm", dict(num_layers=2, proj_size=2)),
+                 ("gru", {}), ("gru", dict(num_layers=2, bidirectional=True)),
+                 ("gru", dict(bias=False))]
+
+
+@pytest.mark.parametrize("kind,config", RNNBASE_CASES,
+                         ids=[f"{k}-{'-'.join(map(str, c.values())) or 'plain'}"
+                              for k, c in RNNBASE_CASES])
+def test_rnnbase_attributes_code_for_nn_uses(kind, config):
+    """What code written for nn.LSTM / nn.GRU touches besides the parameters:
+    all_weights, _all_weights, _flat_weights_names, mode, proj_size, and
+    flatten_parameters() (a no-op, as nn's on CPU)."""
+    ref, ours = _pair(kind, **config)
+    assert ours._all_weights == ref._all_weights
+    assert ours._flat_weights_names == ref._flat_weights_names
+    assert (ours.mode, ours.proj_size) == (ref.mode, ref.proj_size)
+    assert [[p.shape for p in ps] for ps in ours.all_weights] == \
+        [[p.shape for p in ps] for ps in ref.all_weights]
+    named = dict(ours.named_parameters())
+    assert all(p is named[n] for names, ps in zip(ours._all_weights, ours.all_weights)
+               for n, p in zip(names, ps))
+    before = [p.detach().clone() for p in ours.parameters()]
+    assert ours.flatten_parameters() is None
+    assert all(torch.equal(a, b) for a, b in zip(before, ours.parameters()))
+    # blockrnn's extras are listed too, in registration order.
+    for extra in (bt.LSTM(I, H, use_peephole=True), bt.GRU(I, H, reset_after=False)):
+        assert extra._flat_weights_names == [n for n, _ in extra.named_parameters()]
+
+
+def test_forget_gate_bias_recipe_written_for_nn_lstm():
+    """The common recipe that walks nn.LSTM._all_weights to set the forget gate's bias
+    to 1 sets the same entries here; the outputs then agree with nn.LSTM's."""
+    ref, ours = _pair("lstm", num_layers=2)
+    for m in (ref, ours):
+        m.flatten_parameters()
+        for names in m._all_weights:
+            for name in filter(lambda n: "bias" in n, names):
+                bias = getattr(m, name)
+                n = bias.size(0)
+                bias.data[n // 4:n // 2].fill_(1.0)
+    for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p, q), n
+    assert float(ours.bias_ih_l1[H:2 * H].min()) == 1.0
+    x = _rand(T, B, I, requires_grad=False)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x)[0], ref(x)[0], rtol=1e-12, atol=1e-12)
+
+
 def test_forget_bias_is_a_constant_on_the_forget_gate():
     """forget_bias=f equals adding f to bias_ih's forget block (gradients unchanged)."""
     torch.manual_seed(0)
