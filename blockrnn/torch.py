@@ -37,6 +37,8 @@ CPU only; float32 and float64 tensors.
   ``no_grad``, ``.double()``/``.float()``, a new tensor) repacks that cell at the
   next call. ``.data`` changes bypass the version counter: every forward that
   records a graph drops the cache, and ``clear_inference_cache()`` does by hand.
+  A weight that is not a registered parameter (a parametrization such as
+  ``weight_norm`` computes it at each access) is packed at each call, never cached.
   The answers equal the grad path's bit for bit (batch 1 included: the training
   forwards' batch-1 steps run the same one-row kernel). Memory: the packed copy, per
   layer and direction 4 (LSTM) or 3 (GRU) x (I_k + 2H) x H' float32 (H' = H rounded
@@ -1136,9 +1138,13 @@ class _RNNBase(nn.Module):
         if _tracing(x) or getattr(self, "proj_size", 0):
             return False
         if torch.is_grad_enabled():
+            # The weights as the call reads them, not only the registered parameters:
+            # a parametrization (weight_norm) computes one from parameters elsewhere.
             if (x.requires_grad
                     or any(isinstance(s, torch.Tensor) and s.requires_grad for s in states)
-                    or any(p.requires_grad for p in self._parameters.values())):
+                    or any(p is not None and p.requires_grad
+                           for _, _, sfx, _ in self._cells()
+                           for p in self._cell_params(sfx))):
                 self.clear_inference_cache()   # a graph is recorded: see clear_inference_cache
                 return False
         return self._param_dtype() == torch.float32
@@ -1160,7 +1166,9 @@ class _RNNBase(nn.Module):
     def inference_cache_info(self):
         """{"cells": cells packed now, "packings": packings done since the cache was
         made, "nbytes": bytes of the packed copies held} (see the class docstring)."""
-        cache = self.__dict__.get("_inference_cache") or _PackCache()
+        cache = self.__dict__.get("_inference_cache")
+        if cache is None:
+            cache = _PackCache()
         return {"cells": len(cache), "packings": cache.packings,
                 "nbytes": sum(entry[-1].nbytes for entry in cache.values())}
 
@@ -1179,12 +1187,18 @@ class _RNNBase(nn.Module):
                        options):
                 return packed
         params = self._cell_params(sfx)
+        packed = self._pack_cell(*(None if p is None else p.detach().numpy() for p in params))
+        cache.packings += 1
         name_of = {id(p): n for n, p in self._parameters.items()}
+        if any(p is not None and id(p) not in name_of for p in params):
+            # A weight that is not a registered parameter -- computed at each access
+            # (a parametrization such as weight_norm) or a plain tensor attribute --
+            # has no version to key on: packed for this call only, never cached.
+            cache.pop(sfx, None)
+            return packed
         names = tuple(None if p is None else name_of[id(p)] for p in params)
         key = (tuple(_param_key(p) for p in params), options)
-        packed = self._pack_cell(*(None if p is None else p.detach().numpy() for p in params))
         cache[sfx] = (key, names, [None if p is None else p.detach() for p in params], packed)
-        cache.packings += 1
         return packed
 
     def _run_inference(self, where, x, states, lengths, batched):

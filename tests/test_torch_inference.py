@@ -279,6 +279,56 @@ def test_in_place_through_data():
         _equal(_flat(module(x)), _grad_path(module, x))
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_parametrized_weight(kind):
+    """A parametrization (weight_norm) computes its weight at each access, a new tensor
+    with no version to key on: that cell is packed at each no-grad call and never cached
+    (the others are), every answer equals the grad path's, an update of the
+    parametrization's own parameters is served at once. With only those trainable, a
+    call in grad mode records a graph and they get nn's gradients."""
+    from torch.nn.utils.parametrizations import weight_norm
+    module = _make(kind, num_layers=2)
+    ref = (torch.nn.LSTM if kind == "lstm" else torch.nn.GRU)(I, H, num_layers=2)
+    ref.load_state_dict(module.state_dict())
+    name = "weight_hh_l1" if kind == "lstm" else "weight_ih_l1"
+    x = _x(T, B, I)
+    with torch.no_grad():
+        module(x)                                # both cells cached, then
+    for m in (module, ref):
+        weight_norm(m, name)
+    for _ in range(2):
+        want = _grad_path(module, x)
+        for got in _no_grad_paths(module, x):
+            _equal(got, want)
+        with torch.no_grad():
+            module(x)
+            before = module.inference_cache_info()["packings"]
+            module(x)
+            module(x)
+            torch.testing.assert_close(module(x)[0], ref(x)[0], rtol=1e-5, atol=1e-5)
+            for m in (module, ref):
+                getattr(m.parametrizations, name).original0.mul_(1.5)
+        info = module.inference_cache_info()
+        assert info["cells"] == 1 and info["packings"] == before + 3
+    for m in (module, ref):
+        for n, p in m.named_parameters():
+            p.requires_grad_(n.startswith("parametrizations."))
+    y = module(x)[0]
+    assert y.grad_fn is not None
+    y.sum().backward()
+    ref(x)[0].sum().backward()
+    for n, p in module.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(p.grad, dict(ref.named_parameters())[n].grad,
+                                       rtol=1e-4, atol=1e-5)
+    single = _make(kind)                         # no cell cached: packings still counted
+    weight_norm(single, "weight_hh_l0")
+    with torch.no_grad():
+        single(x)
+        single(x)
+    assert single.inference_cache_info() == {"cells": 0, "packings": 2, "nbytes": 0}
+
+
 def test_option_changes_repack():
     module = _make("lstm_extras")
     x = _x(T, B, I)
