@@ -1,7 +1,8 @@
 """PyTorch adapter: ``torch.nn.LSTM`` / ``nn.GRU`` drop-ins on blockrnn's fused sequence ops.
 
 Optional: needs PyTorch (``import blockrnn`` never imports it; this module does).
-CPU only; float32 and float64 tensors.
+CPU only; float32 and float64 tensors (under ``torch.autocast("cpu")`` a bfloat16 or
+float16 input or state runs in the parameters' dtype, with outputs of that dtype).
 
 * ``LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
   dropout=0.0, bidirectional=False, proj_size=0, *, use_peephole=False,
@@ -987,6 +988,9 @@ def _param_key(t):
     return t._version, t.data_ptr(), t.dtype, t.shape, t.device
 
 
+_AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
+
+
 class _RNNBase(nn.Module):
     """What LSTM and GRU share: the constructor's checks, the parameter names, the
     input / state / output conventions of nn.LSTM and the loop over layers."""
@@ -1061,18 +1065,30 @@ class _RNNBase(nn.Module):
             for p in self.parameters():
                 p.uniform_(-k, k)
 
+    def _autocast(self, t):
+        """Under CPU autocast (``torch.autocast("cpu")``) a bfloat16 or float16 input or
+        state runs in the parameters' dtype, as autocast's float32 ops do: the kernels
+        have no lower precision. (nn.LSTM computes in the autocast dtype and returns
+        it; these modules return the parameters' dtype.) Anything else is unchanged."""
+        if (isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_DTYPES
+                and torch.is_autocast_enabled("cpu")):
+            return t.to(self._param_dtype())
+        return t
+
     def _input(self, where, x, sequence_length):
         """input -> (time-major x (T, B, I), batched?, lengths, PackedSequence or None)."""
         if isinstance(x, PackedSequence):
             if sequence_length is not None:
                 raise ValueError(f"{where}: sequence_length must be None with a "
                                  f"PackedSequence input (the lengths are in it)")
+            x = x._replace(data=self._autocast(x.data))
             _check_tensor(where, "input.data", x.data, self._param_dtype())
             if x.data.dim() != 2 or x.data.shape[-1] != self.input_size:
                 raise ValueError(f"{where}: a PackedSequence's data must have shape (N, I) "
                                  f"with I = {self.input_size}, got {tuple(x.data.shape)}")
             padded, lengths = _unpack(x)      # (T, B, I), original batch order
             return padded, True, lengths, x
+        x = self._autocast(x)
         _check_tensor(where, "input", x, self._param_dtype())
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
             layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
@@ -1091,6 +1107,7 @@ class _RNNBase(nn.Module):
         LD, H = self.num_layers * self.num_directions, size or self.hidden_size
         if s is None:
             return torch.zeros(LD, B, H, **self._factory_now()) if zeros else None
+        s = self._autocast(s)
         _check_tensor(where, name, s, self._param_dtype())
         want = (LD, B, H) if batched else (LD, H)
         if tuple(s.shape) != want:

@@ -157,6 +157,44 @@ def test_forget_gate_bias_recipe_written_for_nn_lstm():
         torch.testing.assert_close(ours(x)[0], ref(x)[0], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_cpu_autocast_runs_in_float32(kind, dtype):
+    """Under torch.autocast("cpu") the layer before hands the module bfloat16 / float16: it
+    runs in float32, as autocast's float32 ops (nn.LSTM runs in the low precision), with the
+    bits of the same call on the input cast by hand -- outputs, states, the gradient to the
+    low-precision input, the no-grad path, a PackedSequence, low-precision initial states.
+    Outside autocast such an input is refused as before."""
+    torch.manual_seed(0)
+    lin = nn.Linear(I, I)
+    ours = OURS[kind](I, H, num_layers=2, bidirectional=True, dtype=torch.float32)
+    x = _rand(T, B, I, dtype=torch.float32, requires_grad=False)
+    state = tuple(_rand(4, B, H, dtype=dtype, seed=s, requires_grad=False) for s in (3, 4))
+    state = state if kind == "lstm" else state[0]
+    with torch.autocast("cpu", dtype=dtype):
+        h = lin(x)
+        assert h.dtype == dtype
+        y, s = ours(h, state)
+        (g,) = torch.autograd.grad(y.sum(), h)
+        with torch.no_grad():
+            y_nograd, _ = ours(h, state)
+        packed = pack_padded_sequence(h, LENGTHS, enforce_sorted=False)
+        y_packed, _ = ours(packed)
+    h32 = h.detach().float().requires_grad_()
+    state32 = tuple(t.float() for t in state) if kind == "lstm" else state.float()
+    y_ref, s_ref = ours(h32, state32)
+    (g_ref,) = torch.autograd.grad(y_ref.sum(), h32)
+    assert y.dtype == torch.float32 and torch.equal(y, y_ref)
+    for a, b in zip(s if kind == "lstm" else (s,), s_ref if kind == "lstm" else (s_ref,)):
+        assert torch.equal(a, b)
+    assert g.dtype == dtype and torch.equal(g, g_ref.to(dtype))
+    assert torch.equal(y_nograd, y_ref.detach())
+    want = ours(pack_padded_sequence(h32.detach(), LENGTHS, enforce_sorted=False))[0]
+    assert y_packed.data.dtype == torch.float32 and torch.equal(y_packed.data, want.data)
+    with pytest.raises(TypeError, match="input must be float32 or float64"):
+        ours(h.detach())
+
+
 def test_forget_bias_is_a_constant_on_the_forget_gate():
     """forget_bias=f equals adding f to bias_ih's forget block (gradients unchanged)."""
     torch.manual_seed(0)
