@@ -27,7 +27,10 @@ float16 input or state runs in the parameters' dtype, with outputs of that dtype
   ``lstm_proj_backward_op`` (nn.LSTM with proj_size), one layer in one direction each,
   with fake (shape) implementations and autograd, so ``torch.compile(...,
   fullgraph=True)`` and ``torch.export`` trace a model holding these modules.
-  Gradients are first-order only: a double backward raises a RuntimeError.
+  Gradients are first-order only: a double backward raises a RuntimeError, and so
+  does forward-mode AD into a module or an op (``torch.func.jvp``, ``jacfwd``, dual
+  tensors), except ``torch.func.jvp`` around an op called directly, which PyTorch
+  hides from the op (zero tangents; README).
 * No-grad calls (``torch.no_grad()``, ``torch.inference_mode()``, or nothing --
   input, states, parameters -- requiring grad) of a float32 module run the
   inference forward (``blockrnn.inference``: y and the final states only, the
@@ -62,6 +65,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 import blockrnn
@@ -267,7 +271,9 @@ def _hidden_size(where, w_hh):
 
 
 def _arrays(where, names, tensors, dtype):
-    """NumPy views of the op's tensor arguments (None stays None)."""
+    """NumPy views of the op's tensor arguments (None stays None), after refusing
+    forward-mode AD (_refuse_forward_ad: a view would drop the tangents)."""
+    _refuse_forward_ad(where, tensors[0], tensors[1:])
     return [None if t is None else _numpy(where, n, t, dtype) for n, t in zip(names, tensors)]
 
 
@@ -982,6 +988,38 @@ def _tracing(x):
             or type(x) is not torch.Tensor)
 
 
+try:   # (private in torch 2.13: where a version lacks them, only dual tensors are checked)
+    _INTERPRETERS, _JVP = (torch._C._functorch.get_interpreter_stack,
+                           torch._C._functorch.TransformType.Jvp)
+except AttributeError:   # pragma: no cover - depends on the torch version
+    _INTERPRETERS = _JVP = None
+
+
+def _refuse_forward_ad(where, x, tensors=(), module=None):
+    """RuntimeError if forward-mode AD would flow through this call: a torch.func.jvp
+    transform on the stack (jvp, jacfwd, hessian) or a dual tensor of
+    torch.autograd.forward_ad among x, `tensors` and `module`'s weights (read only
+    while a dual level is open). blockrnn's ops have no JVP rule: under
+    torch.func.jvp PyTorch runs a custom op as a constant and the tangents came back
+    zero, silently. (Nothing to check under torch.compile; ~0.3 us in eager, where a
+    batch-1 call is ~30 us.)"""
+    if torch.compiler.is_compiling():
+        return
+    stack = _INTERPRETERS() if _INTERPRETERS is not None else None
+    dual = stack is not None and any(i.key() == _JVP for i in stack)
+    if not dual and getattr(forward_ad, "_current_level", 0) >= 0:
+        if module is not None:
+            tensors = (*tensors, *(p for _, _, sfx, _ in module._cells()
+                                   for p in module._cell_params(sfx)))
+        dual = any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None
+                   for t in (x, *tensors))
+    if dual:
+        raise RuntimeError(f"{where}: forward-mode AD (torch.func.jvp, jacfwd, hessian, "
+                           f"torch.autograd.forward_ad) is not supported: blockrnn's ops "
+                           f"have no JVP rule, and their tangents would be zero. Use "
+                           f"torch.nn.LSTM / nn.GRU for forward-mode derivatives.")
+
+
 def _param_key(t):
     if t is None:
         return None
@@ -1408,6 +1446,7 @@ class LSTM(_RNNBase):
         xt, batched, lengths, packed = self._input(where, x, sequence_length)
         B = xt.shape[1]
         hx = _state_pair(where, hx)
+        _refuse_forward_ad(where, xt, hx, self)
         infer = self._wants_inference(xt, hx)    # no gradient: the packed inference forward
         states = (self._state(where, "h0", hx[0], B, batched, zeros=not infer),
                   self._state(where, "c0", hx[1], B, batched, zeros=not infer))
@@ -1431,6 +1470,7 @@ class LSTM(_RNNBase):
         xt, batched, lengths, packed = self._input(where, x, sequence_length)
         B = xt.shape[1]
         hx = _state_pair(where, hx)
+        _refuse_forward_ad(where, xt, hx, self)
         states = (self._state(where, "h0", hx[0], B, batched, size=self.proj_size),
                   self._state(where, "c0", hx[1], B, batched))
 
@@ -1550,6 +1590,7 @@ class GRU(_RNNBase):
     def forward(self, x, hx=None, sequence_length=None):
         where = "blockrnn.torch.GRU"
         xt, batched, lengths, packed = self._input(where, x, sequence_length)
+        _refuse_forward_ad(where, xt, (hx,), self)
         infer = self._wants_inference(xt, (hx,))  # no gradient: the packed inference forward
         states = (self._state(where, "hx", hx, xt.shape[1], batched, zeros=not infer),)
         op = gru_op if self.reset_after else gru_block_op

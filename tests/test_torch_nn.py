@@ -14,6 +14,7 @@ import pytest
 try:
     import torch
     from torch import nn
+    from torch.autograd import forward_ad
     from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 except ImportError as exc:  # pragma: no cover - depends on the environment
     pytest.fail(f"PyTorch is required for the blockrnn.torch tests ({exc!r}); install the "
@@ -193,6 +194,48 @@ def test_cpu_autocast_runs_in_float32(kind, dtype):
     assert y_packed.data.dtype == torch.float32 and torch.equal(y_packed.data, want.data)
     with pytest.raises(TypeError, match="input must be float32 or float64"):
         ours(h.detach())
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_forward_mode_ad_is_refused(kind):
+    """blockrnn's ops have no JVP rule, and under torch.func.jvp PyTorch runs a custom op
+    as a constant: the tangents came back zero. Every forward-mode entry now raises: the
+    module under torch.func.jvp (grad mode on or off) and jacfwd, a dual tensor of
+    torch.autograd.forward_ad as input (grad path and no-grad path), state or weight,
+    an op called with one. Within an open dual level, a call with nothing dual runs."""
+    _, ours = _pair(kind)
+    x = _rand(T, B, I, requires_grad=False)
+    v = torch.ones_like(x)
+    refused = pytest.raises(RuntimeError, match="forward-mode AD .* is not supported")
+    with refused:
+        torch.func.jvp(lambda a: ours(a)[0], (x,), (v,))
+    with refused, torch.no_grad():
+        torch.func.jvp(lambda a: ours(a)[0], (x,), (v,))
+    with refused:
+        torch.func.jacfwd(lambda a: ours(a)[0].sum())(x)
+    fast = OURS[kind](I, H).requires_grad_(False)       # float32: the packed no-grad path
+    h0 = torch.zeros(1, B, H, dtype=torch.float64)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x, v)
+        with refused:
+            ours(dual)
+        with refused:
+            fast(forward_ad.make_dual(x.float(), v.float()))
+        with refused:
+            state = forward_ad.make_dual(h0, torch.ones_like(h0))
+            ours(x, (state, h0) if kind == "lstm" else state)
+        name, p = next(iter(ours.named_parameters()))
+        with refused:
+            torch.func.functional_call(
+                ours, {name: forward_ad.make_dual(p.detach(), torch.ones_like(p))}, (x,))
+        ps = [None if t is None else t.detach() for t in ours._cell_params("_l0")]
+        with refused:
+            if kind == "lstm":
+                bt.lstm_op(dual, h0[0], h0[0], *ps, None, 0.0, 0.0, False)
+            else:
+                bt.gru_op(dual, h0[0], *ps, None, False)
+        y, _ = ours(x)                                    # nothing dual
+        assert forward_ad.unpack_dual(y).tangent is None
 
 
 def test_forget_bias_is_a_constant_on_the_forget_gate():
