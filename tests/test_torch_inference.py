@@ -329,6 +329,24 @@ def test_parametrized_weight(kind):
     assert single.inference_cache_info() == {"cells": 0, "packings": 2, "nbytes": 0}
 
 
+def test_pruned_weight():
+    """torch.nn.utils.prune makes the weight a plain tensor attribute recomputed by a
+    hook (the parameter becomes weight_orig): packed per no-grad call, bit for bit the
+    grad path's; after prune.remove it is a parameter again and cached."""
+    import torch.nn.utils.prune as prune
+    module = _make("lstm", num_layers=2)
+    x = _x(T, B, I)
+    prune.l1_unstructured(module, "weight_hh_l0", 0.5)
+    want = _grad_path(module, x)
+    for got in _no_grad_paths(module, x):
+        _equal(got, want)
+    assert module.inference_cache_info()["cells"] == 1
+    prune.remove(module, "weight_hh_l0")
+    with torch.no_grad():
+        _equal(_flat(module(x)), want)
+    assert module.inference_cache_info()["cells"] == 2
+
+
 def test_option_changes_repack():
     module = _make("lstm_extras")
     x = _x(T, B, I)
