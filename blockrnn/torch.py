@@ -1179,7 +1179,7 @@ class _RNNBase(nn.Module):
     def _wants_inference(self, x, states):
         """Whether this call runs the inference forward on packed weights: no
         gradient can be needed (grad mode off -- torch.no_grad, inference_mode --
-        or neither x, the states nor any parameter requires grad), the
+        or neither x, the states nor any weight the call reads requires grad), the
         parameters are float32 (float64 has no inference kernel yet: the training
         ops then run, which is what float64 inference is today), no projection
         (proj_size > 0 has no inference kernel), and the call is not traced.

@@ -93,6 +93,7 @@ def evaluate(results, targets=TARGETS, spread_bound=SPREAD_BOUND):
             if workload not in CELL_WORKLOADS:
                 peak = results["roofline"][mode]["gflops"] * 1e9
                 v["floor"] = own["flops"] / peak / (other["median_ms"] * 1e-3)
+
     def spread(r):
         return r["median_ms"] / r["best_ms"]
 
