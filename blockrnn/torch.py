@@ -30,7 +30,10 @@ float16 input or state runs in the parameters' dtype, with outputs of that dtype
   Gradients are first-order only: a double backward raises a RuntimeError, and so
   does forward-mode AD into a module or an op (``torch.func.jvp``, ``jacfwd``, dual
   tensors), except ``torch.func.jvp`` around an op called directly, which PyTorch
-  hides from the op (zero tangents; README).
+  hides from the op (zero tangents; README). The modules run under torch.func's
+  grad, vjp, jacrev and vmap: there each op runs as an autograd.Function of the
+  style functorch needs (_func_function), since torch 2.13's custom-op autograd
+  refuses torch.func.
 * No-grad calls (``torch.no_grad()``, ``torch.inference_mode()``, or nothing --
   input, states, parameters -- requiring grad) of a float32 module run the
   inference forward (``blockrnn.inference``: y and the final states only, the
@@ -139,6 +142,7 @@ _OptT = Optional[torch.Tensor]
 # shapes made a training step slower than nn.LSTM's.
 _IMPLEMENTATION = {}
 _EAGER_FUNCTION = {}
+_FUNC_FUNCTION = {}     # op -> its autograd.Function under torch.func (see _func_function)
 
 
 def _custom_op(name, mutates_args):
@@ -158,38 +162,95 @@ except AttributeError:   # pragma: no cover - depends on the torch version
     _MODES = None
 
 
-def _plain(x):
-    """Whether a call with first tensor x may skip the dispatcher: eager, a plain
-    torch.Tensor, no tracing, dispatch or function mode, no functorch transform.
-    Anything else (torch.compile, torch.export, FakeTensor, vmap, a
-    TorchDispatchMode) goes through the custom op, which those know."""
+def _route(x):
+    """How a call with first tensor x runs its op: "eager" (the implementation under
+    an autograd.Function, skipping the dispatcher: a plain torch.Tensor, no tracing,
+    dispatch or function mode, no torch.func transform), "func" (under torch.func's
+    grad, vjp, jacrev or vmap and nothing else: the op's _FUNC_FUNCTION, which
+    functorch can transform; jvp is refused before, see _refuse_forward_ad) or None
+    (the custom op, which torch.compile, torch.export, FakeTensor and dispatch modes
+    know)."""
     if _MODES is None or _tracing(x):
-        return False
+        return None
     dispatch_mode, function_mode, transforms = _MODES
-    return dispatch_mode() is None and not function_mode() and transforms() is None
+    if dispatch_mode() is not None or function_mode():
+        return None
+    return "eager" if transforms() is None else "func"
+
+
+def _under_func_transform():
+    """Whether a torch.func transform (grad, vjp, jacrev, vmap, jvp) is running."""
+    return _MODES is not None and _MODES[2]() is not None
 
 
 def _apply(op, *args):
-    """A forward op's call from the modules: op(*args), its implementation under an
-    autograd.Function with the op's own setup and backward when the call is plain
-    (same results and gradients), else the custom op (and any other callable: a
-    test's spy)."""
+    """A forward op's call from the modules: op(*args), run as _route says (the same
+    results and gradients every way); any other callable (a test's spy) is called."""
     function = _EAGER_FUNCTION.get(op)
-    return function.apply(*args) if function is not None and _plain(args[0]) else op(*args)
+    if function is None:
+        return op(*args)
+    route = _route(args[0])
+    if route == "eager":
+        return function.apply(*args)
+    return (_FUNC_FUNCTION[op].apply if route == "func" else op)(*args)
 
 
-def _call(op, *args):
-    """A backward op's call from a forward op's autograd (grad mode off there:
-    _first_order_only raised otherwise): its implementation when the call is
-    plain, else the custom op."""
-    return (_IMPLEMENTATION.get(op, op) if _plain(args[0]) else op)(*args)
+def _call(ctx, where, op, *args):
+    """A backward op's call from a forward op's autograd backward (where: its name
+    in errors). After a forward under torch.func (ctx.func, set by _func_function's
+    setup_context) the backward op's _FUNC_FUNCTION, whose own backward raises if
+    its result is differentiated: torch.func runs every backward with grad mode on
+    (grad, jacrev) or as the caller's grad mode says (the function vjp returns).
+    Otherwise first-order only (_first_order_only), then the implementation or the
+    custom op, as _route says."""
+    if getattr(ctx, "func", False):
+        return _FUNC_FUNCTION[op].apply(*args)
+    _first_order_only(where)
+    if _route(args[0]) == "eager":
+        return _IMPLEMENTATION[op](*args)
+    return op(*args)
+
+
+def _func_function(name, implementation, setup, backward):
+    """The autograd.Function an op runs as under torch.func transforms, which
+    torch.library.custom_op's own autograd does not support in torch 2.13 ("must
+    override the setup_context staticmethod"): setup_context style, as functorch
+    requires, and a vmap rule that applies the Function once per vmapped sample
+    (PyTorch's own fallback for an op without a batching rule, as nn.LSTM's under
+    vmap) and stacks the results along dim 0."""
+    def forward(*inputs):
+        return implementation(*inputs)
+
+    def setup_context(ctx, inputs, output):
+        ctx.set_materialize_grads(False)    # as the custom op: None for unused outputs
+        ctx.func = True                     # see _call
+        setup(ctx, inputs, output)
+
+    def vmap(info, in_dims, *inputs):
+        if info.batch_size == 0:      # (no sample to call: no output shape)
+            raise ValueError(f"{name}: torch.func.vmap over a dimension of size 0 is not "
+                             f"supported")
+        # apply, not the implementation: a transform below vmap (grad(vmap(f)))
+        # still has to see each sample's call.
+        outs = [function.apply(*(a if d is None else a.select(d, i)
+                                 for a, d in zip(inputs, in_dims)))
+                for i in range(info.batch_size)]
+        return tuple(torch.stack(o) for o in zip(*outs)), (0,) * len(outs[0])
+
+    function = type(name, (torch.autograd.Function,),
+                    {"forward": staticmethod(forward),
+                     "setup_context": staticmethod(setup_context),
+                     "backward": staticmethod(backward), "vmap": staticmethod(vmap)})
+    return function
 
 
 def _register_autograd(op, backward_op, setup, backward, name):
-    """op's autograd (setup_context, backward) for the custom op and its eager
-    autograd.Function; the backward op itself is first-order only."""
+    """op's autograd (setup_context, backward) for the custom op, its eager
+    autograd.Function and its torch.func one; the backward op itself is first-order
+    only."""
+    no_double_backward = _no_double_backward(name)
     op.register_autograd(backward, setup_context=setup)
-    backward_op.register_autograd(_no_double_backward(name))
+    backward_op.register_autograd(no_double_backward)
 
     implementation = _IMPLEMENTATION[op]
 
@@ -199,10 +260,14 @@ def _register_autograd(op, backward_op, setup, backward, name):
         setup(ctx, inputs, output)
         return output
 
-    _EAGER_FUNCTION[op] = type(f"blockrnn_{name[:-len('_backward')]}",
-                               (torch.autograd.Function,),
+    forward_name = f"blockrnn_{name[:-len('_backward')]}"
+    _EAGER_FUNCTION[op] = type(forward_name, (torch.autograd.Function,),
                                {"forward": staticmethod(forward),
                                 "backward": staticmethod(backward)})
+    _FUNC_FUNCTION[op] = _func_function(forward_name, implementation, setup, backward)
+    _FUNC_FUNCTION[backward_op] = _func_function(
+        f"blockrnn_{name}", _IMPLEMENTATION[backward_op], lambda ctx, inputs, output: None,
+        no_double_backward)
 
 
 def _op_lengths(where, lengths, T, B):
@@ -404,7 +469,6 @@ def _lstm_setup(ctx, inputs, output):
 
 
 def _lstm_autograd(ctx, h_grad, cs_grad, *gate_grads):
-    _first_order_only("blockrnn.torch.LSTM backward")
     x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, h, cs, *gates = \
         ctx.saved_tensors
     if h_grad is None:
@@ -412,8 +476,9 @@ def _lstm_autograd(ctx, h_grad, cs_grad, *gate_grads):
     if cs_grad is None:
         cs_grad = torch.zeros_like(cs)
     dx, dh0, dc0, dw_ih, dw_hh, db, dwci, dwcf, dwco = _call(
-        lstm_backward_op, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths,
-        ctx.forget_bias, ctx.reverse, h, cs, *gates, h_grad, cs_grad)
+        ctx, "blockrnn.torch.LSTM backward", lstm_backward_op, x, h0, c0, w_ih, w_hh, b_ih,
+        b_hh, wci, wcf, wco, lengths, ctx.forget_bias, ctx.reverse, h, cs, *gates, h_grad,
+        cs_grad)
     has_b, peep = b_ih is not None, wci is not None
     return (dx, dh0, dc0, dw_ih, dw_hh, db if has_b else None,
             db.clone() if has_b else None,          # its own tensor: b_hh.grad is not b_ih.grad
@@ -495,12 +560,12 @@ def _register_gru_autograd(op, backward_op, name):
         ctx.reverse = reverse
 
     def backward(ctx, h_grad, *gate_grads):
-        _first_order_only("blockrnn.torch.GRU backward")
         x, h0, w1, w2, b1, b2, lengths, h, *gates = ctx.saved_tensors
         if h_grad is None:
             h_grad = torch.zeros_like(h)
-        dx, dh0, dw1, dw2, db1, db2 = _call(backward_op, x, h0, w1, w2, b1, b2, lengths,
-                                            ctx.reverse, h, *gates, h_grad)
+        dx, dh0, dw1, dw2, db1, db2 = _call(ctx, "blockrnn.torch.GRU backward", backward_op,
+                                            x, h0, w1, w2, b1, b2, lengths, ctx.reverse, h,
+                                            *gates, h_grad)
         has_b = b1 is not None
         return (dx, dh0, dw1, dw2, db1 if has_b else None, db2 if has_b else None,
                 None, None)
@@ -648,15 +713,14 @@ def _lstm_proj_setup(ctx, inputs, output):
 
 
 def _lstm_proj_autograd(ctx, h_grad, cs_grad, *gate_grads):
-    _first_order_only("blockrnn.torch.LSTM backward")
     x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, h, cs, *gates = ctx.saved_tensors
     if h_grad is None:
         h_grad = torch.zeros_like(h)
     if cs_grad is None:
         cs_grad = torch.zeros_like(cs)
     dx, dh0, dc0, dw_ih, dw_hh, db, dw_hr = _call(
-        lstm_proj_backward_op, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, ctx.reverse,
-        h, cs, *gates, h_grad, cs_grad)
+        ctx, "blockrnn.torch.LSTM backward", lstm_proj_backward_op, x, h0, c0, w_ih, w_hh,
+        b_ih, b_hh, w_hr, lengths, ctx.reverse, h, cs, *gates, h_grad, cs_grad)
     has_b = b_ih is not None
     return (dx, dh0, dc0, dw_ih, dw_hh, db if has_b else None,
             db.clone() if has_b else None,          # its own tensor: b_hh.grad is not b_ih.grad
@@ -1189,8 +1253,11 @@ class _RNNBase(nn.Module):
         see or guard (a graph would bake one version of it, or break), while
         the training op is a pure function of the weight tensors with the same
         bits (float32, batch 1 included). A custom inference op taking the
-        weights would have to pack on every call inside the graph."""
-        if _tracing(x) or getattr(self, "proj_size", 0):
+        weights would have to pack on every call inside the graph. Under a
+        torch.func transform (vmap, or grad with torch.no_grad inside) x is a
+        functorch wrapper without storage: the training op runs, as torch.func
+        needs (see _func_function)."""
+        if _tracing(x) or _under_func_transform() or getattr(self, "proj_size", 0):
             return False
         if torch.is_grad_enabled():
             # The weights as the call reads them, not only the registered parameters:

@@ -345,7 +345,7 @@ def test_eager_calls_skip_the_dispatcher_with_the_same_bits(make, dtype):
 
 
 def test_eager_calls_take_the_custom_op_where_torch_lacks_the_mode_checks(monkeypatch):
-    """Where a torch version lacks the private mode checks _plain reads, every call goes
+    """Where a torch version lacks the private mode checks _route reads, every call goes
     through the custom ops (the graph has no blockrnn_<op> node) and still trains."""
     monkeypatch.setattr(bt, "_MODES", None)
     layer = bt.LSTM(3, 4)

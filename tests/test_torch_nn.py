@@ -239,6 +239,127 @@ def test_forward_mode_ad_is_refused(kind):   # (torch.func.jacfwd's own jit.scri
         assert forward_ad.unpack_dual(y).tangent is None
 
 
+# torch.func: grad, vjp, jacrev and vmap run (the ops' own Functions there); what
+# needs a second derivative raises.
+FUNC_CASES = [("lstm", {}, True), ("lstm", dict(num_layers=2, bidirectional=True,
+                                                batch_first=True), False),
+              ("lstm", dict(proj_size=2), True), ("lstm", dict(use_peephole=True), False),
+              ("gru", dict(num_layers=2, bidirectional=True, bias=False), True),
+              ("gru", dict(reset_after=False), False)]
+FUNC_IDS = [f"{k}-{'-'.join(map(str, c.values())) or 'plain'}-{'lengths' if n else 'full'}"
+            for k, c, n in FUNC_CASES]
+
+
+def _func_module(kind, config, dtype=torch.float64):
+    torch.manual_seed(0)
+    return OURS[kind](I, H, **config, dtype=dtype)
+
+
+def _func_loss(module, lengths):
+    """loss(params, x) of the module's output and final states, for torch.func."""
+    def loss(params, x):
+        kwargs = {} if lengths is None else {"sequence_length": lengths}   # (nn has none)
+        y, s = torch.func.functional_call(module, params, (x,), kwargs)
+        return _loss(y, s if isinstance(s, tuple) else (s,))
+    return loss
+
+
+@pytest.mark.parametrize("kind,config,with_lengths", FUNC_CASES, ids=FUNC_IDS)
+def test_torch_func_grad_vjp_jacrev_equal_autograd(kind, config, with_lengths):
+    """torch.func.grad (of the parameters and x), vjp and jacrev give, bit for bit, the
+    gradients .backward() gives (torch 2.13's custom_op autograd refuses torch.func:
+    these raised "must override the setup_context staticmethod"), and nn's where nn
+    has the configuration."""
+    ours = _func_module(kind, config)
+    lengths = torch.tensor(LENGTHS) if with_lengths else None
+    shape = (B, T, I) if config.get("batch_first") else (T, B, I)
+    x = _rand(*shape, seed=1, requires_grad=False)
+    loss = _func_loss(ours, lengths)
+    params = {n: p.detach() for n, p in ours.named_parameters()}
+    g_params, g_x = torch.func.grad(loss, argnums=(0, 1))(params, x)
+    x_ad = x.clone().requires_grad_(True)
+    loss(dict(ours.named_parameters()), x_ad).backward()
+    assert torch.equal(g_x, x_ad.grad)
+    for n, p in ours.named_parameters():
+        assert torch.equal(g_params[n], p.grad), n
+    f = lambda a: ours(a, sequence_length=lengths)[0]            # noqa: E731
+    cot = _weights(f(x).shape, x.dtype, seed=3)
+    y, vjp_fn = torch.func.vjp(f, x)
+    (g_vjp,) = vjp_fn(cot)
+    assert torch.equal(y, f(x))
+    assert torch.equal(g_vjp, torch.autograd.grad(f(x_ad), x_ad, cot)[0])
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        g_vjp.sum().backward()      # vjp_fn ran in grad mode: its result has a graph
+    jac = torch.func.jacrev(f)(x)
+    assert jac.shape == (*y.shape, *x.shape)
+    torch.testing.assert_close((jac * cot[(...,) + (None,) * x.ndim]).sum(tuple(range(y.ndim))),
+                               g_vjp.detach(), rtol=1e-12, atol=1e-14)
+    if kind in NN and not set(config) - {"num_layers", "bidirectional", "batch_first", "bias",
+                                        "proj_size"} and lengths is None:
+        torch.manual_seed(0)
+        ref = NN[kind](I, H, **config, dtype=torch.float64)
+        torch.testing.assert_close(torch.func.jacrev(lambda a: ref(a)[0])(x), jac,
+                                   rtol=1e-10, atol=1e-12)
+        g_ref = torch.func.grad(_func_loss(ref, None))(
+            {n: p.detach() for n, p in ref.named_parameters()}, x)
+        for n in g_ref:
+            torch.testing.assert_close(g_params[n], g_ref[n], rtol=1e-10, atol=1e-12, msg=n)
+
+
+@pytest.mark.parametrize("kind,config,with_lengths", FUNC_CASES, ids=FUNC_IDS)
+def test_vmap_runs_each_sample_as_its_own_call(kind, config, with_lengths):
+    """torch.func.vmap over the module (no_grad: it raised "Cannot access data pointer"
+    on the packed no-grad path) and vmap(grad) (per-sample gradients) equal the
+    samples' own calls bit for bit, float32 (the samples' no-grad calls run the packed
+    path), x and the initial state batched."""
+    ours = _func_module(kind, config, torch.float32)
+    lengths = torch.tensor(LENGTHS) if with_lengths else None
+    V = 3
+    shape = (B, T, I) if config.get("batch_first") else (T, B, I)
+    xs = _rand(V, *shape, dtype=torch.float32, seed=1, requires_grad=False)
+    D = 2 if config.get("bidirectional") else 1
+    h0s = _rand(V, config.get("num_layers", 1) * D, B, config.get("proj_size") or H,
+                dtype=torch.float32, seed=2, requires_grad=False)
+
+    def f(a, h):
+        state = (h, torch.zeros(h.shape[0], B, H)) if kind == "lstm" else h
+        return ours(a, state, sequence_length=lengths)[0]
+    for grad_mode in (False, True):
+        with torch.set_grad_enabled(grad_mode):
+            batched = torch.func.vmap(f)(xs, h0s)
+            for v in range(V):
+                assert torch.equal(batched[v], f(xs[v], h0s[v]).detach()), (grad_mode, v)
+    with pytest.raises(ValueError, match="vmap over a dimension of size 0"):
+        torch.func.vmap(f)(xs[:0], h0s[:0])
+
+    def loss(params, a):      # (no random weights: vmap refuses random ops)
+        return torch.func.functional_call(ours, params, (a,),
+                                          {"sequence_length": lengths})[0].pow(2).sum()
+    params = {n: p.detach() for n, p in ours.named_parameters()}
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, xs)
+    for v in range(V):
+        ours.zero_grad()
+        loss(dict(ours.named_parameters()), xs[v]).backward()
+        for n, p in ours.named_parameters():
+            assert torch.equal(per_sample[n][v], p.grad), (n, v)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_torch_func_second_derivatives_raise(kind):
+    """grad(grad), jacrev(jacrev) and hessian need the gradient's own derivative:
+    a clear RuntimeError (the first derivatives above run)."""
+    ours = _func_module(kind, {})
+    x = _rand(T, B, I, seed=1, requires_grad=False)
+    f = lambda a: ours(a)[0].pow(2).sum()                          # noqa: E731
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.func.grad(lambda a: torch.func.grad(f)(a).sum())(x)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.func.jacrev(torch.func.jacrev(f))(x)
+    with pytest.raises(RuntimeError, match="forward-mode AD .* is not supported"):
+        torch.func.hessian(f)(x)
+
+
 def test_forget_bias_is_a_constant_on_the_forget_gate():
     """forget_bias=f equals adding f to bias_ih's forget block (gradients unchanged)."""
     torch.manual_seed(0)
