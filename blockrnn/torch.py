@@ -87,12 +87,13 @@ __all__ = ["LSTM", "GRU", "upgrade_state_dict_v01", "lstm_op", "lstm_backward_op
 _DTYPES = (torch.float32, torch.float64)
 
 
-def _check_tensor(where, name, t, dtype=None):
-    """A CPU float32/float64 tensor, of dtype `dtype` if given (the parameters'), with clear
-    errors. It reads the tensor's metadata only, so that torch.compile traces it."""
+def _check_tensor(where, name, t, dtype=None, device=None):
+    """A CPU (or meta) float32/float64 tensor, of dtype `dtype` and on `device` if given
+    (the parameters'), with clear errors. It reads the tensor's metadata only, so that
+    torch.compile traces it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "meta"):    # (meta: shapes only, see _tracing)
         raise ValueError(f"{where}: blockrnn runs on the CPU only; {name} is on {t.device} "
                          f"(move it with .cpu())")
     if t.dtype not in _DTYPES:
@@ -100,6 +101,9 @@ def _check_tensor(where, name, t, dtype=None):
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{where}: {name} has dtype {t.dtype} but the parameters have "
                         f"{dtype}; convert the input or the module (e.g. module.double())")
+    if device is not None and t.device != device:
+        raise ValueError(f"{where}: {name} is on {t.device} but the parameters are on "
+                         f"{device}")
 
 
 def _numpy(where, name, t, dtype=None):
@@ -937,7 +941,7 @@ def _final(seq, init, lengths):
     if lengths is None:
         return seq[T - 1]
     lengths = torch.as_tensor(lengths)
-    picked = seq[(lengths - 1).clamp(min=0), torch.arange(seq.shape[1])]
+    picked = seq[(lengths - 1).clamp(min=0), torch.arange(seq.shape[1], device=seq.device)]
     return torch.where((lengths > 0)[:, None], picked, init)
 
 
@@ -986,13 +990,15 @@ def _repack(y, packed):
     return PackedSequence(data, bs, packed.sorted_indices, packed.unsorted_indices)
 
 
-def _lengths_tensor(where, sequence_length, T, B):
+def _lengths_tensor(where, sequence_length, T, B, meta=False):
     """sequence_length (None, an integer tensor, an array or a list of B ints) -> None or an
-    int64 tensor (B,). The values (in [0, T]) are checked inside the ops."""
+    int64 tensor (B,), on the CPU, or on the meta device for a meta input (shapes only).
+    The values (in [0, T]) are checked inside the ops."""
     if sequence_length is None:
         return None
     if not isinstance(sequence_length, torch.Tensor):
-        return torch.from_numpy(check_sequence_length(where, sequence_length, B, T))
+        lengths = torch.from_numpy(check_sequence_length(where, sequence_length, B, T))
+        return lengths.to("meta") if meta else lengths
     if sequence_length.dtype.is_floating_point or sequence_length.dtype.is_complex \
             or sequence_length.dtype == torch.bool:
         raise TypeError(f"{where}: sequence_length must be an integer array of shape (B,), "
@@ -1000,21 +1006,22 @@ def _lengths_tensor(where, sequence_length, T, B):
     if tuple(sequence_length.shape) != (B,):
         raise ValueError(f"{where}: sequence_length must have shape (B,) = ({B},), got "
                          f"{tuple(sequence_length.shape)}")
-    return sequence_length.to(device="cpu", dtype=torch.int64)
+    return sequence_length.to(device="meta" if meta else "cpu", dtype=torch.int64)
 
 
 def _check_device(where, device):
-    """device: None or any spelling of the CPU (blockrnn has no GPU kernels)."""
+    """device: None, any spelling of the CPU (blockrnn has no GPU kernels) or meta
+    (parameters without data: shapes only, or to_empty later)."""
     if device is None:
         return
     try:
         kind = torch.device(device).type
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"{where}: device must be None or 'cpu', got {device!r} ({exc})") \
-            from exc
-    if kind != "cpu":
-        raise ValueError(f"{where}: blockrnn runs on the CPU only; device must be None or "
-                         f"'cpu', got {device!r}")
+        raise ValueError(f"{where}: device must be None, 'cpu' or 'meta', got {device!r} "
+                         f"({exc})") from exc
+    if kind not in ("cpu", "meta"):
+        raise ValueError(f"{where}: blockrnn runs on the CPU only; device must be None, "
+                         f"'cpu' or 'meta', got {device!r}")
 
 
 # ---------------------------------------------------------------------------
@@ -1046,10 +1053,12 @@ class _PackCache(dict):
 
 def _tracing(x):
     """Whether this call is being traced (torch.compile / torch.export / jit.trace /
-    fake or functional tensors): then the module runs the training ops, never the
-    packed cache (see _RNNBase._wants_inference)."""
+    fake or functional tensors) or runs on the meta device (shapes only): then the
+    module runs the training ops through the dispatcher (their fake implementations
+    give meta tensors their shapes), never the packed cache (see
+    _RNNBase._wants_inference)."""
     return (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or type(x) is not torch.Tensor)
+            or type(x) is not torch.Tensor or x.is_meta)
 
 
 try:   # (private in torch 2.13: where a version lacks them, only dual tensors are checked)
@@ -1123,7 +1132,8 @@ class _RNNBase(nn.Module):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first = bool(bias), bool(batch_first)
         self.dropout, self.bidirectional = float(dropout), bool(bidirectional)
-        self._factory = {"dtype": dtype}
+        self._factory = {"dtype": dtype} if device is None else \
+            {"dtype": dtype, "device": torch.device(device)}
 
     @property
     def num_directions(self):
@@ -1184,14 +1194,17 @@ class _RNNBase(nn.Module):
                 raise ValueError(f"{where}: sequence_length must be None with a "
                                  f"PackedSequence input (the lengths are in it)")
             x = x._replace(data=self._autocast(x.data))
-            _check_tensor(where, "input.data", x.data, self._param_dtype())
+            _check_tensor(where, "input.data", x.data, *self._param_dtype_device())
+            if x.data.is_meta:
+                raise ValueError(f"{where}: a PackedSequence on the meta device is not "
+                                 f"supported (its lengths are values); pad it")
             if x.data.dim() != 2 or x.data.shape[-1] != self.input_size:
                 raise ValueError(f"{where}: a PackedSequence's data must have shape (N, I) "
                                  f"with I = {self.input_size}, got {tuple(x.data.shape)}")
             padded, lengths = _unpack(x)      # (T, B, I), original batch order
             return padded, True, lengths, x
         x = self._autocast(x)
-        _check_tensor(where, "input", x, self._param_dtype())
+        _check_tensor(where, "input", x, *self._param_dtype_device())
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
             layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
             raise ValueError(f"{where}: input must have shape {layout} or (T, I) with "
@@ -1201,7 +1214,7 @@ class _RNNBase(nn.Module):
             x = x.unsqueeze(1)
         elif self.batch_first:
             x = x.transpose(0, 1)
-        return x, batched, _lengths_tensor(where, sequence_length, *x.shape[:2]), None
+        return x, batched, _lengths_tensor(where, sequence_length, *x.shape[:2], x.is_meta), None
 
     def _state(self, where, name, s, B, batched, size=None, zeros=True):
         """h0 / c0: None (zeros; None if not `zeros`) or (L*D, B, H) ((L*D, H) unbatched)
@@ -1210,7 +1223,7 @@ class _RNNBase(nn.Module):
         if s is None:
             return torch.zeros(LD, B, H, **self._factory_now()) if zeros else None
         s = self._autocast(s)
-        _check_tensor(where, name, s, self._param_dtype())
+        _check_tensor(where, name, s, *self._param_dtype_device())
         want = (LD, B, H) if batched else (LD, H)
         if tuple(s.shape) != want:
             raise ValueError(f"{where}: {name} must have shape {want} (num_layers * "
@@ -1371,8 +1384,13 @@ class _RNNBase(nn.Module):
         # tenth of the cost of next(self.parameters()), which runs once per call or more
         return next(iter(self._parameters.values())).dtype
 
+    def _param_dtype_device(self):
+        p = next(iter(self._parameters.values()))
+        return p.dtype, p.device
+
     def _factory_now(self):
-        return {"dtype": self._param_dtype()}
+        dtype, device = self._param_dtype_device()
+        return {"dtype": dtype, "device": device}
 
     def extra_repr(self):
         s = f"{self.input_size}, {self.hidden_size}"

@@ -198,7 +198,7 @@ def test_adam_training_reduces_loss():
 
 def test_errors():
     lstm = bt.LSTM(I, H)
-    with pytest.raises(ValueError, match="CPU only; input is on meta"):
+    with pytest.raises(ValueError, match="input is on meta but the parameters are on cpu"):
         lstm(torch.empty(T, B, I, device="meta"))
     with pytest.raises(TypeError, match="input must be float32 or float64, got torch.float16"):
         lstm(torch.zeros(T, B, I, dtype=torch.float16))

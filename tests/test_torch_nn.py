@@ -360,6 +360,60 @@ def test_torch_func_second_derivatives_raise(kind):
         torch.func.hessian(f)(x)
 
 
+META_CASES = [("lstm", {}), ("lstm", dict(num_layers=2, bidirectional=True,
+                                          batch_first=True)),
+              ("lstm", dict(proj_size=2, num_layers=2)), ("gru", dict(bias=False)),
+              ("gru", dict(num_layers=2, bidirectional=True))]
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+@pytest.mark.parametrize("kind,config", META_CASES,
+                         ids=[f"{k}-{'-'.join(map(str, c.values())) or 'plain'}"
+                              for k, c in META_CASES])
+def test_meta_device_gives_nn_shapes(kind, config):
+    """On the meta device (device="meta" or torch.device("meta") as a context: shapes
+    only, what model-size tools and deferred initialisation use) a forward, with
+    sequence_length too, gives nn's shapes and device, grad mode and no_grad, and a
+    backward gives meta gradients; then to_empty + load_state_dict computes. It raised
+    "runs on the CPU only". Mixed devices raise as nn does; a meta PackedSequence
+    raises (its lengths are values)."""
+    ref = NN[kind](I, H, **config, device="meta")
+    with torch.device("meta"):
+        ours = OURS[kind](I, H, **config)
+    assert all(p.is_meta for p in ours.parameters())
+    assert all(p.is_meta for p in OURS[kind](I, H, **config, device="meta").parameters())
+    x = torch.randn(*((B, T, I) if config.get("batch_first") else (T, B, I)), device="meta",
+                    requires_grad=True)
+    y_ref, s_ref = ref(x)
+    for kwargs in ({}, {"sequence_length": LENGTHS}):
+        y, s = ours(x, **kwargs)
+        assert y.is_meta and y.shape == y_ref.shape
+        states, states_ref = (s, s_ref) if kind == "lstm" else ((s,), (s_ref,))
+        assert [(t.shape, t.device) for t in states] == \
+            [(t.shape, t.device) for t in states_ref]
+        with torch.no_grad():
+            assert ours(x, **kwargs)[0].shape == y_ref.shape
+    (y.sum() + sum(t.sum() for t in states)).backward()
+    assert x.grad.is_meta and x.grad.shape == x.shape
+    assert all(p.grad.is_meta and p.grad.shape == p.shape for p in ours.parameters())
+    unbatched = x[0] if config.get("batch_first") else x[:, 0]      # (T, I)
+    assert ours(unbatched)[0].shape == ref(unbatched)[0].shape
+    with pytest.raises(ValueError, match="input is on cpu but the parameters are on meta"):
+        ours(torch.randn(x.shape))
+    with pytest.raises(ValueError, match="input is on meta but the parameters are on cpu"):
+        OURS[kind](I, H, **config)(x)
+    packed = pack_padded_sequence(torch.randn(T, B, I, device="meta"), torch.tensor(LENGTHS),
+                                  enforce_sorted=False)
+    with pytest.raises(ValueError, match="PackedSequence on the meta device"):
+        ours(packed)
+    ours.to_empty(device="cpu")
+    torch.manual_seed(3)
+    src = NN[kind](I, H, **config)
+    ours.load_state_dict(src.state_dict())
+    xc = torch.randn(x.shape)
+    torch.testing.assert_close(ours(xc)[0], src(xc)[0], rtol=1e-5, atol=1e-6)
+
+
 def test_forget_bias_is_a_constant_on_the_forget_gate():
     """forget_bias=f equals adding f to bias_ih's forget block (gradients unchanged)."""
     torch.manual_seed(0)
