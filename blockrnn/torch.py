@@ -210,9 +210,25 @@ def _call(ctx, where, op, *args):
     if getattr(ctx, "func", False):
         return _FUNC_FUNCTION[op].apply(*args)
     _first_order_only(where)
-    if _route(args[0]) == "eager":
+    if _route(args[0]) == "eager" and not _legacy_batched(args[-2:]):
         return _IMPLEMENTATION[op](*args)
     return op(*args)
+
+
+try:   # (private in torch 2.13: where a version lacks it, no legacy vmap is seen)
+    _IS_LEGACY_BATCHED = torch._C._functorch.is_legacy_batchedtensor
+except AttributeError:   # pragma: no cover - depends on the torch version
+    _IS_LEGACY_BATCHED = None
+
+
+def _legacy_batched(grads):
+    """Whether an incoming gradient (the backward op's last arguments) is batched by
+    the vmap of torch.autograd.grad(..., is_grads_batched=True) (and of
+    torch.autograd.functional.jacobian(vectorize=True)), which no torch.func
+    interpreter shows: the custom op then runs it, one sample at a time (PyTorch's
+    fallback), where the implementation cannot read its data."""
+    return _IS_LEGACY_BATCHED is not None and any(
+        isinstance(g, torch.Tensor) and _IS_LEGACY_BATCHED(g) for g in grads)
 
 
 def _func_function(name, implementation, setup, backward):

@@ -344,6 +344,31 @@ def test_vmap_runs_each_sample_as_its_own_call(kind, config, with_lengths):
             assert torch.equal(per_sample[n][v], p.grad), (n, v)
 
 
+@pytest.mark.parametrize("kind,config,with_lengths", FUNC_CASES, ids=FUNC_IDS)
+def test_batched_grads_of_torch_autograd(kind, config, with_lengths):
+    """torch.autograd.grad(..., is_grads_batched=True) (what
+    torch.autograd.functional.jacobian(vectorize=True) runs) equals one call per
+    gradient, bit for bit: its vmap is not torch.func's, and the backward read the
+    batched gradient's data ("Batching rule not implemented for aten::detach")."""
+    ours = _func_module(kind, config)
+    lengths = torch.tensor(LENGTHS) if with_lengths else None
+    shape = (B, T, I) if config.get("batch_first") else (T, B, I)
+    x = _rand(*shape, seed=1)
+    y = ours(x, sequence_length=lengths)[0]
+    cots = _weights((3, *y.shape), y.dtype, seed=4)
+    (batched,) = torch.autograd.grad(y, x, cots, is_grads_batched=True, retain_graph=True)
+    for v in range(3):
+        assert torch.equal(batched[v], torch.autograd.grad(y, x, cots[v], retain_graph=True)[0])
+    if kind in NN and set(config) <= {"num_layers", "bidirectional", "batch_first"}:
+        torch.manual_seed(0)
+        ref = NN[kind](I, H, **config, dtype=torch.float64)
+        f = lambda m: lambda a: m(a)[0]                                 # noqa: E731
+        x0 = x.detach()
+        torch.testing.assert_close(
+            torch.autograd.functional.jacobian(f(ours), x0, vectorize=True),
+            torch.autograd.functional.jacobian(f(ref), x0), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_torch_func_second_derivatives_raise(kind):
