@@ -344,6 +344,22 @@ def test_vmap_runs_each_sample_as_its_own_call(kind, config, with_lengths):
             assert torch.equal(per_sample[n][v], p.grad), (n, v)
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_vmap_over_stacked_models(kind):
+    """Model ensembling as torch.func documents it: the parameters of 3 models stacked
+    (stack_module_state), vmap over them with functional_call on a meta copy: each
+    model's own output, bit for bit."""
+    torch.manual_seed(0)
+    models = [OURS[kind](I, H, num_layers=2, dtype=torch.float64) for _ in range(3)]
+    params, buffers = torch.func.stack_module_state(models)
+    base = OURS[kind](I, H, num_layers=2, dtype=torch.float64, device="meta")
+    x = _rand(T, B, I, seed=1, requires_grad=False)
+    out = torch.func.vmap(lambda p, b: torch.func.functional_call(base, (p, b), (x,))[0])(
+        params, buffers)
+    for m, y in zip(models, out):
+        assert torch.equal(y, m(x)[0])
+
+
 @pytest.mark.parametrize("kind,config,with_lengths", FUNC_CASES, ids=FUNC_IDS)
 def test_batched_grads_of_torch_autograd(kind, config, with_lengths):
     """torch.autograd.grad(..., is_grads_batched=True) (what
