@@ -236,8 +236,8 @@ def _func_function(name, implementation, setup, backward):
     torch.library.custom_op's own autograd does not support in torch 2.13 ("must
     override the setup_context staticmethod"): setup_context style, as functorch
     requires, and a vmap rule that applies the Function once per vmapped sample
-    (PyTorch's own fallback for an op without a batching rule, as nn.LSTM's under
-    vmap) and stacks the results along dim 0."""
+    (as PyTorch's fallback for an op without a batching rule; nn.LSTM's own op has
+    neither and raises under vmap) and stacks the results along dim 0."""
     def forward(*inputs):
         return implementation(*inputs)
 
