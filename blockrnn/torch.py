@@ -2,7 +2,9 @@
 
 Optional: needs PyTorch (``import blockrnn`` never imports it; this module does).
 CPU only; float32 and float64 tensors (under ``torch.autocast("cpu")`` a bfloat16 or
-float16 input or state runs in the parameters' dtype, with outputs of that dtype).
+float16 input or state runs in the parameters' dtype, with outputs of that dtype). A
+bfloat16 / float16 module computes in float32 and rounds its outputs, final states and
+gradients once to its dtype.
 
 * ``LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
   dropout=0.0, bidirectional=False, proj_size=0, *, use_peephole=False,
@@ -85,18 +87,28 @@ __all__ = ["LSTM", "GRU", "upgrade_state_dict_v01", "lstm_op", "lstm_backward_op
            "BlockGRUFunction"]
 
 _DTYPES = (torch.float32, torch.float64)
+# A module whose parameters have one of these dtypes (module.to(torch.bfloat16),
+# .half(), dtype=...) computes in float32: its input and states (of its dtype) and its
+# parameters are converted to float32 for the kernels, and its outputs back.
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+_MODULE_DTYPES = _DTYPES + _LOW_PRECISION
+
+
+def _to_compute(t):
+    """A bfloat16 / float16 tensor as float32 (differentiable), anything else as is."""
+    return t.float() if t.dtype in _LOW_PRECISION else t
 
 
 def _check_tensor(where, name, t, dtype=None, device=None):
-    """A CPU (or meta) float32/float64 tensor, of dtype `dtype` and on `device` if given
-    (the parameters'), with clear errors. It reads the tensor's metadata only, so that
-    torch.compile traces it."""
+    """A CPU (or meta) float32/float64 tensor -- or of dtype `dtype` and on `device` if
+    given (a module's parameters': bfloat16 and float16 too) -- with clear errors. It
+    reads the tensor's metadata only, so that torch.compile traces it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type not in ("cpu", "meta"):    # (meta: shapes only, see _tracing)
         raise ValueError(f"{where}: blockrnn runs on the CPU only; {name} is on {t.device} "
                          f"(move it with .cpu())")
-    if t.dtype not in _DTYPES:
+    if dtype is None and t.dtype not in _DTYPES:
         raise TypeError(f"{where}: {name} must be float32 or float64, got {t.dtype}")
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{where}: {name} has dtype {t.dtype} but the parameters have "
@@ -879,12 +891,14 @@ class BlockGRUFunction(torch.autograd.Function):
 # The modules
 # ---------------------------------------------------------------------------
 
-def _check_source(where, module, types, name):
-    """The checks of a module to convert: one of `types`, float32 or float64 weights."""
+def _check_source(where, module, types, name, dtypes=_DTYPES):
+    """The checks of a module to convert: one of `types`, weights of one of `dtypes`."""
     if not isinstance(module, types):
         raise TypeError(f"{where}: expected a {name}, got {type(module).__name__}")
-    if module.weight_ih_l0.dtype not in _DTYPES:
-        raise TypeError(f"{where}: {name} weights must be float32 or float64, got "
+    if module.weight_ih_l0.dtype not in dtypes:
+        names = [str(d).replace("torch.", "") for d in dtypes]
+        names = ", ".join(names[:-1]) + " or " + names[-1]
+        raise TypeError(f"{where}: {name} weights must be {names}, got "
                         f"{module.weight_ih_l0.dtype}")
 
 
@@ -1143,8 +1157,9 @@ class _RNNBase(nn.Module):
         _check_device(name, device)
         if dtype is None:
             dtype = torch.get_default_dtype()
-        if dtype not in _DTYPES:
-            raise TypeError(f"{name}: dtype must be torch.float32 or torch.float64, got {dtype}")
+        if dtype not in _MODULE_DTYPES:
+            raise TypeError(f"{name}: dtype must be torch.float32, torch.float64, "
+                            f"torch.bfloat16 or torch.float16, got {dtype}")
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first = bool(bias), bool(batch_first)
         self.dropout, self.bidirectional = float(dropout), bool(bidirectional)
@@ -1210,7 +1225,7 @@ class _RNNBase(nn.Module):
                 raise ValueError(f"{where}: sequence_length must be None with a "
                                  f"PackedSequence input (the lengths are in it)")
             x = x._replace(data=self._autocast(x.data))
-            _check_tensor(where, "input.data", x.data, *self._param_dtype_device())
+            _check_tensor(where, "input.data", x.data, *self._param_dtype_device(where))
             if x.data.is_meta:
                 raise ValueError(f"{where}: a PackedSequence on the meta device is not "
                                  f"supported (its lengths are values); pad it")
@@ -1218,9 +1233,10 @@ class _RNNBase(nn.Module):
                 raise ValueError(f"{where}: a PackedSequence's data must have shape (N, I) "
                                  f"with I = {self.input_size}, got {tuple(x.data.shape)}")
             padded, lengths = _unpack(x)      # (T, B, I), original batch order
-            return padded, True, lengths, x
+            return _to_compute(padded), True, lengths, x
         x = self._autocast(x)
-        _check_tensor(where, "input", x, *self._param_dtype_device())
+        _check_tensor(where, "input", x, *self._param_dtype_device(where))
+        x = _to_compute(x)
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
             layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
             raise ValueError(f"{where}: input must have shape {layout} or (T, I) with "
@@ -1239,11 +1255,12 @@ class _RNNBase(nn.Module):
         if s is None:
             return torch.zeros(LD, B, H, **self._factory_now()) if zeros else None
         s = self._autocast(s)
-        _check_tensor(where, name, s, *self._param_dtype_device())
+        _check_tensor(where, name, s, *self._param_dtype_device(where))
         want = (LD, B, H) if batched else (LD, H)
         if tuple(s.shape) != want:
             raise ValueError(f"{where}: {name} must have shape {want} (num_layers * "
                              f"num_directions = {LD}, B, H), got {tuple(s.shape)}")
+        s = _to_compute(s)
         return s if batched else s.unsqueeze(1)
 
     def _run(self, x, states, lengths, batched, step):
@@ -1273,7 +1290,8 @@ class _RNNBase(nn.Module):
         """Whether this call runs the inference forward on packed weights: no
         gradient can be needed (grad mode off -- torch.no_grad, inference_mode --
         or neither x, the states nor any weight the call reads requires grad), the
-        parameters are float32 (float64 has no inference kernel yet: the training
+        module computes in float32 (float32, bfloat16 or float16 parameters;
+        float64 has no inference kernel yet: the training
         ops then run, which is what float64 inference is today), no projection
         (proj_size > 0 has no inference kernel), and the call is not traced.
 
@@ -1298,7 +1316,7 @@ class _RNNBase(nn.Module):
                            for p in self._cell_params(sfx))):
                 self.clear_inference_cache()   # a graph is recorded: see clear_inference_cache
                 return False
-        return self._param_dtype() == torch.float32
+        return self._compute_dtype() == torch.float32
 
     def clear_inference_cache(self):
         """Drop the packed weights of the no-grad path (the next no-grad call repacks).
@@ -1338,7 +1356,8 @@ class _RNNBase(nn.Module):
                        options):
                 return packed
         params = self._cell_params(sfx)
-        packed = self._pack_cell(*(None if p is None else p.detach().numpy() for p in params))
+        packed = self._pack_cell(*(None if p is None else p.detach().float().numpy()
+                                   for p in params))
         cache.packings += 1
         name_of = {id(p): n for n, p in self._parameters.items()}
         if any(p is not None and id(p) not in name_of for p in params):
@@ -1386,27 +1405,52 @@ class _RNNBase(nn.Module):
         return torch.from_numpy(inp), tuple(torch.from_numpy(f if batched else f[:, 0])
                                             for f in finals)
 
-    def _output(self, y, batched, packed, lengths):
-        """y (T, B, D*H) time-major -> nn.LSTM's output layout (a PackedSequence with the
-        input's batch_sizes and indices for a packed input)."""
+    def _output(self, y, finals, batched, packed):
+        """(y (T, B, D*H) time-major, final states) -> nn.LSTM's output layout (a
+        PackedSequence with the input's batch_sizes and indices for a packed input),
+        and the final states; in the parameters' dtype (bfloat16 / float16 modules
+        compute in float32)."""
+        dtype = self._param_dtype()
+        if dtype in _LOW_PRECISION:
+            y, finals = y.to(dtype), tuple(f.to(dtype) for f in finals)
         if packed is not None:
-            return _repack(y, packed)
-        if not batched:
-            return y[:, 0]
-        return y.transpose(0, 1) if self.batch_first else y
+            y = _repack(y, packed)
+        elif not batched:
+            y = y[:, 0]
+        elif self.batch_first:
+            y = y.transpose(0, 1)
+        return y, finals
 
-    def _param_dtype(self):
-        # the first parameter (weight_ih_l0 / w_ru_l0), read from the module's own dict: a
-        # tenth of the cost of next(self.parameters()), which runs once per call or more
-        return next(iter(self._parameters.values())).dtype
-
-    def _param_dtype_device(self):
+    def _param_dtype_device(self, where=None):
+        """The parameters' dtype and device: the first parameter's (weight_ih_l0 /
+        w_ru_l0), read from the module's own dict (a tenth of the cost of
+        next(self.parameters()), which runs once per call or more). With `where`,
+        a dtype the module cannot compute in raises."""
         p = next(iter(self._parameters.values()))
+        if where is not None and p.dtype not in _MODULE_DTYPES:
+            raise TypeError(f"{where}: the parameters must be float32, float64, bfloat16 "
+                            f"or float16, got {p.dtype}")
         return p.dtype, p.device
 
+    def _param_dtype(self):
+        return next(iter(self._parameters.values())).dtype   # (_param_dtype_device's)
+
+    def _compute_dtype(self):
+        """The dtype the kernels run in: the parameters', float32 for bfloat16 / float16."""
+        dtype = self._param_dtype()
+        return torch.float32 if dtype in _LOW_PRECISION else dtype
+
+    def _compute_params(self, sfx):
+        """_cell_params(sfx) in the compute dtype (float32 copies, differentiable, of a
+        bfloat16 / float16 module's parameters)."""
+        params = self._cell_params(sfx)
+        if self._param_dtype() not in _LOW_PRECISION:
+            return params
+        return tuple(None if p is None else p.float() for p in params)
+
     def _factory_now(self):
-        dtype, device = self._param_dtype_device()
-        return {"dtype": dtype, "device": device}
+        _, device = self._param_dtype_device()
+        return {"dtype": self._compute_dtype(), "device": device}
 
     def extra_repr(self):
         s = f"{self.input_size}, {self.hidden_size}"
@@ -1553,16 +1597,16 @@ class LSTM(_RNNBase):
                   self._state(where, "c0", hx[1], B, batched, zeros=not infer))
 
         if infer:
-            y, (h_n, c_n) = self._run_inference(where, xt, states, lengths, batched)
-            return self._output(y, batched, packed, lengths), (h_n, c_n)
+            y, finals = self._run_inference(where, xt, states, lengths, batched)
+            return self._output(y, finals, batched, packed)
 
         def step(x, init, sfx, reverse):
-            out = _apply(lstm_op, x, *init, *self._cell_params(sfx), lengths,
+            out = _apply(lstm_op, x, *init, *self._compute_params(sfx), lengths,
                          self.cell_clip, self.forget_bias, reverse)
             return out[0], out[1]
 
-        y, (h_n, c_n) = self._run(xt, states, lengths, batched, step)
-        return self._output(y, batched, packed, lengths), (h_n, c_n)
+        y, finals = self._run(xt, states, lengths, batched, step)
+        return self._output(y, finals, batched, packed)
 
     def _forward_proj(self, x, hx, sequence_length):
         """forward with proj_size = P > 0: h0/h_n (L*D, B, P), y (T, B, D*P), on
@@ -1576,12 +1620,12 @@ class LSTM(_RNNBase):
                   self._state(where, "c0", hx[1], B, batched))
 
         def step(x, init, sfx, reverse):
-            out = _apply(lstm_proj_op, x, *init, *self._cell_params(sfx)[:4],
-                         getattr(self, f"weight_hr{sfx}"), lengths, reverse)
+            out = _apply(lstm_proj_op, x, *init, *self._compute_params(sfx)[:4],
+                         _to_compute(getattr(self, f"weight_hr{sfx}")), lengths, reverse)
             return out[0], out[1]
 
-        y, (h_n, c_n) = self._run(xt, states, lengths, batched, step)
-        return self._output(y, batched, packed, lengths), (h_n, c_n)
+        y, finals = self._run(xt, states, lengths, batched, step)
+        return self._output(y, finals, batched, packed)
 
     def _cell_options(self):
         return self.use_peephole, self.cell_clip, self.forget_bias
@@ -1607,7 +1651,7 @@ class LSTM(_RNNBase):
         if isinstance(module, (nn.GRU, GRU)):
             raise ValueError(f"{where}: " + RESET_AFTER.format(
                 what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU.from_torch instead."))
-        _check_source(where, module, (nn.LSTM, LSTM), "torch.nn.LSTM")
+        _check_source(where, module, (nn.LSTM, LSTM), "torch.nn.LSTM", _MODULE_DTYPES)
         proj = module.proj_size
         out = cls(module.input_size, module.hidden_size, module.num_layers, module.bias,
                   module.batch_first, module.dropout, module.bidirectional, proj,
@@ -1697,14 +1741,16 @@ class GRU(_RNNBase):
         op = gru_op if self.reset_after else gru_block_op
 
         if infer:
-            y, (h_n,) = self._run_inference(where, xt, states, lengths, batched)
-            return self._output(y, batched, packed, lengths), h_n
+            y, (h_n,) = self._output(*self._run_inference(where, xt, states, lengths,
+                                                          batched), batched, packed)
+            return y, h_n
 
         def step(x, init, sfx, reverse):
-            return (_apply(op, x, *init, *self._cell_params(sfx), lengths, reverse)[0],)
+            return (_apply(op, x, *init, *self._compute_params(sfx), lengths, reverse)[0],)
 
-        y, (h_n,) = self._run(xt, states, lengths, batched, step)
-        return self._output(y, batched, packed, lengths), h_n
+        y, (h_n,) = self._output(*self._run(xt, states, lengths, batched, step), batched,
+                                 packed)
+        return y, h_n
 
     def _cell_options(self):
         return self.reset_after
@@ -1725,7 +1771,8 @@ class GRU(_RNNBase):
     def from_torch(cls, module):
         """A ``blockrnn.torch.GRU`` (nn.GRU's math) with the configuration and the
         state_dict of a ``torch.nn.GRU`` (the parameters are the same)."""
-        _check_source("blockrnn.torch.GRU.from_torch", module, nn.GRU, "torch.nn.GRU")
+        _check_source("blockrnn.torch.GRU.from_torch", module, nn.GRU, "torch.nn.GRU",
+                      _MODULE_DTYPES)
         out = cls(module.input_size, module.hidden_size, module.num_layers, module.bias,
                   module.batch_first, module.dropout, module.bidirectional,
                   dtype=module.weight_ih_l0.dtype)

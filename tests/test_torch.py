@@ -200,7 +200,7 @@ def test_errors():
     lstm = bt.LSTM(I, H)
     with pytest.raises(ValueError, match="input is on meta but the parameters are on cpu"):
         lstm(torch.empty(T, B, I, device="meta"))
-    with pytest.raises(TypeError, match="input must be float32 or float64, got torch.float16"):
+    with pytest.raises(TypeError, match="input has dtype torch.float16 but the parameters"):
         lstm(torch.zeros(T, B, I, dtype=torch.float16))
     with pytest.raises(TypeError, match="input has dtype torch.float64 but the parameters"):
         lstm(torch.zeros(T, B, I, dtype=torch.float64))
@@ -218,8 +218,14 @@ def test_errors():
         lstm(torch.zeros(T, B, I), sequence_length=torch.tensor([1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match=r"sequence_length must have shape \(B,\) = \(3,\)"):
         lstm(torch.zeros(T, B, I), sequence_length=torch.tensor([1, 2]))
-    with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
-        bt.GRU(I, H, dtype=torch.float16)
+    with pytest.raises(TypeError, match="dtype must be torch.float32, torch.float64, "
+                                        "torch.bfloat16 or torch.float16, got torch.int32"):
+        bt.GRU(I, H, dtype=torch.int32)
+    with pytest.raises(TypeError, match="the parameters must be float32, float64, bfloat16 "
+                                        "or float16, got torch.complex64"):
+        with pytest.warns(UserWarning, match="Complex modules are a new feature"):
+            complex_gru = bt.GRU(I, H).to(torch.complex64)
+        complex_gru(torch.zeros(T, B, I, dtype=torch.complex64))
     with pytest.raises(ValueError, match="hidden_size must be positive"):
         bt.GRU(I, 0)
     with pytest.raises(ValueError, match="proj_size=2 cannot be combined with use_peephole"):

@@ -192,8 +192,84 @@ def test_cpu_autocast_runs_in_float32(kind, dtype):
     assert torch.equal(y_nograd, y_ref.detach())
     want = ours(pack_padded_sequence(h32.detach(), LENGTHS, enforce_sorted=False))[0]
     assert y_packed.data.dtype == torch.float32 and torch.equal(y_packed.data, want.data)
-    with pytest.raises(TypeError, match="input must be float32 or float64"):
+    with pytest.raises(TypeError, match="input has dtype torch.(bfloat|float)16 but the "
+                                        "parameters have torch.float32"):
         ours(h.detach())
+
+
+LOW_PRECISION_CASES = {   # module constructor arguments (beyond I, H) of each case
+    "lstm": dict(num_layers=2, bidirectional=True),
+    "lstm_proj": dict(num_layers=2, proj_size=2),
+    "gru": dict(num_layers=2, bidirectional=True),
+    "gru_block": dict(reset_after=False),
+}
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", list(LOW_PRECISION_CASES))
+def test_low_precision_module_computes_in_float32(case, dtype):
+    """A bfloat16 / float16 module (module.to(dtype), .half(), dtype=...: nn.LSTM runs
+    them) computes in float32: its outputs, final states and gradients (of its dtype)
+    are the float32 module's on the same values, rounded once -- bit for bit, grad and
+    no-grad paths, lengths; close to nn's own low-precision module; an optimizer step
+    is seen by the no-grad path; an input of another dtype raises."""
+    kind = case.split("_")[0]
+    config = LOW_PRECISION_CASES[case]
+    torch.manual_seed(0)
+    low = OURS[kind](I, H, **config, dtype=dtype)
+    assert all(p.dtype == dtype for p in low.parameters())
+    ref = OURS[kind](I, H, **config)                    # float32, the same values
+    ref.load_state_dict({n: p.float() for n, p in low.state_dict().items()})
+    P = config.get("proj_size") or H
+    D = 2 if config.get("bidirectional") else 1
+    LD = config.get("num_layers", 1) * D
+    x = _rand(T, B, I, dtype=dtype)
+    h0 = _rand(LD, B, P, dtype=dtype, seed=1, requires_grad=False)
+    c0 = _rand(LD, B, H, dtype=dtype, seed=2, requires_grad=False)
+    state = (h0, c0) if kind == "lstm" else h0
+    state32 = (h0.float(), c0.float()) if kind == "lstm" else h0.float()
+    flat = (lambda s: s) if kind == "lstm" else (lambda s: (s,))
+    w = _rand(T, B, D * P, dtype=dtype, seed=3, requires_grad=False).float()  # exact in dtype
+    for lengths in (None, LENGTHS):
+        y, s = low(x, state, sequence_length=lengths)
+        x32 = x.detach().float().requires_grad_()
+        y_ref, s_ref = ref(x32, state32, sequence_length=lengths)
+        assert y.dtype == dtype and torch.equal(y, y_ref.to(dtype))
+        for a, b in zip(flat(s), flat(s_ref)):
+            assert a.dtype == dtype and torch.equal(a, b.to(dtype))
+        low.zero_grad(), ref.zero_grad()
+        x.grad = None
+        (y.float() * w).sum().backward()
+        (y_ref * w).sum().backward()
+        assert x.grad.dtype == dtype and torch.equal(x.grad, x32.grad.to(dtype))
+        for (n, p), q in zip(low.named_parameters(), ref.parameters()):
+            assert p.grad.dtype == dtype and torch.equal(p.grad, q.grad.to(dtype)), n
+        with torch.no_grad():
+            y_ng, s_ng = low(x, state, sequence_length=lengths)
+        assert y_ng.dtype == dtype and torch.equal(y_ng, y_ref.detach().to(dtype))
+    # nn's own low-precision module (it rounds at every step: close, not equal)
+    if case != "gru_block":
+        theirs = NN[kind](I, H, **config, dtype=dtype)
+        theirs.load_state_dict(low.state_dict())
+        y_nn, _ = theirs(x.detach(), state)
+        y, _ = low(x.detach(), state)
+        tol = 0.05 if dtype == torch.bfloat16 else 5e-3
+        torch.testing.assert_close(y.detach().float(), y_nn.float(), rtol=0, atol=tol)
+    # an optimizer step on the low-precision parameters reaches the no-grad path
+    with torch.no_grad():
+        low(x, state)
+    packings = low.inference_cache_info()["packings"]
+    torch.optim.SGD(low.parameters(), lr=0.5).step()
+    ref.load_state_dict({n: p.float() for n, p in low.state_dict().items()})
+    with torch.no_grad():
+        y_ng = low(x, state)[0]
+        assert torch.equal(y_ng, ref(x.float(), state32)[0].to(dtype))
+    if case != "lstm_proj":    # (proj_size has no inference path)
+        assert low.inference_cache_info()["packings"] > packings
+    with pytest.raises(TypeError, match=f"input has dtype torch.float32 but the parameters "
+                                        f"have {dtype}"):
+        low(x.detach().float())
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
