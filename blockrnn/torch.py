@@ -188,10 +188,10 @@ def _route(x):
     know)."""
     if _MODES is None or _tracing(x):
         return None
-    dispatch_mode, function_mode, transforms = _MODES
+    dispatch_mode, function_mode, _ = _MODES
     if dispatch_mode() is not None or function_mode():
         return None
-    return "eager" if transforms() is None else "func"
+    return "func" if _under_func_transform() else "eager"
 
 
 def _under_func_transform():
