@@ -1091,6 +1091,26 @@ def _tracing(x):
             or type(x) is not torch.Tensor or x.is_meta)
 
 
+try:   # (private in torch 2.13: where a version lacks them, torch.onnx's public check)
+    from torch.onnx._internal.exporter import _flags as _ONNX_FLAGS
+    from torch.onnx._internal.torchscript_exporter._globals import GLOBALS as _ONNX_GLOBALS
+except ImportError:   # pragma: no cover - depends on the torch version
+    _ONNX_FLAGS = _ONNX_GLOBALS = None
+
+
+def _in_onnx_export():
+    """torch.onnx.is_in_onnx_export(), read from its two flags directly: torch.compile's
+    tracer (which torch.onnx.export(dynamo=True) falls back to, strict=True) answers
+    False to the public function, and the function imports both modules at each call.
+    Under that tracer only the dynamo exporter's flag is read (a module global; the
+    TorchScript exporter's is a property the tracer refuses, and it never runs there)."""
+    if _ONNX_FLAGS is None:   # pragma: no cover - depends on the torch version
+        return torch.onnx.is_in_onnx_export()
+    if torch.compiler.is_compiling():
+        return _ONNX_FLAGS._is_onnx_exporting
+    return _ONNX_FLAGS._is_onnx_exporting or _ONNX_GLOBALS.in_onnx_export
+
+
 try:   # (private in torch 2.13: where a version lacks them, only dual tensors are checked)
     _INTERPRETERS, _JVP = (torch._C._functorch.get_interpreter_stack,
                            torch._C._functorch.TransformType.Jvp)
@@ -1283,6 +1303,43 @@ class _RNNBase(nn.Module):
                 if self.dropout and self.training and k < self.num_layers - 1:
                     x = nn.functional.dropout(x, self.dropout, training=True)
         return x, tuple(torch.stack(f) for f in finals)
+
+    # -- torch.onnx.export ------------------------------------------------------
+
+    def _onnx_export(self, x):
+        """Whether torch.onnx.export (either exporter) is tracing this call: both trace
+        (_tracing), so the flags are read only then (see _in_onnx_export)."""
+        return _tracing(x) and _in_onnx_export()
+
+    def _run_onnx(self, where, x, states, lengths, batched, packed):
+        """_run under torch.onnx.export: nn.LSTM's / nn.GRU's own op (torch._VF.lstm /
+        gru, what their forward calls) on this module's parameters, which both of
+        torch's exporters write as ONNX LSTM / GRU nodes as for nn's modules (they have
+        no translation of the custom ops). Only nn's math has that form: the
+        configurations that are not (_onnx_refusal), sequence_length and a
+        PackedSequence raise, with what to do instead."""
+        lens_hint = ("blockrnn.onnx.export(module, sequence_lens=True) writes the layer with "
+                     "ONNX's sequence_lens")
+        refusal = (self._onnx_refusal()
+                   or (packed is not None and ("a PackedSequence input", lens_hint))
+                   or (lengths is not None and ("sequence_length", lens_hint)))
+        if refusal:
+            raise ValueError(f"{where}: torch.onnx.export writes nn.{self.mode}'s op, which "
+                             f"has no {refusal[0]}: {refusal[1]}")
+        flat = [p for _, _, sfx, _ in self._cells() for p in self._nn_weights(sfx)]
+        hx = states if self.mode == "LSTM" else states[0]
+        y, *finals = getattr(torch._VF, self.mode.lower())(
+            x, hx, flat, self._nn_has_bias(), self.num_layers, self.dropout, self.training,
+            self.bidirectional, False)
+        return y, tuple(f if batched else f[:, 0] for f in finals)
+
+    def _nn_has_bias(self):
+        """has_biases of nn's op (_run_onnx)."""
+        return self.bias
+
+    def _nn_weights(self, sfx):
+        """One cell's weights in nn's order for its op (_run_onnx); GRU: nn.GRU's."""
+        return [p for p in self._compute_params(sfx) if p is not None]
 
     # -- the no-grad path -------------------------------------------------------
 
@@ -1595,6 +1652,9 @@ class LSTM(_RNNBase):
         infer = self._wants_inference(xt, hx)    # no gradient: the packed inference forward
         states = (self._state(where, "h0", hx[0], B, batched, zeros=not infer),
                   self._state(where, "c0", hx[1], B, batched, zeros=not infer))
+        if self._onnx_export(xt):
+            return self._output(*self._run_onnx(where, xt, states, lengths, batched, packed),
+                                batched, packed)
 
         if infer:
             y, finals = self._run_inference(where, xt, states, lengths, batched)
@@ -1618,6 +1678,9 @@ class LSTM(_RNNBase):
         _refuse_forward_ad(where, xt, hx, self)
         states = (self._state(where, "h0", hx[0], B, batched, size=self.proj_size),
                   self._state(where, "c0", hx[1], B, batched))
+        if self._onnx_export(xt):
+            return self._output(*self._run_onnx(where, xt, states, lengths, batched, packed),
+                                batched, packed)
 
         def step(x, init, sfx, reverse):
             out = _apply(lstm_proj_op, x, *init, *self._compute_params(sfx)[:4],
@@ -1629,6 +1692,37 @@ class LSTM(_RNNBase):
 
     def _cell_options(self):
         return self.use_peephole, self.cell_clip, self.forget_bias
+
+    def _onnx_refusal(self):
+        """What nn.LSTM's op cannot express (_run_onnx): (what, what to do) or None."""
+        if self.use_peephole:
+            return ("peepholes", "blockrnn.onnx.export writes them as ONNX LSTM's P input")
+        if self.cell_clip > 0:
+            return ("cell clipping", "ONNX has none either (its clip bounds the gates' "
+                                     "pre-activations)")
+        if self.proj_size:
+            return ("projection (proj_size)", "ONNX's LSTM has none either (for nn.LSTM's, "
+                    "torch's exporters raise or write a graph ONNX Runtime refuses)")
+        return None
+
+    def _nn_has_bias(self):
+        return self.bias or self.forget_bias != 0
+
+    def _nn_weights(self, sfx):
+        """w_ih, w_hh[, b_ih, b_hh][, w_hr] (nn.LSTM's _flat_weights of one cell), the
+        forget bias added to b_ih's f rows."""
+        w_ih, w_hh, b_ih, b_hh = self._compute_params(sfx)[:4]
+        weights = [w_ih, w_hh]
+        if self._nn_has_bias():
+            if b_ih is None:
+                b_ih = b_hh = w_ih.new_zeros(w_ih.shape[0])
+            if self.forget_bias:
+                H = self.hidden_size
+                b_ih = torch.cat([b_ih[:H], b_ih[H:2 * H] + self.forget_bias, b_ih[2 * H:]])
+            weights += [b_ih, b_hh]
+        if self.proj_size:
+            weights.append(_to_compute(getattr(self, f"weight_hr{sfx}")))
+        return weights
 
     def _pack_cell(self, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco):
         """One cell's weights (NumPy views of the parameters) packed for the inference
@@ -1738,6 +1832,10 @@ class GRU(_RNNBase):
         _refuse_forward_ad(where, xt, (hx,), self)
         infer = self._wants_inference(xt, (hx,))  # no gradient: the packed inference forward
         states = (self._state(where, "hx", hx, xt.shape[1], batched, zeros=not infer),)
+        if self._onnx_export(xt):
+            y, (h_n,) = self._output(*self._run_onnx(where, xt, states, lengths, batched,
+                                                     packed), batched, packed)
+            return y, h_n
         op = gru_op if self.reset_after else gru_block_op
 
         if infer:
@@ -1754,6 +1852,13 @@ class GRU(_RNNBase):
 
     def _cell_options(self):
         return self.reset_after
+
+    def _onnx_refusal(self):
+        """What nn.GRU's op cannot express (_run_onnx): (what, what to do) or None."""
+        if not self.reset_after:
+            return ("reset gate before the recurrent product (reset_after=False)",
+                    "blockrnn.onnx.export writes it as ONNX GRU with linear_before_reset=0")
+        return None
 
     def _pack_cell(self, w1, w2, b1, b2):
         """One cell's weights packed for the inference forward (no bias: zeros, as the

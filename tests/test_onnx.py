@@ -718,3 +718,117 @@ def test_import_follows_any_link_that_computes_t_b_dh():
         with pytest.raises(ValueError, match=f"node '{layer.__class__.__name__.lower()}_l1''s"
                                              f" X comes from an unexpected {op}\\)"):
             convert.from_onnx(_relinked(layer, link))
+
+
+# --------------------------------------------------------------------------
+# torch.onnx.export of a whole model holding blockrnn.torch modules
+# --------------------------------------------------------------------------
+
+class _Tagger(torch.nn.Module):
+    """Embedding -> recurrent layer -> Linear, as a user's model holds nn.LSTM / nn.GRU."""
+
+    def __init__(self, rnn, vocab=20):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, rnn.input_size)
+        self.rnn = rnn
+        width = (rnn.proj_size if getattr(rnn, "proj_size", 0) else rnn.hidden_size)
+        self.out = torch.nn.Linear(width * (1 + rnn.bidirectional), 4)
+
+    def forward(self, tokens):
+        y, _ = self.rnn(self.emb(tokens))
+        return self.out(y)
+
+
+TORCH_EXPORT_CASES = [
+    ("LSTM", dict(num_layers=2, bidirectional=True, batch_first=True)),
+    ("LSTM", dict(bias=False)),
+    ("LSTM", dict(forget_bias=1.0)),      # blockrnn's: added to the f rows of b_ih
+    ("GRU", dict(num_layers=2, batch_first=True)),
+    ("GRU", dict(bidirectional=True, bias=False)),
+]
+
+
+def _root_causes(exc):
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+@pytest.mark.filterwarnings("ignore")   # the exporters' own warnings
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+@pytest.mark.parametrize("kind,config", TORCH_EXPORT_CASES,
+                         ids=[f"{k}-{'-'.join(f'{a}={v}' for a, v in c.items())}"
+                              for k, c in TORCH_EXPORT_CASES])
+def test_torch_onnx_export_of_a_model_holding_the_modules(kind, config, dynamo, tmp_path):
+    """torch.onnx.export of a whole model holding a blockrnn.torch layer runs, with either
+    exporter, and writes what it writes for nn.LSTM / nn.GRU (the module runs nn's own op
+    under export; the custom ops have no ONNX form): the same node types as the model
+    holding nn's layer with the same state_dict, and ONNX Runtime's answer equals the
+    module's eager one. (It raised: no ONNX function for blockrnn.lstm.)"""
+    torch.manual_seed(0)
+    model = _Tagger(getattr(bt, kind)(6, 5, **config)).eval()
+    batch_first = config.get("batch_first", False)
+    tokens = torch.randint(0, 20, (3, 7) if batch_first else (7, 3))
+    path = tmp_path / "model.onnx"
+    torch.onnx.export(model, (tokens,), str(path), dynamo=dynamo)
+    graph = onnx.load(str(path))
+    ops = sorted(n.op_type for n in graph.graph.node)
+    assert ops.count(kind) == config.get("num_layers", 1)
+    assert not any(n.domain == "blockrnn" or "blockrnn" in n.op_type for n in graph.graph.node)
+    sess = _session(graph)
+    got = sess.run(None, {sess.get_inputs()[0].name: tokens.numpy()})[0]
+    with torch.no_grad():
+        want = model(tokens).numpy()
+    _close(got, want)
+    if "forget_bias" in config:     # (nn.LSTM has no forget bias to compare with)
+        return
+    nn_kw = {k: v for k, v in config.items()}
+    theirs = _Tagger(getattr(torch.nn, kind)(6, 5, **nn_kw)).eval()
+    theirs.load_state_dict(model.state_dict())
+    nn_path = tmp_path / "nn.onnx"
+    torch.onnx.export(theirs, (tokens,), str(nn_path), dynamo=dynamo)
+    assert sorted(n.op_type for n in onnx.load(str(nn_path)).graph.node) == ops
+
+
+REFUSED_EXPORTS = [
+    ("peepholes", lambda: bt.LSTM(6, 5, use_peephole=True), {}),
+    ("cell clipping", lambda: bt.LSTM(6, 5, cell_clip=1.0), {}),
+    ("reset gate before", lambda: bt.GRU(6, 5, reset_after=False), {}),
+    ("projection", lambda: bt.LSTM(6, 5, proj_size=2), {}),
+    ("sequence_length", lambda: bt.LSTM(6, 5), {"sequence_length": torch.tensor([7, 2, 5])}),
+    ("sequence_length", lambda: bt.GRU(6, 5), {"sequence_length": torch.tensor([7, 2, 5])}),
+    ("PackedSequence", lambda: bt.LSTM(6, 5), {"packed": [7, 2, 5]}),
+]
+
+
+@pytest.mark.filterwarnings("ignore")   # the exporters' own warnings
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+@pytest.mark.parametrize("what,make,kwargs", REFUSED_EXPORTS,
+                         ids=[f"{w}-{i}" for i, (w, _, _) in enumerate(REFUSED_EXPORTS)])
+def test_torch_onnx_export_refuses_what_nn_cannot_express(what, make, kwargs, dynamo,
+                                                           tmp_path):
+    """Under torch.onnx.export a configuration nn's op cannot express raises a ValueError
+    that says what and what to do (blockrnn.onnx.export), with either exporter (the
+    dynamo exporter wraps it; its fallback to torch.compile's tracer raises it too)."""
+    layer = make()
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            if "packed" in kwargs:
+                x = torch.nn.utils.rnn.pack_padded_sequence(x, kwargs["packed"],
+                                                            enforce_sorted=False)
+                return self.layer(x)[0].data
+            return self.layer(x, **kwargs)[0]
+
+    with pytest.raises(Exception) as info:
+        torch.onnx.export(Wrap().eval(), (torch.zeros(7, 3, 6),), str(tmp_path / "m.onnx"),
+                          dynamo=dynamo)
+    if what == "PackedSequence" and dynamo:
+        return   # torch.export fails before the layer runs, as with nn.LSTM (unpacking)
+    ours = [e for e in _root_causes(info.value) if isinstance(e, ValueError)
+            and "torch.onnx.export writes nn." in str(e)]
+    assert ours and what in str(ours[0]), repr(info.value)[:500]
