@@ -1709,8 +1709,8 @@ class LSTM(_RNNBase):
         return self.bias or self.forget_bias != 0
 
     def _nn_weights(self, sfx):
-        """w_ih, w_hh[, b_ih, b_hh][, w_hr] (nn.LSTM's _flat_weights of one cell), the
-        forget bias added to b_ih's f rows."""
+        """w_ih, w_hh[, b_ih, b_hh] (nn.LSTM's _flat_weights of one cell without a
+        projection, which _onnx_refusal refuses), the forget bias added to b_ih's f rows."""
         w_ih, w_hh, b_ih, b_hh = self._compute_params(sfx)[:4]
         weights = [w_ih, w_hh]
         if self._nn_has_bias():
@@ -1720,8 +1720,6 @@ class LSTM(_RNNBase):
                 H = self.hidden_size
                 b_ih = torch.cat([b_ih[:H], b_ih[H:2 * H] + self.forget_bias, b_ih[2 * H:]])
             weights += [b_ih, b_hh]
-        if self.proj_size:
-            weights.append(_to_compute(getattr(self, f"weight_hr{sfx}")))
         return weights
 
     def _pack_cell(self, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco):
