@@ -1231,11 +1231,15 @@ class _RNNBase(nn.Module):
     def _autocast(self, t):
         """Under CPU autocast (``torch.autocast("cpu")``) a bfloat16 or float16 input or
         state runs in the parameters' dtype, as autocast's float32 ops do: the kernels
-        have no lower precision. (nn.LSTM computes in the autocast dtype and returns
-        it; these modules return the parameters' dtype.) Anything else is unchanged."""
-        if (isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_DTYPES
-                and torch.is_autocast_enabled("cpu")):
-            return t.to(self._param_dtype())
+        have no lower precision (nn.LSTM computes in the autocast dtype and returns
+        it; these modules return the parameters' dtype); and so does a float32 or
+        float64 one given to a bfloat16 / float16 module (nn.LSTM's autocast casts it
+        to the low precision). Anything else is unchanged."""
+        if isinstance(t, torch.Tensor) and torch.is_autocast_enabled("cpu"):
+            dtype = self._param_dtype()
+            if t.dtype != dtype and (t.dtype in _AUTOCAST_DTYPES or
+                                     (dtype in _LOW_PRECISION and t.dtype in _DTYPES)):
+                return t.to(dtype)
         return t
 
     def _input(self, where, x, sequence_length):

@@ -270,6 +270,9 @@ def test_low_precision_module_computes_in_float32(case, dtype):
     with pytest.raises(TypeError, match=f"input has dtype torch.float32 but the parameters "
                                         f"have {dtype}"):
         low(x.detach().float())
+    with torch.autocast("cpu", dtype=dtype):    # there a float32 input runs in dtype, as nn's
+        y_auto, _ = low(x.detach().float(), state)
+    assert y_auto.dtype == dtype and torch.equal(y_auto, low(x.detach(), state)[0])
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
