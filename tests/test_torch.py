@@ -146,6 +146,32 @@ def test_nn_lstm_call_conventions():
     assert torch.all(y[:, 2] == 0) and torch.all(h[:, 2] == 0) and torch.all(c[:, 2] == 0)
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_zero_steps_return_the_initial_states(kind, grad):
+    """T = 0 (nn raises "Expected sequence length to be larger than 0"; README): y is
+    empty and the final states are the initial ones, as new tensors; the gradient of
+    the initial states is the final states' (the identity), the parameters' zero."""
+    module = (bt.LSTM if kind == "lstm" else bt.GRU)(I, H, num_layers=2,
+                                                     bidirectional=True).float()
+    states = [_rand(4, B, H, seed=s, dtype=torch.float32, requires_grad=grad) for s in (1, 2)]
+    hx = tuple(states) if kind == "lstm" else states[0]
+    x = torch.zeros(0, B, I)
+    with torch.set_grad_enabled(grad):
+        y, finals = module(x, hx)
+    finals = finals if kind == "lstm" else (finals,)
+    assert y.shape == (0, B, 2 * H)
+    for f, s in zip(finals, states):
+        assert torch.equal(f, s) and f.data_ptr() != s.data_ptr()
+    if grad:
+        weights = [_rand(4, B, H, seed=5 + k, dtype=torch.float32, requires_grad=False)
+                   for k in range(len(finals))]
+        sum((f * w).sum() for f, w in zip(finals, weights)).backward()
+        for s, w in zip(states, weights):
+            assert torch.equal(s.grad, w)
+        assert all(p.grad is None or not p.grad.any() for p in module.parameters())
+
+
 def test_parameters_double_and_needs_input_grad():
     lstm = bt.LSTM(I, H)
     nn_names = ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"]
