@@ -17,7 +17,8 @@ gradients once to its dtype.
   parameters (names, shapes, gate order, registration order, initialisation),
   so that a ``state_dict`` moves strictly both ways and an optimizer, weight
   decay and gradient clipping see what they see with nn.LSTM / nn.GRU; nn's
-  ``all_weights``, ``_all_weights``, ``_flat_weights_names``, ``mode`` and
+  ``all_weights``, ``_all_weights``, ``_flat_weights_names``, ``_flat_weights``
+  (read-only), ``mode`` and
   ``flatten_parameters()`` (a no-op, as nn's on CPU) for code that uses them.
   ``LSTM.from_torch(nn_lstm)``, ``GRU.from_torch(nn_gru)`` copy a module.
   blockrnn's extras (peepholes, cell clipping, forget bias; the GRUBlockCell
@@ -1204,6 +1205,13 @@ class _RNNBase(nn.Module):
         """nn.RNNBase.all_weights: the parameters of each layer and direction (a list
         of lists, in _all_weights' order)."""
         return [[getattr(self, n) for n in names] for names in self._all_weights]
+
+    @property
+    def _flat_weights(self):
+        """nn.RNNBase._flat_weights: every weight the call reads, in _flat_weights_names'
+        order (read-only here: the kernels read the named attributes, so a list
+        assigned to it would be ignored; assigning raises AttributeError)."""
+        return [getattr(self, n) for n in self._flat_weights_names]
 
     def flatten_parameters(self):
         """A no-op, as nn.RNNBase's on CPU: the kernels read the parameters where

@@ -120,11 +120,16 @@ RNNBASE_CASES = [("lstm", {}), ("lstm", dict(num_layers=2, bidirectional=True)),
                               for k, c in RNNBASE_CASES])
 def test_rnnbase_attributes_code_for_nn_uses(kind, config):
     """What code written for nn.LSTM / nn.GRU touches besides the parameters:
-    all_weights, _all_weights, _flat_weights_names, mode, proj_size, and
-    flatten_parameters() (a no-op, as nn's on CPU)."""
+    all_weights, _all_weights, _flat_weights_names, _flat_weights (read-only), mode,
+    proj_size, and flatten_parameters() (a no-op, as nn's on CPU)."""
     ref, ours = _pair(kind, **config)
     assert ours._all_weights == ref._all_weights
     assert ours._flat_weights_names == ref._flat_weights_names
+    assert [p.shape for p in ours._flat_weights] == [p.shape for p in ref._flat_weights]
+    assert all(p is getattr(ours, n) for n, p in zip(ours._flat_weights_names,
+                                                     ours._flat_weights))
+    with pytest.raises(AttributeError):
+        ours._flat_weights = list(ref._flat_weights)   # ignored if allowed: refused
     assert (ours.mode, ours.proj_size) == (ref.mode, ref.proj_size)
     assert [[p.shape for p in ps] for ps in ours.all_weights] == \
         [[p.shape for p in ps] for ps in ref.all_weights]
