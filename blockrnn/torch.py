@@ -90,7 +90,8 @@ __all__ = ["LSTM", "GRU", "upgrade_state_dict_v01", "lstm_op", "lstm_backward_op
 _DTYPES = (torch.float32, torch.float64)
 # A module whose parameters have one of these dtypes (module.to(torch.bfloat16),
 # .half(), dtype=...) computes in float32: its input and states (of its dtype) and its
-# parameters are converted to float32 for the kernels, and its outputs back.
+# parameters are converted to float32 for the kernels, and its outputs back. They are
+# also the dtypes CPU autocast hands a module (_RNNBase._autocast).
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _MODULE_DTYPES = _DTYPES + _LOW_PRECISION
 
@@ -1150,8 +1151,6 @@ def _param_key(t):
     return t._version, t.data_ptr(), t.dtype, t.shape, t.device
 
 
-_AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
-
 
 class _RNNBase(nn.Module):
     """What LSTM and GRU share: the constructor's checks, the parameter names, the
@@ -1245,7 +1244,7 @@ class _RNNBase(nn.Module):
         to the low precision). Anything else is unchanged."""
         if isinstance(t, torch.Tensor) and torch.is_autocast_enabled("cpu"):
             dtype = self._param_dtype()
-            if t.dtype != dtype and (t.dtype in _AUTOCAST_DTYPES or
+            if t.dtype != dtype and (t.dtype in _LOW_PRECISION or
                                      (dtype in _LOW_PRECISION and t.dtype in _DTYPES)):
                 return t.to(dtype)
         return t
