@@ -1294,11 +1294,15 @@ class _RNNBase(nn.Module):
         s = _to_compute(s)
         return s if batched else s.unsqueeze(1)
 
-    def _run(self, x, states, lengths, batched, step):
-        """All layers and directions. states: tuple of (L*D, B, H) initial states;
-        step(layer_input, initial states of one cell, suffix, reverse) -> tuple of
-        (T, B, H) sequences, the first the output h. Returns (y (T, B, D*H), final
-        states: tuple of (L*D, B, H), or (L*D, H) unbatched -- new tensors, not views)."""
+    def _run(self, where, x, states, lengths, batched, packed, step):
+        """All layers and directions, on the training ops. states: tuple of (L*D, B, H)
+        initial states; step(layer_input, initial states of one cell, suffix, reverse)
+        -> tuple of (T, B, H) sequences, the first the output h. Returns _output's (y,
+        final states: tuple of (L*D, B, H), or (L*D, H) unbatched -- new tensors, not
+        views). Under torch.onnx.export nn's own op runs instead (_run_onnx)."""
+        if self._onnx_export(x):
+            return self._output(*self._run_onnx(where, x, states, lengths, batched, packed),
+                                batched, packed)
         D = self.num_directions
         finals, outs = [[] for _ in states], []
         for k, d, sfx, _ in self._cells():
@@ -1313,7 +1317,7 @@ class _RNNBase(nn.Module):
                 outs = []
                 if self.dropout and self.training and k < self.num_layers - 1:
                     x = nn.functional.dropout(x, self.dropout, training=True)
-        return x, tuple(torch.stack(f) for f in finals)
+        return self._output(x, tuple(torch.stack(f) for f in finals), batched, packed)
 
     # -- torch.onnx.export ------------------------------------------------------
 
@@ -1663,21 +1667,16 @@ class LSTM(_RNNBase):
         infer = self._wants_inference(xt, hx)    # no gradient: the packed inference forward
         states = (self._state(where, "h0", hx[0], B, batched, zeros=not infer),
                   self._state(where, "c0", hx[1], B, batched, zeros=not infer))
-        if self._onnx_export(xt):
-            return self._output(*self._run_onnx(where, xt, states, lengths, batched, packed),
-                                batched, packed)
-
         if infer:
-            y, finals = self._run_inference(where, xt, states, lengths, batched)
-            return self._output(y, finals, batched, packed)
+            return self._output(*self._run_inference(where, xt, states, lengths, batched),
+                                batched, packed)
 
         def step(x, init, sfx, reverse):
             out = _apply(lstm_op, x, *init, *self._compute_params(sfx), lengths,
                          self.cell_clip, self.forget_bias, reverse)
             return out[0], out[1]
 
-        y, finals = self._run(xt, states, lengths, batched, step)
-        return self._output(y, finals, batched, packed)
+        return self._run(where, xt, states, lengths, batched, packed, step)
 
     def _forward_proj(self, x, hx, sequence_length):
         """forward with proj_size = P > 0: h0/h_n (L*D, B, P), y (T, B, D*P), on
@@ -1689,17 +1688,13 @@ class LSTM(_RNNBase):
         _refuse_forward_ad(where, xt, hx, self)
         states = (self._state(where, "h0", hx[0], B, batched, size=self.proj_size),
                   self._state(where, "c0", hx[1], B, batched))
-        if self._onnx_export(xt):
-            return self._output(*self._run_onnx(where, xt, states, lengths, batched, packed),
-                                batched, packed)
 
         def step(x, init, sfx, reverse):
             out = _apply(lstm_proj_op, x, *init, *self._compute_params(sfx)[:4],
                          _to_compute(getattr(self, f"weight_hr{sfx}")), lengths, reverse)
             return out[0], out[1]
 
-        y, finals = self._run(xt, states, lengths, batched, step)
-        return self._output(y, finals, batched, packed)
+        return self._run(where, xt, states, lengths, batched, packed, step)
 
     def _cell_options(self):
         return self.use_peephole, self.cell_clip, self.forget_bias
@@ -1841,22 +1836,16 @@ class GRU(_RNNBase):
         _refuse_forward_ad(where, xt, (hx,), self)
         infer = self._wants_inference(xt, (hx,))  # no gradient: the packed inference forward
         states = (self._state(where, "hx", hx, xt.shape[1], batched, zeros=not infer),)
-        if self._onnx_export(xt):
-            y, (h_n,) = self._output(*self._run_onnx(where, xt, states, lengths, batched,
-                                                     packed), batched, packed)
-            return y, h_n
-        op = gru_op if self.reset_after else gru_block_op
-
         if infer:
             y, (h_n,) = self._output(*self._run_inference(where, xt, states, lengths,
                                                           batched), batched, packed)
             return y, h_n
+        op = gru_op if self.reset_after else gru_block_op
 
         def step(x, init, sfx, reverse):
             return (_apply(op, x, *init, *self._compute_params(sfx), lengths, reverse)[0],)
 
-        y, (h_n,) = self._output(*self._run(xt, states, lengths, batched, step), batched,
-                                 packed)
+        y, (h_n,) = self._run(where, xt, states, lengths, batched, packed, step)
         return y, h_n
 
     def _cell_options(self):
