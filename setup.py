@@ -10,6 +10,7 @@ Environment switches:
 - ``BLOCKRNN_DEBUG=1``: ``-O0 -g`` (for debuggers); ``BLOCKRNN_DEBUG=O1``: ``-O1 -g``
   (for sanitizers: tools/sanitize.sh).
 """
+import glob
 import os
 import subprocess
 import sys
@@ -101,28 +102,11 @@ def extensions():
         "blockrnn._kernels",
         sources=["blockrnn/_kernels.pyx"],
         include_dirs=[os.path.join(HERE, "include"), numpy.get_include()],
-        depends=[
-            "include/brnn_alloc.h",
-            "include/brnn_math.h",
-            "include/brnn_gru.h",
-            "include/brnn_gru_reset_after.h",
-            "include/brnn_inference.h",
-            "include/brnn_lstm.h",
-            "include/brnn_openmp.h",
-            "include/brnn_packed.h",
-            "blockrnn/_blas.pxd",
-            "blockrnn/_packed.pxi",
-            "blockrnn/_common.pxi",
-            "blockrnn/_outputs.pxi",
-            "blockrnn/_lstm.pxi",
-            "blockrnn/_gru.pxi",
-            "blockrnn/_gru_reset_after.pxi",
-            "blockrnn/_lstm_proj.pxi",
-            "blockrnn/_inference.pxi",
-            "blockrnn/_capi.pxi",
-            "blockrnn/_sequence.pxi",
-            "blockrnn/_openmp.pxd",
-        ],
+        # Every header and Cython include: editing any of them rebuilds the module
+        # (a hand-kept list had missed include/brnn_gemm.h).
+        depends=sorted(os.path.relpath(path, HERE) for pattern in
+                       ("include/*.h", "blockrnn/_*.pxi", "blockrnn/*.pxd")
+                       for path in glob.glob(os.path.join(HERE, pattern))),
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
     directives = {

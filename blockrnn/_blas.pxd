@@ -152,24 +152,24 @@ cdef inline void gemm(bint trans_a, bint trans_b,
             or (m * n * k > WIDE_GEMM_WORK and min(m, n) >= WIDE_GEMM_ROWS)):
         if floating is double:
             blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-            return
-        # float32 (the cell ops and their gradients at large sizes): never on
-        # OpenBLAS's pool. Its threaded product's bits may depend on its thread
-        # count (with OpenBLAS's Haswell kernels, lstm_block_cell at B=16, I=128,
-        # H=256 differed between 1 and 2 OpenBLAS threads), and its workers would
-        # spin on the cores blockrnn's threads use. Tiles of at most
-        # CALLER_GEMM_WORK multiply-adds, each run on the calling thread.
-        cols = min(n, max(16, CALLER_GEMM_WORK // (16 * k) // 16 * 16))
-        rows = max(1, CALLER_GEMM_WORK // (cols * k))
-        j = 0
-        while j < n:
-            i = 0
-            while i < m:
-                blas_gemm(trans_a, trans_b, min(rows, m - i), min(cols, n - j), k, alpha,
-                          a + (i if trans_a else i * lda), lda,
-                          b + (j * ldb if trans_b else j), ldb, beta, c + i * ldc + j, ldc)
-                i += rows
-            j += cols
+        else:
+            # float32 (the cell ops and their gradients at large sizes): never on
+            # OpenBLAS's pool. Its threaded product's bits may depend on its thread
+            # count (with OpenBLAS's Haswell kernels, lstm_block_cell at B=16, I=128,
+            # H=256 differed between 1 and 2 OpenBLAS threads), and its workers would
+            # spin on the cores blockrnn's threads use. Tiles of at most
+            # CALLER_GEMM_WORK multiply-adds, each run on the calling thread.
+            cols = min(n, max(16, CALLER_GEMM_WORK // (16 * k) // 16 * 16))
+            rows = max(1, CALLER_GEMM_WORK // (cols * k))
+            j = 0
+            while j < n:
+                i = 0
+                while i < m:
+                    blas_gemm(trans_a, trans_b, min(rows, m - i), min(cols, n - j), k, alpha,
+                              a + (i if trans_a else i * lda), lda,
+                              b + (j * ldb if trans_b else j), ldb, beta, c + i * ldc + j, ldc)
+                    i += rows
+                j += cols
         return
     rows = CALLER_GEMM_WORK // (n * k)  # >= 1
     i = 0
