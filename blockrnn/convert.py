@@ -142,7 +142,8 @@ def from_torch(module, *, dtype=None):
     module : torch.nn.LSTM (any num_layers, bidirectional or not, bias on or off;
         proj_size=0), torch.nn.GRU (the same), or a ``blockrnn.torch.LSTM`` /
         ``blockrnn.torch.GRU``.
-    dtype : None (the module's dtype) or float32 / float64
+    dtype : None (the module's dtype; float32 for a bfloat16 / float16 module, whose
+        values float32 holds exactly) or float32 / float64
 
     The NumPy layer gets the module's ``num_layers`` and ``bidirectional`` (and a
     blockrnn module's ``use_peephole`` and ``cell_clip``). From an nn.LSTM or a
@@ -163,7 +164,7 @@ def from_torch(module, *, dtype=None):
     where = "blockrnn.convert.from_torch"
     from blockrnn import torch as bt   # convert -> torch, never the other way
     if isinstance(module, bt.GRU):      # the layer of the same reset_after, the same names
-        params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
+        params = _torch_params(where, module)
         dt = _dtype(where, dtype, next(iter(params.values())).dtype)
         out = GRU(module.input_size, module.hidden_size, module.num_layers,
                   bidirectional=module.bidirectional, reset_after=module.reset_after, dtype=dt)
@@ -191,10 +192,21 @@ def from_torch(module, *, dtype=None):
     return _fill(out, **a["params"])
 
 
+def _torch_params(where, module):
+    """A GRU module's parameters as NumPy arrays by name (bt.param_array)."""
+    from blockrnn import torch as bt
+    params = dict(module.named_parameters())
+    dtype = next(iter(params.values())).dtype
+    if dtype not in bt._MODULE_DTYPES:
+        raise TypeError(f"{where}: the module's weights must be float32, float64, bfloat16 "
+                        f"or float16, got {dtype}")
+    return {k: bt.param_array(v) for k, v in params.items()}
+
+
 def _from_nn_gru(module, dtype, where):
     """torch.nn.GRU -> blockrnn.layers.GRU(reset_after=True): the same parameter names
     and layouts (zero biases for bias=False)."""
-    params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
+    params = _torch_params(where, module)
     dt = _dtype(where, dtype, next(iter(params.values())).dtype)
     out = GRU(module.input_size, module.hidden_size, module.num_layers,
               bidirectional=module.bidirectional, reset_after=True, dtype=dt)

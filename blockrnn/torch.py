@@ -904,6 +904,14 @@ def _check_source(where, module, types, name, dtypes=_DTYPES):
                         f"{module.weight_ih_l0.dtype}")
 
 
+def param_array(t):
+    """A parameter's values as a NumPy array (a copy only where needed): bfloat16 /
+    float16 as float32 (NumPy has no bfloat16; the modules compute both in float32),
+    exactly (every bfloat16 / float16 value is a float32)."""
+    t = t.detach().cpu()
+    return (t.float() if t.dtype in _LOW_PRECISION else t).numpy()
+
+
 def _state_pair(where, hx):
     """An LSTM's hx: None -> (None, None); otherwise a pair (h0, c0)."""
     if hx is None:
@@ -928,20 +936,21 @@ def nn_lstm_arrays(module, where="blockrnn.torch.LSTM.from_torch"):
     blockrnn module's forget_bias on the f block), and a blockrnn module's
     peepholes ``wci_l{k}{s}``, ``wcf_l{k}{s}``, ``wco_l{k}{s}``, layer by layer,
     forward before reverse. I_0 = input_size, I_k = num_directions * H for
-    k >= 1. ``blockrnn.convert.from_torch`` uses it too (convert imports this
-    module, never the reverse).
+    k >= 1. The arrays are float32 for a bfloat16 / float16 module (param_array).
+    ``blockrnn.convert.from_torch`` uses it too (convert imports this module,
+    never the reverse).
     """
     if isinstance(module, (nn.GRU, GRU)):
         raise ValueError(f"{where}: " + RESET_AFTER.format(
             what="torch.nn.GRU", hint=" Use blockrnn.torch.GRU.from_torch instead."))
-    _check_source(where, module, (nn.LSTM, LSTM), "torch.nn.LSTM")
+    _check_source(where, module, (nn.LSTM, LSTM), "torch.nn.LSTM", _MODULE_DTYPES)
     if getattr(module, "proj_size", 0):
         raise ValueError(f"{where}: nn.LSTM with proj_size={module.proj_size} (projected "
                          f"LSTM) is not supported")
     ours = isinstance(module, LSTM)
 
     def array(name):
-        return getattr(module, name).detach().cpu().numpy()
+        return param_array(getattr(module, name))
 
     params = {}
     for k in range(module.num_layers):

@@ -3,6 +3,7 @@
 Keras (TensorFlow backend, from tensorflow-cpu) and PyTorch are required: missing ones
 FAIL these tests.
 """
+import copy
 import os
 
 import numpy as np
@@ -19,6 +20,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                 f"({exc!r}); install the test extras with `pip install -e .[test]`",
                 pytrace=False)
 
+import blockrnn.torch as bt
 from blockrnn import convert
 from blockrnn.layers import GRU, LSTM
 
@@ -265,9 +267,43 @@ def test_from_torch_nn_gru(L, bidirectional, bias):
     assert convert.from_torch(ref, dtype=np.float32).dtype == np.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("make", [
+    lambda: nn.LSTM(I, H, 2, bidirectional=True),
+    lambda: nn.GRU(I, H, 2, bidirectional=True),
+    lambda: bt.LSTM(I, H, use_peephole=True, forget_bias=0.5),
+    lambda: bt.GRU(I, H, reset_after=False),
+], ids=["nn.LSTM", "nn.GRU", "bt.LSTM", "bt.GRU-reset-before"])
+def test_from_torch_low_precision_module(make, dtype):
+    """A bfloat16 / float16 module converts to a float32 layer holding its values
+    exactly (NumPy has no bfloat16; the torch modules compute both in float32): the
+    same arrays as from its float32 copy, and the torch module's output to the dtype's
+    rounding. dtype=float64 widens them exactly too."""
+    torch.manual_seed(6)
+    module = make().to(dtype)
+    ours = convert.from_torch(module)
+    assert ours.dtype == np.float32
+    want = convert.from_torch(copy.deepcopy(module).float())
+    assert list(ours.params) == list(want.params)
+    for k, v in ours.params.items():
+        np.testing.assert_array_equal(v, want.params[k], err_msg=k)
+    wide = convert.from_torch(module, dtype=np.float64)
+    for k, v in wide.params.items():
+        np.testing.assert_array_equal(v, ours.params[k].astype(np.float64), err_msg=k)
+    x = torch.from_numpy(_x(seed=14).transpose(1, 0, 2).copy()).to(dtype)  # (T, B, I)
+    if not isinstance(module, (bt.LSTM, bt.GRU)):
+        return     # nn's own low-precision modules round at every step: not compared
+    with torch.no_grad():
+        y_t = module(x)[0]
+    y = ours.forward(x.float().numpy())[0]
+    np.testing.assert_array_equal(torch.from_numpy(y).to(dtype).float(), y_t.float())
+
+
 def test_from_torch_refusals():
     with pytest.raises(ValueError, match="proj_size"):
         convert.from_torch(nn.LSTM(I, H, proj_size=2))
+    with pytest.raises(TypeError, match="bfloat16 or float16, got torch.complex64"):
+        convert.from_torch(nn.GRU(I, H).to(torch.complex64))
     with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
         convert.from_torch(nn.RNN(I, H))
     with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
@@ -324,5 +360,5 @@ def test_nn_lstm_arrays_refusals():
         bt.nn_lstm_arrays(nn.GRU(I, H))
     with pytest.raises(TypeError, match="expected a torch.nn.LSTM, got Linear"):
         bt.nn_lstm_arrays(nn.Linear(I, H))
-    with pytest.raises(TypeError, match="float32 or float64, got torch.float16"):
-        bt.nn_lstm_arrays(nn.LSTM(I, H).half())
+    with pytest.raises(TypeError, match="bfloat16 or float16, got torch.complex64"):
+        bt.nn_lstm_arrays(nn.LSTM(I, H).to(torch.complex64))
