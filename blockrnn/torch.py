@@ -18,8 +18,10 @@ gradients once to its dtype.
   so that a ``state_dict`` moves strictly both ways and an optimizer, weight
   decay and gradient clipping see what they see with nn.LSTM / nn.GRU; nn's
   ``all_weights``, ``_all_weights``, ``_flat_weights_names``, ``_flat_weights``
-  (read-only), ``mode`` and
-  ``flatten_parameters()`` (a no-op, as nn's on CPU) for code that uses them.
+  (read-only), ``mode``, ``flatten_parameters()`` (a no-op, as nn's on CPU) and
+  the argument checks ``check_input``, ``check_forward_args``,
+  ``get_expected_hidden_size`` / ``get_expected_cell_size``, ``check_hidden_size``
+  and ``permute_hidden`` (nn's own functions) for code that uses them.
   ``LSTM.from_torch(nn_lstm)``, ``GRU.from_torch(nn_gru)`` copy a module.
   blockrnn's extras (peepholes, cell clipping, forget bias; the GRUBlockCell
   GRU with ``reset_after=False``) exist only when asked for.
@@ -1225,6 +1227,16 @@ class _RNNBase(nn.Module):
         """A no-op, as nn.RNNBase's on CPU: the kernels read the parameters where
         they are. Here so that code written for nn.LSTM / nn.GRU runs unchanged."""
 
+    # nn.RNNBase's public argument checks, nn's own functions (the installed torch's):
+    # they read what these modules share with nn (input_size, hidden_size, proj_size,
+    # num_layers, bidirectional, batch_first, _flat_weights). Code written for nn.LSTM
+    # (a subclass's forward) calls them; forward does its own checks.
+    check_input = nn.RNNBase.check_input
+    get_expected_hidden_size = nn.RNNBase.get_expected_hidden_size
+    check_hidden_size = nn.RNNBase.check_hidden_size
+    check_forward_args = nn.RNNBase.check_forward_args
+    permute_hidden = nn.RNNBase.permute_hidden
+
     def _cells(self):
         """(layer k, direction d, name suffix, layer input size I_k) in nn.LSTM's order."""
         D, H = self.num_directions, self.hidden_size
@@ -1707,6 +1719,11 @@ class LSTM(_RNNBase):
 
     def _cell_options(self):
         return self.use_peephole, self.cell_clip, self.forget_bias
+
+    # nn.LSTM's versions of the checks (h and c; see _RNNBase.check_input)
+    get_expected_cell_size = nn.LSTM.get_expected_cell_size
+    check_forward_args = nn.LSTM.check_forward_args
+    permute_hidden = nn.LSTM.permute_hidden
 
     def _onnx_refusal(self):
         """What nn.LSTM's op cannot express (_run_onnx): (what, what to do) or None."""

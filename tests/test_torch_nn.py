@@ -144,6 +144,63 @@ def test_rnnbase_attributes_code_for_nn_uses(kind, config):
         assert extra._flat_weights_names == [n for n, _ in extra.named_parameters()]
 
 
+def _outcome(fn, *args):
+    """fn(*args)'s value, or its exception's type and message."""
+    try:
+        return fn(*args)
+    except Exception as exc:   # compared between nn and blockrnn
+        return type(exc), str(exc)
+
+
+@pytest.mark.parametrize("kind,config", RNNBASE_CASES,
+                         ids=[f"{k}-{'-'.join(map(str, c.values())) or 'plain'}"
+                              for k, c in RNNBASE_CASES])
+def test_rnnbase_argument_checks_are_nns(kind, config):
+    """nn.RNNBase's public checks, which a subclass's forward written for nn.LSTM calls
+    (check_input, get_expected_hidden_size / cell_size, check_hidden_size,
+    check_forward_args, permute_hidden): nn's values, and nn's exceptions and messages,
+    on valid and invalid arguments; then such a forward end to end."""
+    ref, ours = _pair(kind, **config)
+    LD, P = ref.num_layers * (2 if ref.bidirectional else 1), ref.proj_size or H
+    x = _rand(B, T, I) if ref.batch_first else _rand(T, B, I)
+    packed = pack_padded_sequence(x, LENGTHS, batch_first=ref.batch_first,
+                                  enforce_sorted=False)
+    good_h, good_c = _rand(LD, B, P), _rand(LD, B, H)
+    hidden = (good_h, good_c) if kind == "lstm" else good_h
+    inputs = [(x, None), (packed.data, packed.batch_sizes),         # valid
+              (x.float(), None), (x[0], None), (x[..., :-1], None)]  # dtype, dims, size
+    for inp, sizes in inputs:
+        for name in ("check_input", "get_expected_hidden_size"):
+            assert _outcome(getattr(ours, name), inp, sizes) == \
+                _outcome(getattr(ref, name), inp, sizes), (name, inp.shape)
+        for h in (hidden, (good_h[:, :1], good_c) if kind == "lstm" else good_h[:1],
+                  (good_h, good_c[..., :1]) if kind == "lstm" else good_h[..., :1]):
+            assert _outcome(ours.check_forward_args, inp, h, sizes) == \
+                _outcome(ref.check_forward_args, inp, h, sizes)
+    if kind == "lstm":
+        assert ours.get_expected_cell_size(x, None) == ref.get_expected_cell_size(x, None)
+    assert _outcome(ours.check_hidden_size, good_h, (1, 2, 3)) == \
+        _outcome(ref.check_hidden_size, good_h, (1, 2, 3))
+    perm = packed.sorted_indices
+    for got, want in zip(ours.permute_hidden(hidden, perm) if kind == "lstm"
+                         else (ours.permute_hidden(hidden, perm),),
+                         ref.permute_hidden(hidden, perm) if kind == "lstm"
+                         else (ref.permute_hidden(hidden, perm),)):
+        assert torch.equal(got, want)
+    assert ours.permute_hidden(hidden, None) is hidden
+
+    class Checked(type(ours)):     # a subclass written for nn: checks, then super()
+        def forward(self, x, hx):
+            self.check_forward_args(x, hx, None)
+            return super().forward(x, hx)
+    checked = Checked(I, H, **config, dtype=torch.float64)
+    checked.load_state_dict(ours.state_dict())
+    y, _ = checked(x, hidden)
+    assert torch.equal(y, ours(x, hidden)[0])
+    with pytest.raises(RuntimeError, match="Expected hidden"):
+        checked(x, (good_h[:, :1], good_c) if kind == "lstm" else good_h[:, :1])
+
+
 def test_forget_gate_bias_recipe_written_for_nn_lstm():
     """The common recipe that walks nn.LSTM._all_weights to set the forget gate's bias
     to 1 sets the same entries here; the outputs then agree with nn.LSTM's."""
