@@ -5,13 +5,18 @@ Optional: needs jax (``import blockrnn`` never imports it; this module does).
 * ``lstm(params, x, state=None, sequence_length=None, *, cell_clip=0.0)``
   -> ``(y, (h_n, c_n))`` over ``block_lstm_v2`` / ``block_lstm_grad_v2``.
 * ``gru(params, x, state=None, sequence_length=None)`` -> ``(y, h_n)`` over
-  ``block_gru`` / ``block_gru_grad`` (GRUBlockCell's reset-before GRU).
+  ``block_gru_reset_after`` / ``block_gru_reset_after_grad`` (nn.GRU's, Keras 3's
+  and Flax's reset-after GRU: a ``blockrnn.GRU()``'s params) or ``block_gru`` /
+  ``block_gru_grad`` (GRUBlockCell's reset-before GRU: a
+  ``blockrnn.GRU(reset_after=False)``'s params), by the keys of ``params``.
 
 One layer, one direction. ``params`` is a dict with the keys and TensorFlow
 layouts of a one-layer unidirectional NumPy layer's ``params``, so
 ``blockrnn.LSTM(I, H).params`` passes straight in: LSTM ``w_l0`` (I+H, 4H)
 IFCO, ``b_l0`` (4H,), and with peepholes ``wci_l0``, ``wcf_l0``, ``wco_l0``
-(H,) (their presence turns peepholes on); GRU ``w_ru_l0`` (I+H, 2H) [r | u],
+(H,) (their presence turns peepholes on); the reset-after GRU nn.GRU's
+``weight_ih_l0`` (3H, I), ``weight_hh_l0`` (3H, H), ``bias_ih_l0``,
+``bias_hh_l0`` (3H,); the reset-before GRU ``w_ru_l0`` (I+H, 2H) [r | u],
 ``w_c_l0`` (I+H, H), ``b_ru_l0`` (2H,), ``b_c_l0`` (H,). ``x`` is time-major
 (T, B, I); ``state`` is ``(h0, c0)`` for the LSTM and ``h0`` for the GRU,
 each (1, B, H) as the layers' (None: zeros); ``sequence_length`` None or (B,)
@@ -27,10 +32,11 @@ backward calls the gradient op with the forward's saved gates. So ``jax.jit``,
 callback per mapped element) work. Cell clipping is ignored by the gradient,
 as in TensorFlow.
 
-``reference_lstm`` and ``reference_gru`` are the same math written in
-``jax.numpy`` with ``lax.scan`` (no callbacks, no sequence_length): the
-comparison point for tests and the benchmark. They take the unsuffixed keys
-(``w``, ``b``; ``w_ru``, ``w_c``, ``b_ru``, ``b_c``) and states (B, H).
+``reference_lstm``, ``reference_gru`` and ``reference_gru_reset_after`` are the
+same math written in ``jax.numpy`` with ``lax.scan`` (no callbacks, no
+sequence_length): the comparison point for tests and the benchmark. They take
+the unsuffixed keys (``w``, ``b``; ``w_ru``, ``w_c``, ``b_ru``, ``b_c``;
+``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``) and states (B, H).
 """
 from functools import partial
 
@@ -41,7 +47,7 @@ import numpy as np
 import blockrnn
 from blockrnn._validation import check_sequence_length, steps_to_run
 
-__all__ = ["lstm", "gru", "reference_lstm", "reference_gru"]
+__all__ = ["lstm", "gru", "reference_lstm", "reference_gru", "reference_gru_reset_after"]
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -224,77 +230,101 @@ def lstm(params, x, state=None, sequence_length=None, *, cell_clip=0.0):
 
 
 # --------------------------------------------------------------------------
-# GRU
+# GRU: both variants (GRUBlockCell's reset-before, nn.GRU's reset-after)
 # --------------------------------------------------------------------------
 
-def _gru_fwd_np(x, h0, w_ru, w_c, b_ru, b_c, lengths):
-    lengths = _np_lengths(lengths)
-    return tuple(blockrnn.block_gru(steps_to_run(x.shape[0], lengths), x, h0, w_ru, w_c, b_ru,
-                                    b_c, sequence_length=lengths))   # r, u, c, h
+def _gru_seq_function(forward_op, grad_op, n_outputs):
+    """A GRU op pair as a differentiable JAX function seq(x, h0, w1, w2, b1, b2, lengths)
+    -> h (T, B, H): forward_op's outputs (n_outputs (T, B, H) arrays, h last) run in a
+    callback, and the backward calls grad_op with them (its gradients come in the
+    order of the arguments: x, h0, w1, w2, b1, b2)."""
+    def forward_np(x, h0, w1, w2, b1, b2, lengths):
+        lengths = _np_lengths(lengths)
+        return tuple(forward_op(steps_to_run(x.shape[0], lengths), x, h0, w1, w2, b1, b2,
+                                sequence_length=lengths))
+
+    def grad_np(x, h0, w1, w2, b1, b2, outputs, dh, lengths):
+        lengths = _np_lengths(lengths)
+        return tuple(grad_op(steps_to_run(x.shape[0], lengths), x, h0, w1, w2, b1, b2,
+                             *outputs, dh, sequence_length=lengths))
+
+    def outputs(x, h0, w1, w2, b1, b2, lengths):
+        T, B = x.shape[:2]
+        seq = jax.ShapeDtypeStruct((T, B, h0.shape[1]), x.dtype)
+        return jax.pure_callback(forward_np, (seq,) * n_outputs, x, h0, w1, w2, b1, b2,
+                                 lengths, vmap_method="sequential")
+
+    @jax.custom_vjp
+    def seq(x, h0, w1, w2, b1, b2, lengths):
+        return outputs(x, h0, w1, w2, b1, b2, lengths)[-1]
+
+    def seq_fwd(x, h0, w1, w2, b1, b2, lengths):
+        outs = outputs(x, h0, w1, w2, b1, b2, lengths)
+        return outs[-1], (x, h0, w1, w2, b1, b2, lengths, outs)
+
+    def seq_bwd(res, dh):
+        x, h0, w1, w2, b1, b2, lengths, outs = res
+        shapes = _sds(x) + _sds(h0) + _sds(w1) + _sds(w2) + _sds(b1) + _sds(b2)
+        grads = jax.pure_callback(grad_np, shapes, x, h0, w1, w2, b1, b2, outs, dh, lengths,
+                                  vmap_method="sequential")
+        return (*grads, _int_zero(lengths))
+
+    seq.defvjp(seq_fwd, seq_bwd)
+    return seq
 
 
-def _gru_bwd_np(x, h0, w_ru, w_c, b_ru, b_c, r, u, c, h, dh, lengths):
-    lengths = _np_lengths(lengths)
-    g = blockrnn.block_gru_grad(steps_to_run(x.shape[0], lengths), x, h0, w_ru, w_c, b_ru,
-                                b_c, r, u, c, h, dh, sequence_length=lengths)
-    return g.x_grad, g.h_prev_grad, g.w_ru_grad, g.w_c_grad, g.b_ru_grad, g.b_c_grad
+_gru_seq = _gru_seq_function(blockrnn.block_gru, blockrnn.block_gru_grad, 4)   # r, u, c, h
+_gru_reset_after_seq = _gru_seq_function(
+    blockrnn.block_gru_reset_after, blockrnn.block_gru_reset_after_grad, 5)  # r, z, n, hn, h
 
-
-def _gru_gates(x, h0, w_ru, w_c, b_ru, b_c, lengths):
-    T, B = x.shape[:2]
-    seq = jax.ShapeDtypeStruct((T, B, h0.shape[1]), x.dtype)
-    return jax.pure_callback(_gru_fwd_np, (seq,) * 4, x, h0, w_ru, w_c, b_ru, b_c, lengths,
-                             vmap_method="sequential")
-
-
-@jax.custom_vjp
-def _gru_seq(x, h0, w_ru, w_c, b_ru, b_c, lengths):
-    """h (T, B, H): block_gru's output at every step."""
-    return _gru_gates(x, h0, w_ru, w_c, b_ru, b_c, lengths)[3]
-
-
-def _gru_seq_fwd(x, h0, w_ru, w_c, b_ru, b_c, lengths):
-    gates = _gru_gates(x, h0, w_ru, w_c, b_ru, b_c, lengths)
-    return gates[3], (x, h0, w_ru, w_c, b_ru, b_c, lengths, gates)
-
-
-def _gru_seq_bwd(res, dh):
-    x, h0, w_ru, w_c, b_ru, b_c, lengths, gates = res
-    shapes = _sds(x) + _sds(h0) + _sds(w_ru) + _sds(w_c) + _sds(b_ru) + _sds(b_c)
-    grads = jax.pure_callback(_gru_bwd_np, shapes, x, h0, w_ru, w_c, b_ru, b_c, *gates, dh,
-                              lengths, vmap_method="sequential")
-    return (*grads, _int_zero(lengths))
-
-
-_gru_seq.defvjp(_gru_seq_fwd, _gru_seq_bwd)
+_RESET_BEFORE_KEYS = ("w_ru_l0", "w_c_l0", "b_ru_l0", "b_c_l0")
+_RESET_AFTER_KEYS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
 
 
 def gru(params, x, state=None, sequence_length=None):
-    """A GRU (GRUBlockCell math, reset before the recurrent matmul) over a time-major
-    sequence, differentiable in JAX.
+    """A GRU over a time-major sequence, differentiable in JAX: the variant of the
+    keys of ``params``, a one-layer unidirectional ``blockrnn.GRU``'s params.
 
-    params: dict ``w_ru_l0`` (I+H, 2H) [r | u], ``w_c_l0`` (I+H, H), ``b_ru_l0``
-    (2H,), ``b_c_l0`` (H,): a one-layer unidirectional ``blockrnn.GRU(reset_after=False)``'s params;
+    Reset after the recurrent matmul (nn.GRU, Keras 3, ONNX's linear_before_reset=1,
+    ``blockrnn.GRU(reset_after=True)``, the default): ``weight_ih_l0`` (3H, I),
+    ``weight_hh_l0`` (3H, H), ``bias_ih_l0``, ``bias_hh_l0`` (3H,), rows r, z, n
+    (nn.GRU's layout). Reset before it (TensorFlow's GRUBlockCell,
+    ``blockrnn.GRU(reset_after=False)``): ``w_ru_l0`` (I+H, 2H) [r | u], ``w_c_l0``
+    (I+H, H), ``b_ru_l0`` (2H,), ``b_c_l0`` (H,).
     x (T, B, I); state None or h0 (1, B, H); sequence_length None or (B,) ints
     in [0, T]. Returns ``y, h_n``: y (T, B, H), h_n (1, B, H).
     """
     where = "blockrnn.jax.gru"
-    _params(where, params, ("w_ru_l0", "w_c_l0", "b_ru_l0", "b_c_l0"))
-    w_c = params["w_c_l0"]
-    if len(getattr(w_c, "shape", ())) != 2 or w_c.shape[1] == 0:
-        raise ValueError(f"{where}: params['w_c_l0'] must have shape (I+H, H), got "
-                         f"{tuple(getattr(w_c, 'shape', ()))}")
-    H = w_c.shape[1]
-    IH = w_c.shape[0]
-    dtype, T, B = _x(where, x, IH - H)
-    w_ru = _check(where, "params['w_ru_l0']", params["w_ru_l0"], dtype, (IH, 2 * H))
-    w_c = _check(where, "params['w_c_l0']", w_c, dtype, (IH, H))
-    b_ru = _check(where, "params['b_ru_l0']", params["b_ru_l0"], dtype, (2 * H,))
-    b_c = _check(where, "params['b_c_l0']", params["b_c_l0"], dtype, (H,))
+    if isinstance(params, dict) and "weight_ih_l0" in params:
+        _params(where, params, _RESET_AFTER_KEYS)
+        w_ih, w_hh = params["weight_ih_l0"], params["weight_hh_l0"]
+        for name, w in (("weight_ih_l0", w_ih), ("weight_hh_l0", w_hh)):
+            if len(getattr(w, "shape", ())) != 2 or w.shape[0] == 0 or w.shape[0] % 3:
+                raise ValueError(f"{where}: params['{name}'] must have shape (3H, "
+                                 f"{'I' if name == 'weight_ih_l0' else 'H'}), got "
+                                 f"{tuple(getattr(w, 'shape', ()))}")
+        H = w_hh.shape[0] // 3
+        dtype, T, B = _x(where, x, w_ih.shape[1])
+        weights = [_check(where, f"params['{k}']", params[k], dtype, shape) for k, shape in
+                   zip(_RESET_AFTER_KEYS, ((3 * H, w_ih.shape[1]), (3 * H, H), (3 * H,),
+                                           (3 * H,)))]
+        seq = _gru_reset_after_seq
+    else:
+        _params(where, params, _RESET_BEFORE_KEYS)
+        w_c = params["w_c_l0"]
+        if len(getattr(w_c, "shape", ())) != 2 or w_c.shape[1] == 0:
+            raise ValueError(f"{where}: params['w_c_l0'] must have shape (I+H, H), got "
+                             f"{tuple(getattr(w_c, 'shape', ()))}")
+        H = w_c.shape[1]
+        IH = w_c.shape[0]
+        dtype, T, B = _x(where, x, IH - H)
+        weights = [_check(where, f"params['{k}']", params[k], dtype, shape) for k, shape in
+                   zip(_RESET_BEFORE_KEYS, ((IH, 2 * H), (IH, H), (2 * H,), (H,)))]
+        seq = _gru_seq
     h0 = (jnp.zeros((B, H), dtype) if state is None
           else _check(where, "state", state, dtype, (1, B, H))[0])
     lengths = _lengths(where, sequence_length, T, B)
-    h = _gru_seq(x, h0, w_ru, w_c, b_ru, b_c, lengths)
+    h = seq(x, h0, *weights, lengths)
     return h, _final(h, h0, lengths)[None]
 
 
@@ -342,4 +372,26 @@ def reference_gru(params, x, state=None):
         return h, h
 
     h, y = jax.lax.scan(step, h0, (xru, xc))
+    return y, h
+
+
+def reference_gru_reset_after(params, x, state=None):
+    """``gru`` with reset-after params written with ``lax.scan`` (full length): the keys
+    without ``_l0`` (``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``), nn.GRU's
+    math ``n = tanh(x W_in + b_in + r * (h W_hn + b_hn))``. Returns ``y, h_n``."""
+    w_ih, w_hh = params["weight_ih"], params["weight_hh"]
+    b_ih, b_hh = params["bias_ih"], params["bias_hh"]
+    H = w_hh.shape[1]
+    h0 = state if state is not None else jnp.zeros((x.shape[1], H), x.dtype)
+    gi = jnp.einsum("tbi,gi->tbg", x, w_ih) + b_ih     # the input products, all steps
+
+    def step(h, gi_t):
+        gh = h @ w_hh.T + b_hh
+        r = jax.nn.sigmoid(gi_t[:, :H] + gh[:, :H])
+        z = jax.nn.sigmoid(gi_t[:, H:2 * H] + gh[:, H:2 * H])
+        n = jnp.tanh(gi_t[:, 2 * H:] + r * gh[:, 2 * H:])
+        h = (1 - z) * n + z * h
+        return h, h
+
+    h, y = jax.lax.scan(step, h0, gi)
     return y, h

@@ -25,9 +25,11 @@ def _state(kind, dtype, seed=1):
 
 
 def _model(kind, dtype, peephole=False, seed=3):
+    """kind: "lstm", "gru" (GRUBlockCell's reset-before GRU) or "gru_ra" (nn.GRU's
+    reset-after GRU): the NumPy layer and the blockrnn.jax function."""
     if kind == "lstm":
         return blockrnn.LSTM(I, H, use_peephole=peephole, dtype=dtype, seed=seed), bj.lstm
-    return blockrnn.GRU(I, H, reset_after=False, dtype=dtype, seed=seed), bj.gru
+    return blockrnn.GRU(I, H, reset_after=kind == "gru_ra", dtype=dtype, seed=seed), bj.gru
 
 
 def _loss(fn, lengths):
@@ -41,7 +43,7 @@ def _loss(fn, lengths):
     return loss
 
 
-CASES = [("lstm", False), ("lstm", True), ("gru", False)]
+CASES = [("lstm", False), ("lstm", True), ("gru", False), ("gru_ra", False)]
 
 
 @pytest.mark.parametrize("kind,peephole", CASES)
@@ -80,12 +82,14 @@ def test_equals_numpy_layer_forward_and_backward(kind, peephole, dtype, lengths)
         np.testing.assert_allclose(np.asarray(dparams[k]), g, rtol=tol, atol=tol, err_msg=k)
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "gru_ra"])
 @pytest.mark.parametrize("shape", [(12, 8, 16, 32), (1, 1, 3, 5), (30, 2, 10, 64)])
 def test_float32_matches_a_lax_scan_model(kind, shape):
     T_, B_, I_, H_ = shape
-    layer = (blockrnn.LSTM(I_, H_, seed=4) if kind == "lstm" else blockrnn.GRU(I_, H_, reset_after=False, seed=4))
-    fn, ref = (bj.lstm, bj.reference_lstm) if kind == "lstm" else (bj.gru, bj.reference_gru)
+    layer = (blockrnn.LSTM(I_, H_, seed=4) if kind == "lstm"
+             else blockrnn.GRU(I_, H_, reset_after=kind == "gru_ra", seed=4))
+    fn, ref = {"lstm": (bj.lstm, bj.reference_lstm), "gru": (bj.gru, bj.reference_gru),
+               "gru_ra": (bj.gru, bj.reference_gru_reset_after)}[kind]
     x = _x(np.float32, 5, (T_, B_, I_))
     y, final = fn(layer.params, x)
     y_ref, final_ref = ref(_unsuffixed(layer.params), x)
@@ -177,6 +181,18 @@ def test_bad_input_is_refused():
         bj.gru(dict(gru.params, w_ru_l0=gru.w_ru_l0[:, :6]), x)
     with pytest.raises(ValueError, match=r"state must have shape \(1, 3, 6\)"):
         bj.gru(gru.params, x, np.zeros((B, H), np.float32))
+    gru = blockrnn.GRU(I, H)      # reset-after: nn.GRU's keys
+    with pytest.raises(ValueError, match=r"params\['bias_hh_l0'\] must have shape \(18,\)"):
+        bj.gru(dict(gru.params, bias_hh_l0=gru.bias_hh_l0[:6]), x)
+    with pytest.raises(ValueError, match=r"params\['weight_hh_l0'\] must have shape "
+                                         r"\(3H, H\), got \(17, 6\)"):
+        bj.gru(dict(gru.params, weight_hh_l0=gru.weight_hh_l0[:17]), x)
+    with pytest.raises(ValueError, match=r"x must have shape \(T, B, I\) with I = 4"):
+        bj.gru(gru.params, x[..., :3])
+    with pytest.raises(ValueError, match=r"params must have the keys \['weight_ih_l0', "):
+        bj.gru(dict(gru.params, w_c_l0=gru.weight_hh_l0), x)
+    with pytest.raises(TypeError, match=r"params\['weight_hh_l0'\] must have dtype float32"):
+        bj.gru(dict(gru.params, weight_hh_l0=gru.weight_hh_l0.astype(np.float64)), x)
 
 
 def test_float64_without_x64_is_refused_clearly():

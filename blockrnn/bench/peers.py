@@ -15,7 +15,7 @@ Workloads (``WORKLOADS``):
   ``nn.GRU``, ORT ``GRU`` (forward only, ``linear_before_reset=1``), and a ``lax.scan``
   model of it in JAX. TensorFlow has no sequence GRU op, so there is no TF row (TF's
   GRUBlockCell is timed by ``gru_cell``).
-* JAX (every sequence workload): ``blockrnn.jax.reference_lstm`` / ``_jax_gru_reset_after``,
+* JAX (every sequence workload): ``blockrnn.jax.reference_lstm`` / ``reference_gru_reset_after``,
   the same math written in ``jax.numpy`` with ``lax.scan`` (no peepholes), under ``jax.jit``;
   fwd+bwd is ``jax.jit(jax.vjp)`` of it with the same ones-for-every-h loss gradient.
   XLA's own CPU thread pool runs it (``--num-threads`` does not reach it).
@@ -848,9 +848,11 @@ def _jax(jax, workload, p):
         state = (jnp.asarray(p.h0), jnp.asarray(p.cs0))
         model = bj.reference_lstm
     else:
-        params = {k: jnp.asarray(getattr(p, k)) for k in ("w_ih", "w_hh", "b_ih", "b_hh")}
+        params = {name: jnp.asarray(getattr(p, k)) for name, k in (
+            ("weight_ih", "w_ih"), ("weight_hh", "w_hh"), ("bias_ih", "b_ih"),
+            ("bias_hh", "b_hh"))}
         state = jnp.asarray(p.h0)
-        model = _jax_gru_reset_after(jax)
+        model = bj.reference_gru_reset_after
     x = jnp.asarray(p.x)
     want_h = lambda: p.lstm_fwd(False).h if lstm else p.gru_h()  # noqa: E731 (parity only)
     what = "h - h_blockrnn(no peep.)" if lstm else "h - h_numpy"
@@ -882,33 +884,11 @@ def _jax(jax, workload, p):
         else:
             want = p.gru_grad()
             pairs = [("x_grad", dx, want.x_grad), ("h_prev_grad", dstate, want.h_prev_grad)] + [
-                (f"{k}_grad", dparams[k], getattr(want, f"{k}_grad"))
-                for k in ("w_ih", "w_hh", "b_ih", "b_hh")]
+                (f"{k}_grad", dparams[name], getattr(want, f"{k}_grad"))
+                for name, k in (("weight_ih", "w_ih"), ("weight_hh", "w_hh"),
+                                ("bias_ih", "b_ih"), ("bias_hh", "b_hh"))]
         return _combine(_fwd_parity(y, want_h(), what), _grad_parity(pairs))
     return Impl("jax", f"jit(vjp({model.__name__}))", run, check, note)
-
-
-def _jax_gru_reset_after(jax):
-    """nn.GRU's reset-after GRU written with ``lax.scan`` in ``jax.numpy`` (params
-    w_ih (3H, I), w_hh (3H, H), b_ih, b_hh (3H,), rows r, z, n); returns ``y, h_n``."""
-    jnp = jax.numpy
-
-    def gru_reset_after_scan(params, x, h0):
-        w_ih, w_hh, b_ih, b_hh = (params[k] for k in ("w_ih", "w_hh", "b_ih", "b_hh"))
-        H = w_hh.shape[1]
-        gi = jnp.einsum("tbi,gi->tbg", x, w_ih) + b_ih
-
-        def step(h, gi_t):
-            gh = h @ w_hh.T + b_hh
-            r = jax.nn.sigmoid(gi_t[:, :H] + gh[:, :H])
-            z = jax.nn.sigmoid(gi_t[:, H:2 * H] + gh[:, H:2 * H])
-            n = jnp.tanh(gi_t[:, 2 * H:] + r * gh[:, 2 * H:])
-            h = (1 - z) * n + z * h
-            return h, h
-
-        h, y = jax.lax.scan(step, h0, gi)
-        return y, h
-    return gru_reset_after_scan
 
 
 class CellProblem(Problem):
