@@ -20,15 +20,13 @@ from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 # got 0.82x one thread's throughput). So a small product is issued in blocks
 # of rows of at most CALLER_GEMM_WORK each. Each element of C is still one dot
 # product over all of k; the blocks depend only on the shapes, never on what
-# other threads do.
-# Except, in float64 only, a product above WIDE_GEMM_WORK whose m and n are
-# both at least WIDE_GEMM_ROWS, or one above SMALL_GEMM_WORK: there the pool
-# pays (a per-step recurrent product of 16 or
-# 32 rows, 2 threads, LSTM forward median: 26.6 -> 20.5 ms at 100,16,256,256,
-# 18.9 -> 14.3 ms at 100,32,128,128; with 4 rows, 200,4,256,512, the pool
-# made it 42 -> 71 ms, so thin products stay on the caller). float32 products
-# never go to the pool (see gemm): a large one is cut into tiles of rows and
-# columns that OpenBLAS runs on its caller.
+# other threads do. No product goes to the pool (see gemm): a large one is cut
+# into tiles of rows and columns that OpenBLAS runs on its caller, since the
+# pool's split changes bits with its thread count. (float64 did send its large
+# products there until stop 62, for its per-step recurrent products: those now
+# run in blockrnn's float64 kernel, dgemm_step; and the pool's split changed
+# lstm_block_cell_grad_full's w_grad at B = 600 between 1 and 2 OpenBLAS
+# threads.)
 cdef enum:
     SMALL_GEMM_WORK = 1 << 22
     WIDE_GEMM_WORK = 1 << 20
@@ -80,25 +78,19 @@ cdef inline void gemv(bint trans, Py_ssize_t rows, Py_ssize_t cols, floating alp
                       Py_ssize_t incy) noexcept nogil:
     """y = alpha * op(A) @ x + beta * y, A row-major [rows, cols] (rows, cols > 0).
 
-    Like gemm, a product of at most WIDE_GEMM_WORK multiply-adds runs on the
-    calling thread, in blocks of at most CALLER_GEMM_WORK: blocks of rows of
-    A, which are blocks of y (op(A) = A) or partial sums over the rows
-    (op(A) = A^T, accumulated with beta = 1). A larger one is one call, which
-    OpenBLAS may thread: measured for one caller at 2^20 and 2^21
-    multiply-adds, 41 vs 52-61 us and 72 vs 104 us. The blocks depend only on
-    the shapes. beta == 0 never reads y (y is zeroed first: some OpenBLAS
-    versions scale y by beta, and 0 * NaN is NaN).
-    float32 always runs on the calling thread, in blocks: its GEMVs are batch
-    1's sequence steps, which must not wake OpenBLAS's pool (its workers then
-    spin on the cores blockrnn's threads use, and a threaded product's bits
-    may depend on OpenBLAS's thread count)."""
+    Like gemm, it runs on the calling thread, in blocks of at most
+    CALLER_GEMM_WORK: blocks of rows of A, which are blocks of y (op(A) = A)
+    or partial sums over the rows (op(A) = A^T, accumulated with beta = 1).
+    The blocks depend only on the shapes. beta == 0 never reads y (y is
+    zeroed first: some OpenBLAS versions scale y by beta, and 0 * NaN is NaN).
+    Never OpenBLAS's pool: its workers would spin on the cores blockrnn's
+    threads use, and a threaded product's bits may depend on OpenBLAS's thread
+    count. (float64 sent its GEMVs above 2^20 multiply-adds to the pool until
+    stop 62, measured 41 vs 52-61 us at 2^20 for one caller.)"""
     cdef Py_ssize_t r, step, n_y = cols if trans else rows
     if beta == 0:
         for r in range(n_y):
             y[r * incy] = 0
-    if floating is double and rows * cols > WIDE_GEMM_WORK:
-        blas_gemv(trans, rows, cols, alpha, a, lda, x, incx, beta, y, incy)
-        return
     step = max(1, CALLER_GEMM_WORK // cols)
     r = 0
     while r < rows:
@@ -150,26 +142,23 @@ cdef inline void gemm(bint trans_a, bint trans_b,
         return
     if (m * n * k > SMALL_GEMM_WORK or n * k >= CALLER_GEMM_WORK
             or (m * n * k > WIDE_GEMM_WORK and min(m, n) >= WIDE_GEMM_ROWS)):
-        if floating is double:
-            blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-        else:
-            # float32 (the cell ops and their gradients at large sizes): never on
-            # OpenBLAS's pool. Its threaded product's bits may depend on its thread
-            # count (with OpenBLAS's Haswell kernels, lstm_block_cell at B=16, I=128,
-            # H=256 differed between 1 and 2 OpenBLAS threads), and its workers would
-            # spin on the cores blockrnn's threads use. Tiles of at most
-            # CALLER_GEMM_WORK multiply-adds, each run on the calling thread.
-            cols = min(n, max(16, CALLER_GEMM_WORK // (16 * k) // 16 * 16))
-            rows = max(1, CALLER_GEMM_WORK // (cols * k))
-            j = 0
-            while j < n:
-                i = 0
-                while i < m:
-                    blas_gemm(trans_a, trans_b, min(rows, m - i), min(cols, n - j), k, alpha,
-                              a + (i if trans_a else i * lda), lda,
-                              b + (j * ldb if trans_b else j), ldb, beta, c + i * ldc + j, ldc)
-                    i += rows
-                j += cols
+        # The cell ops and their gradients at large sizes: never on OpenBLAS's
+        # pool. Its threaded product's bits may depend on its thread count (with
+        # OpenBLAS's Haswell kernels, lstm_block_cell at B=16, I=128, H=256
+        # differed between 1 and 2 OpenBLAS threads), and its workers would spin
+        # on the cores blockrnn's threads use. Tiles of at most CALLER_GEMM_WORK
+        # multiply-adds, each run on the calling thread.
+        cols = min(n, max(16, CALLER_GEMM_WORK // (16 * k) // 16 * 16))
+        rows = max(1, CALLER_GEMM_WORK // (cols * k))
+        j = 0
+        while j < n:
+            i = 0
+            while i < m:
+                blas_gemm(trans_a, trans_b, min(rows, m - i), min(cols, n - j), k, alpha,
+                          a + (i if trans_a else i * lda), lda,
+                          b + (j * ldb if trans_b else j), ldb, beta, c + i * ldc + j, ldc)
+                i += rows
+            j += cols
         return
     rows = CALLER_GEMM_WORK // (n * k)  # >= 1
     i = 0
@@ -215,18 +204,3 @@ cdef inline void gemm_small_by_weights_t(Py_ssize_t m, Py_ssize_t n, Py_ssize_t 
         return
     gemm(False, True, n, m, k, 1, w, ldw, a, lda, 0, tmp, m)
     transpose(n, m, tmp, m, accumulate, c, ldc)
-
-
-cdef inline void gemm_small_by_weights(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
-                                       const floating* a, Py_ssize_t lda,
-                                       const floating* w, Py_ssize_t ldw,
-                                       const floating* w_t, bint accumulate,
-                                       floating* c, Py_ssize_t ldc,
-                                       floating* tmp) noexcept nogil:
-    """C[m, n] (+)= A[m, k] @ W[k, n] for a small m. Given w_t, a copy of W^T
-    [n, k] the caller made once for many products, this is
-    gemm_small_by_weights_t(A, w_t) (tmp: [n, m]); with w_t NULL, one gemm."""
-    if w_t != NULL:
-        gemm_small_by_weights_t(m, n, k, a, lda, w_t, k, accumulate, c, ldc, tmp)
-    else:
-        gemm(False, False, m, n, k, 1, a, lda, w, ldw, 1 if accumulate else 0, c, ldc)

@@ -29,7 +29,7 @@ cdef int api_block_lstm(
         const int64_t* lengths, floating* i_, floating* cs, floating* f, floating* o,
         floating* ci, floating* co, floating* h) noexcept nogil:
     cdef floating* g = <floating*>malloc(
-        block_lstm_forward_workspace(L, B, H, I, floating is float) * sizeof(floating))
+        block_lstm_forward_workspace(L, B, H, I, floating is float, 1) * sizeof(floating))
     if g == NULL:
         return -1
     block_lstm_forward_compute(L, T, B, I, H, layout, x, cs_prev, h_prev, w, w + I * 4 * H,
@@ -87,7 +87,7 @@ cdef int api_block_gru(
         const int64_t* lengths, floating* r, floating* u, floating* c,
         floating* h) noexcept nogil:
     cdef floating* ws = <floating*>malloc(
-        block_gru_forward_workspace(L, B, H, I, floating is float) * sizeof(floating))
+        block_gru_forward_workspace(L, B, H, I, floating is float, 1) * sizeof(floating))
     if ws == NULL:
         return -1
     block_gru_forward_compute(L, T, B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, lengths, ws,

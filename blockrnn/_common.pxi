@@ -187,15 +187,6 @@ cdef inline void store(Py_ssize_t n, const double* src, floating* dst) noexcept 
 
 
 
-cdef inline bint recurrent_weights_transposed(Py_ssize_t L, Py_ssize_t B,
-                                              Py_ssize_t H) noexcept nogil:
-    """Whether a sequence forward multiplies by transposed copies of its
-    recurrent weights (see block_lstm_forward_compute): from 4 rows on, and
-    only while the copies ([4H, H] for the LSTM, [3H, H] for the GRU) are no
-    larger than the T x B x 4H buffer a call may use (H <= L * B)."""
-    return B >= 4 and H <= L * B
-
-
 cdef enum:
     # The sequence backwards (LSTM, TF GRU, reset-after GRU) keep the gate gradients
     # dG of a chunk of steps, not of all of them: the reverse loop runs over

@@ -359,18 +359,18 @@ def gru_cell_backward(
 
 cdef inline Py_ssize_t block_gru_forward_workspace(Py_ssize_t L, Py_ssize_t B,
                                                    Py_ssize_t H, Py_ssize_t I,
-                                                   bint packed) noexcept nogil:
+                                                   bint packed, int max_threads) noexcept nogil:
     """Elements of block_gru_forward_compute's workspace: one step's recurrent
     product ru [B, 2H], then r * h[t-1] [B, H]; float32 (packed): then w_ru's
     two gate blocks and w_c packed, each as its x rows [I, H] then its h rows
-    [H, H] (see gru_forward_packed); float64, if recurrent_weights_transposed:
-    w_ru[I:]^T [2H, H], w_c[I:]^T [H, H] and a product transposed [2H, B]."""
+    [H, H] (see gru_forward_packed); float64: w_ru[I:] and w_c[I:] packed for
+    dgemm_step [dpacked_size(H, 2H) + dpacked_size(H, H)], then the GEMM
+    driver's blocks of the input projection."""
     if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start at align64)
         return (B * 3 * H + 3 * (brnn_packed_size(I, H) + brnn_packed_size(H, H)) + 1
                 + PACKED_ALIGN_PAD)
-    if recurrent_weights_transposed(L, B, H):
-        return B * 3 * H + 3 * H * H + 2 * H * B + 1
-    return B * 3 * H + 1
+    return (B * 3 * H + dpacked_size(H, 2 * H) + dpacked_size(H, H) + 1
+            + projection_threads(L * B, I, 3 * H, max_threads) * brnn_dgemm_ws(L * B, H, I))
 
 
 cdef void gru_pack_cols(Py_ssize_t I, Py_ssize_t H, const float* w_ru, const float* w_c,
@@ -567,7 +567,8 @@ cdef void block_gru_forward_compute(
         const floating* b_ru,     # IN  [2H]
         const floating* b_c,      # IN  [H]
         const int64_t* lengths,   # IN  [B] or NULL
-        floating* ws,             # workspace [block_gru_forward_workspace(L, B, H, I, float)]
+        floating* ws,             # workspace [block_gru_forward_workspace(L, B, H, I, float,
+                                  #            max_threads)]
         floating* r, floating* u, floating* c, floating* h,  # OUT [T, B, H]
         int n_threads, int max_threads) noexcept nogil:
     """GRUBlockCell (SPEC §6) over L steps, zeros for t >= L (and in row b for
@@ -576,9 +577,8 @@ cdef void block_gru_forward_compute(
     w_ru[:I] (its two halves) and x[:L] @ w_c[:I] until step t overwrites
     them. Each step computes h[t-1] @ w_ru[I:] into the B x 2H workspace and
     adds (r * h[t-1]) @ w_c[I:] onto c[t]; memory beyond the outputs is
-    O(B x H), plus transposed copies of w_ru[I:] and w_c[I:] when
-    recurrent_weights_transposed: the recurrent products then go through
-    gemm_small_by_weights_t, as in block_lstm_forward_compute. That is the
+    O(B x H), plus w_ru[I:] and w_c[I:] packed once for the recurrent
+    products (dgemm_step, as block_lstm_forward_compute's). That is the
     float64 route. float32 runs every product of the loop in the packed
     kernel on up to max_threads threads from the thread budget
     (gru_forward_packed), the input projection hoisted inside its region as
@@ -599,9 +599,9 @@ cdef void block_gru_forward_compute(
     cdef Py_ssize_t tail = L * BH
     cdef floating* ru = ws
     cdef floating* rh = ws + B * 2 * H
-    cdef floating* w_ru_t = NULL  # if recurrent_weights_transposed: w_ru[I:]^T [2H, H],
-    cdef floating* w_c_t = NULL   # w_c[I:]^T [H, H]
-    cdef floating* tmp = NULL     # and a product transposed [2H, B]
+    cdef floating* w_ru_h = rh + B * H   # float64: w_ru[I:] [H, 2H] packed (dgemm_step),
+    cdef floating* w_c_h = NULL          # then w_c[I:] [H, H]
+    cdef gemm_spec jobs[3]
     cdef int granted, steps, want
     if floating is float:
         if B > 0:
@@ -618,21 +618,20 @@ cdef void block_gru_forward_compute(
                                                 lengths, ru, rh, r, u, c, h, granted,
                                                 min(steps, granted)))
     else:
-        if recurrent_weights_transposed(L, B, H):
-            w_ru_t = rh + B * H
-            w_c_t = w_ru_t + 2 * H * H
-            tmp = w_c_t + H * H
-            transpose(H, 2 * H, w_ru + I * 2 * H, 2 * H, False, w_ru_t, H)
-            transpose(H, H, w_c + I * H, H, False, w_c_t, H)
-        gemm(False, False, L * B, H, I, 1, x, I, w_ru, 2 * H, 0, r, H)
-        gemm(False, False, L * B, H, I, 1, x, I, w_ru + H, 2 * H, 0, u, H)
-        gemm(False, False, L * B, H, I, 1, x, I, w_c, H, 0, c, H)
+        w_c_h = w_ru_h + dpacked_size(H, 2 * H)
+        brnn_pack_f64(H, 2 * H, w_ru + I * 2 * H, 2 * H, 1, w_ru_h)
+        brnn_pack_f64(H, H, w_c + I * H, H, 1, w_c_h)
+        # x[:L] @ w_ru[:I]'s halves and w_c[:I] through the GEMM driver
+        jobs[0] = gspec(L * B, H, I, x, I, 1, w_ru, 2 * H, 1, False, r, H)
+        jobs[1] = gspec(L * B, H, I, x, I, 1, w_ru + H, 2 * H, 1, False, u, H)
+        jobs[2] = gspec(L * B, H, I, x, I, 1, w_c, H, 1, False, c, H)
+        run_gemm_specs(3, jobs, w_c_h + dpacked_size(H, H),
+                       projection_threads(L * B, I, 3 * H, max_threads))
         for t in range(L):
             h_in = h_prev if t == 0 else h + (t - 1) * BH
-            gemm_small_by_weights(B, 2 * H, H, h_in, H, w_ru + I * 2 * H, 2 * H, w_ru_t, False,
-                                  ru, 2 * H, tmp)
+            dgemm_step(B, H, h_in, H, w_ru_h, 2 * H, False, ru, 2 * H, n_threads)
             gru_gates_rows(B, H, ru, b_ru, h_in, True, r + t * BH, u + t * BH, rh, n_threads)
-            gemm_small_by_weights(B, H, H, rh, H, w_c + I * H, H, w_c_t, True, c + t * BH, H, tmp)
+            dgemm_step(B, H, rh, H, w_c_h, H, True, c + t * BH, H, n_threads)
             gru_output_rows(B, H, b_c, h_in, u + t * BH, c + t * BH, h + t * BH, n_threads)
             zero_rows(B, H, lengths, t, r + t * BH)
             zero_rows(B, H, lengths, t, u + t * BH)
@@ -657,7 +656,7 @@ def block_gru_forward(
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
     cdef floating[::1] ws = np.empty(
-        block_gru_forward_workspace(L, B, H, I, floating is float), dtype=dtype)
+        block_gru_forward_workspace(L, B, H, I, floating is float, max_threads), dtype=dtype)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -688,7 +687,8 @@ def block_gru_fast(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, Py_ssize_t max_
     cdef Py_ssize_t L = int(seq_len_max)
     outs = new_outputs(output_type, 4, typenum, o, T, B, H)
     cdef void* ws = new_workspace(
-        block_gru_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32), typenum)
+        block_gru_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32, max_threads),
+        typenum)
     with nogil:
         if typenum == cnp.NPY_FLOAT32:
             block_gru_forward_compute[float](
@@ -727,7 +727,8 @@ cdef inline Py_ssize_t block_gru_backward_workspace(
     chunk of S = backward_chunk_steps(L, B * 4H) steps (see there), then d(r
     * h[t-1]) [B, H], then for float32 (packed) w_c[I:]^T and w_ru[I:]^T
     packed, and x_grad's two B, w_ru[:I]^T and w_c[:I]^T, packed for the
-    driver [gru_x_grad_packed_size(I, H)]; then the GEMM
+    driver [gru_x_grad_packed_size(I, H)], for float64 w_c[I:]^T and
+    w_ru[I:]^T packed for dgemm_step; then the GEMM
     driver's blocks for the products of a chunk [gru_backward_gemm_threads(S,
     ...) * gru_backward_gemm_ws(S, ...)]. Its double accumulator `acc` has
     sums_workspace(L, B, 4H, 3H) + 1 elements."""
@@ -737,7 +738,8 @@ cdef inline Py_ssize_t block_gru_backward_workspace(
     if packed:
         return (S * B * 4 * H + B * H + brnn_packed_size(H, H) + brnn_packed_size(2 * H, H)
                 + gru_x_grad_packed_size(I, H) + driver + 1)
-    return S * B * 4 * H + B * H + driver + 1
+    return (S * B * 4 * H + B * H + dpacked_size(H, H) + dpacked_size(2 * H, H) + driver
+            + 1)
 
 
 cdef inline void gru_x_grad_jobs(
@@ -1001,7 +1003,8 @@ cdef void block_gru_backward_compute(
       w_ru_grad += [x; h[t-1]]^T @ dRU,  w_c_grad += [x; r*h[t-1]]^T @ dC.
     float32 from PACKED_MIN_ROWS rows on runs the loop's two products in the
     packed kernel, on up to max_threads threads from the thread budget
-    (gru_backward_packed); float64 keeps a per-step dgemm. Both precisions
+    (gru_backward_packed); float64 runs them on the weights packed once
+    (dgemm_step), float32 below PACKED_MIN_ROWS on OpenBLAS. Both precisions
     compute the products of a chunk through blockrnn's GEMM driver
     (gru_backward_gemms: float32 or float64 packed kernels), bits independent
     of any thread count (S depends on the shape only)."""
@@ -1012,8 +1015,7 @@ cdef void block_gru_backward_compute(
     cdef floating* rh = d_c + S * BH            # [S*B, H]
     cdef floating* d_hr = rh + S * BH           # [B, H]
     cdef const floating* h_in
-    cdef floating* w_c_t = d_hr + BH            # float32: w_c[I:]^T packed (float64:
-                                                #   the driver's blocks from here),
+    cdef floating* w_c_t = d_hr + BH            # w_c[I:]^T packed,
     cdef floating* w_ru_t = w_c_t + brnn_packed_size(H, H)   # w_ru[I:]^T packed
     cdef floating* x_packed = NULL              # float32: x_grad's B packed (pack_bs)
     cdef floating* gws = w_c_t
@@ -1030,6 +1032,11 @@ cdef void block_gru_backward_compute(
         gws = x_packed + packed_bs_size(2, x_grad_jobs)
         if L > 0:   # x_grad's B, packed once for every chunk and thread
             pack_bs(2, x_grad_jobs, <float*>x_packed)
+    else:   # the recurrent weights transposed, packed once for dgemm_step
+        w_ru_t = w_c_t + dpacked_size(H, H)
+        gws = w_ru_t + dpacked_size(H2, H)
+        brnn_pack_f64(H, H, w_c + I * H, 1, H, w_c_t)        # w_c[I:]^T [H, H]
+        brnn_pack_f64(H2, H, w_ru + I * H2, 1, H2, w_ru_t)   # w_ru[I:]^T [2H, H]
     if L == 0:   # no step: zero weight gradients
         gru_backward_gemms(0, 0, B, I, H, x, h_prev, h, rh, w_ru, w_c, d_ru, d_c, False,
                            x_grad, w_ru_grad, w_c_grad, NULL, gws, 1)
@@ -1049,12 +1056,20 @@ cdef void block_gru_backward_compute(
                 gru_backward_output_rows(B, H, h_in, u + t * BH, c + t * BH, h_grad + t * BH,
                                          True, h_prev_grad, d_c + (t - t0) * BH,
                                          d_ru + (t - t0) * B * H2, lengths, t, n_threads)
-                gemm_small_by_weights_t(B, H, H, d_c + (t - t0) * BH, H, w_c + I * H, H, False,
-                                        d_hr, H, rh)
+                if floating is double:
+                    dgemm_step(B, H, d_c + (t - t0) * BH, H, w_c_t, H, False, d_hr, H,
+                               n_threads)
+                else:
+                    gemm_small_by_weights_t(B, H, H, d_c + (t - t0) * BH, H, w_c + I * H, H,
+                                            False, d_hr, H, rh)
                 gru_backward_reset_rows(B, H, h_in, r + t * BH, d_hr, d_ru + (t - t0) * B * H2,
                                         h_prev_grad, lengths, t, n_threads)
-                gemm_small_by_weights_t(B, H, H2, d_ru + (t - t0) * B * H2, H2, w_ru + I * H2,
-                                        H2, True, h_prev_grad, H, rh)
+                if floating is double:
+                    dgemm_step(B, H2, d_ru + (t - t0) * B * H2, H2, w_ru_t, H, True,
+                               h_prev_grad, H, n_threads)
+                else:
+                    gemm_small_by_weights_t(B, H, H2, d_ru + (t - t0) * B * H2, H2,
+                                            w_ru + I * H2, H2, True, h_prev_grad, H, rh)
         # r[t] * h[t-1] of the chunk's steps; step 0 sees h_prev
         k0 = 0
         if t0 == 0:

@@ -161,15 +161,19 @@ cdef void gru_ra_backward_rows(
 # Forward
 # ---------------------------------------------------------------------------
 
-cdef inline Py_ssize_t gru_ra_forward_workspace(Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
-                                                bint packed) noexcept nogil:
+cdef inline Py_ssize_t gru_ra_forward_workspace(Py_ssize_t L, Py_ssize_t B, Py_ssize_t I,
+                                                Py_ssize_t H, bint packed,
+                                                int max_threads) noexcept nogil:
     """Elements of block_gru_ra_forward_compute's workspace: one step's
     recurrent product g [B, 3H]; float32 then w_hh's three gate blocks packed
-    [3, brnn_packed_size(H, H)] and w_ih's [3, brnn_packed_size(I, H)]."""
+    [3, brnn_packed_size(H, H)] and w_ih's [3, brnn_packed_size(I, H)]; float64
+    w_hh^T [H, 3H] packed for dgemm_step, then the GEMM driver's blocks of the
+    input projection."""
     if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start at align64)
         return (B * 3 * H + 3 * brnn_packed_size(H, H) + 3 * brnn_packed_size(I, H) + 1
                 + PACKED_ALIGN_PAD)
-    return B * 3 * H + 1
+    return (B * 3 * H + dpacked_size(H, 3 * H) + 1
+            + projection_threads(L * B, I, 3 * H, max_threads) * brnn_dgemm_ws(L * B, H, I))
 
 
 cdef void gru_ra_forward_packed_step(
@@ -316,7 +320,8 @@ cdef void block_gru_ra_forward_compute(
         const floating* b_ih, const floating* b_hh,  # IN [3H]
         const int64_t* lengths,   # IN  [B] or NULL
         bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
-        floating* ws,             # workspace [gru_ra_forward_workspace(B, I, H, float)]
+        floating* ws,             # workspace [gru_ra_forward_workspace(L, B, I, H, float,
+                                  #            max_threads)]
         floating* r, floating* z, floating* n, floating* hn, floating* h,  # OUT [T, B, H]
         int n_threads, int max_threads) noexcept nogil:
     """The reset-after GRU over L steps, zeros for t >= L (and in row b for
@@ -338,11 +343,13 @@ cdef void block_gru_ra_forward_compute(
     16.1 vs 17.3; 200,16,128,256 20.2 vs 20.5 / 13.4 vs 14.1; 100,64,512,512
     149.3 vs 157.1 / 141.0 vs 152.6. float64: the input projection of all L
     steps hoisted too (gemm, one per gate, into r, z, n), then each step's
-    g = h[t-1] @ w_hh^T by gemm and the gates on n_threads."""
+    g = h[t-1] @ w_hh^T on w_hh^T packed once (dgemm_step) and the gates, on
+    n_threads."""
     cdef Py_ssize_t t, q, at, BH = B * H, H3 = 3 * H
     cdef floating* g = ws
     cdef const floating* h_in
     cdef floating* dst[3]
+    cdef gemm_spec jobs[3]
     cdef int granted
     dst[0], dst[1], dst[2] = r, z, n
     if floating is float:
@@ -354,12 +361,15 @@ cdef void block_gru_ra_forward_compute(
                 L, B, I, H, w_ih, w_hh, align64(ws + B * H3), B == 1 and row1_wide, x, h_prev,
                 b_ih, b_hh, lengths, reverse, g, r, z, n, hn, h, granted))
     else:
-        for q in range(3):   # x[:L] @ w_ih[q-block]^T
-            gemm(False, True, L * B, H, I, 1, x, I, w_ih + q * H * I, I, 0, dst[q], H)
+        for q in range(3):   # x[:L] @ w_ih[q-block]^T, through the GEMM driver
+            jobs[q] = gspec(L * B, H, I, x, I, 1, w_ih + q * H * I, 1, I, False, dst[q], H)
+        run_gemm_specs(3, jobs, ws + B * H3 + dpacked_size(H, H3),
+                       projection_threads(L * B, I, H3, max_threads))
+        brnn_pack_f64(H, H3, w_hh, 1, H, ws + B * H3)   # w_hh^T [H, 3H], once (dgemm_step)
         for t in range(L):
             h_in = state_in(h_prev, h, t, L, reverse, BH)
             at = step_at(t, L, reverse) * BH
-            gemm(False, True, B, H3, H, 1, h_in, H, w_hh, H, 0, g, H3)
+            dgemm_step(B, H, h_in, H, ws + B * H3, H3, False, g, H3, n_threads)
             gru_ra_forward_rows(B, H, g, b_ih, b_hh, h_in, lengths, t, r + at, z + at, n + at,
                                 hn + at, h + at, n_threads)
     for q in range(3):   # past L: zeros
@@ -384,7 +394,8 @@ def block_gru_reset_after_forward(
     """See block_gru_ra_forward_compute."""
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = h_prev.shape[1]
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] ws = np.empty(gru_ra_forward_workspace(B, I, H, floating is float),
+    cdef floating[::1] ws = np.empty(gru_ra_forward_workspace(L, B, I, H, floating is float,
+                                                              max_threads),
                                      dtype=dtype)
     cdef const int64_t* lens = NULL
     if lengths is not None:
@@ -424,7 +435,8 @@ cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_
     gradients of one chunk of S = backward_chunk_steps(L, B * 4H) steps dG
     [S*B, 4H] (gru_ra_backward_block's rows), then for float32 w_hh packed as
     the [3H, H] matrix it is and x_grad's two B, w_ih's blocks, packed for the
-    driver [gru_ra_x_grad_packed_size(I, H)]; then the GEMM driver's
+    driver [gru_ra_x_grad_packed_size(I, H)], for float64 w_hh packed for
+    dgemm_step [dpacked_size(3H, H)]; then the GEMM driver's
     blocks for the products of a chunk [gru_ra_backward_gemm_threads(S, ...) *
     gru_ra_backward_gemm_ws(S, ...)]. Its double accumulator has 4H + 1
     elements."""
@@ -434,7 +446,7 @@ cdef inline Py_ssize_t gru_ra_backward_workspace(Py_ssize_t L, Py_ssize_t B, Py_
     if packed:
         return (S * B * 4 * H + brnn_packed_size(3 * H, H) + gru_ra_x_grad_packed_size(I, H)
                 + driver + 1)
-    return S * B * 4 * H + driver + 1
+    return S * B * 4 * H + dpacked_size(3 * H, H) + driver + 1
 
 
 cdef void gru_ra_backward_rows_step(
@@ -652,8 +664,8 @@ cdef void block_gru_ra_backward_compute(
     and carries d h[t-1] in h_prev_grad: dh[t-1] = dG_h[t] @ w_hh + dh[t] *
     z[t]. float32 from PACKED_MIN_ROWS rows on runs it in the packed kernel
     on up to max_threads threads from the thread budget
-    (gru_ra_backward_packed); float64 and batch 1 by a gemm per step, gate
-    loops on n_threads. Then gru_ra_backward_products on the chunk's rows,
+    (gru_ra_backward_packed); float64 on w_hh packed once (dgemm_step), float32
+    below PACKED_MIN_ROWS by a gemm per step, gate loops on n_threads. Then gru_ra_backward_products on the chunk's rows,
     and the bias gradients as column sums of dG in double: b_hh_grad = sum
     dG_h, b_ih_grad = sum dG_x. `reverse`: as the forward's (step t at time
     T-1-t), see gru_ra_backward_products."""
@@ -676,6 +688,9 @@ cdef void block_gru_ra_backward_compute(
         gws = x_packed + packed_bs_size(2, x_grad_jobs)
         if L > 0:   # x_grad's B, packed once for every chunk and thread
             pack_bs(2, x_grad_jobs, <float*>x_packed)
+    else:   # w_hh [3H, H] packed once for dgemm_step
+        gws = packed + dpacked_size(H3, H)
+        brnn_pack_f64(H3, H, w_hh, H, 1, packed)
     if L == 0:   # no step: zero weight gradients
         gru_ra_backward_products(0, 0, 0, False, B, I, H, x, h_prev, h, w_ih, dg, False,
                                  x_grad, w_ih_grad, w_hh_grad, NULL, gws, 1)
@@ -696,7 +711,10 @@ cdef void block_gru_ra_backward_compute(
                 gru_ra_backward_rows(B, H, state_in(h_prev, h, t, L, reverse, BH), r + at,
                                      z + at, n + at, hn + at, h_grad + at, lengths, t,
                                      h_prev_grad, dgt, n_threads)
-                gemm(False, False, B, H, H3, 1, dgt, G4, w_hh, H, 1, h_prev_grad, H)
+                if floating is double:
+                    dgemm_step(B, H3, dgt, G4, packed, H, True, h_prev_grad, H, n_threads)
+                else:
+                    gemm(False, False, B, H, H3, 1, dgt, G4, w_hh, H, 1, h_prev_grad, H)
         gru_ra_backward_products(t0, t1, L, reverse, B, I, H, x, h_prev, h, w_ih, dg, t1 < L,
                                  x_grad, w_ih_grad, w_hh_grad, x_packed, gws,
                                  gru_ra_backward_gemm_threads(t1 - t0, B, I, H, max_threads))

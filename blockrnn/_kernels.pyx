@@ -57,7 +57,7 @@ import numpy as np
 
 cnp.import_array()
 
-from blockrnn._blas cimport gemm, gemm_small_by_weights, gemm_small_by_weights_t, transpose
+from blockrnn._blas cimport gemm, gemm_small_by_weights_t, transpose
 from blockrnn._openmp cimport (BRNN_OPENMP_ENABLED, brnn_omp_barrier, brnn_omp_get_max_threads,
                                brnn_omp_get_num_procs, brnn_omp_get_num_threads,
                                brnn_omp_get_thread_num)

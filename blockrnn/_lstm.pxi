@@ -50,8 +50,8 @@ cpdef enum GateLayout:
 # transposed (k stride 1). TensorFlow's w [I+H, 4H] is w_x = w, w_h = w + I*4H,
 # strides (4H, 1); nn.LSTM's weight_ih [4H, I] and weight_hh [4H, H] are W_x^T
 # and W_h^T as stored, strides (1, I) and (1, H). The products read either in
-# place: packed (brnn_pack_f32 takes strides), by the GEMM driver (gspec takes
-# strides) or by gemm with a transpose flag (gemm_weights). The same strides
+# place: packed (brnn_pack_f32 and brnn_pack_f64 take strides) or by the GEMM
+# driver (gspec takes strides). The same strides
 # describe where the backward writes the weight gradients.
 ctypedef struct WeightStrides:
     Py_ssize_t xk, xn, hk, hn
@@ -62,25 +62,6 @@ cdef inline WeightStrides tf_weight_strides(Py_ssize_t H) noexcept nogil:
     cdef WeightStrides s
     s.xk, s.xn, s.hk, s.hn = 4 * H, 1, 4 * H, 1
     return s
-
-
-cdef inline bint stored_transposed(Py_ssize_t N, Py_ssize_t sk,
-                                   Py_ssize_t sn) noexcept nogil:
-    """Whether a weight matrix W [K, N], W(k, n) = w[k*sk + n*sn], is read as
-    W^T stored row-major (row stride sn) rather than W row-major (row stride
-    sk >= N)."""
-    return not (sn == 1 and sk >= N)
-
-
-cdef inline void gemm_weights(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const floating* a,
-                              Py_ssize_t lda, const floating* w, Py_ssize_t sk,
-                              Py_ssize_t sn, floating* c, Py_ssize_t ldc) noexcept nogil:
-    """C[m, n] = A[m, k] @ W, W [k, n] with W(k, n) = w[k*sk + n*sn], as
-    stored: one gemm, W's transpose flag set when W^T is what is stored."""
-    if stored_transposed(n, sk, sn):
-        gemm(False, True, m, n, k, 1, a, lda, w, sn, 0, c, ldc)
-    else:
-        gemm(False, False, m, n, k, 1, a, lda, w, sk, 0, c, ldc)
 
 
 cdef WeightStrides weight_strides(const floating[:, :] w_x, const floating[:, :] w_h,
@@ -480,7 +461,8 @@ def block_lstm_fast(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget
         return None
     outs = new_outputs(output_type, 7, typenum, o, T, B, H)
     cdef void* g = new_workspace(
-        block_lstm_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32), typenum)
+        block_lstm_forward_workspace(L, B, H, I, typenum == cnp.NPY_FLOAT32, max_threads),
+        typenum)
     cdef double fb = forget_bias, clip_ = cell_clip
     cdef bint peep = use_peephole
     with nogil:
@@ -562,18 +544,17 @@ def lstm_cell_backward(
 
 cdef inline Py_ssize_t block_lstm_forward_workspace(Py_ssize_t L, Py_ssize_t B,
                                                     Py_ssize_t H, Py_ssize_t I,
-                                                    bint packed) noexcept nogil:
+                                                    bint packed, int max_threads) noexcept nogil:
     """Elements of block_lstm_forward_compute's workspace: one step's gates
     [B, 4H], then for float32 (packed) W_h's and W_x's four gate blocks packed
-    [4, brnn_packed_size(H, H) + brnn_packed_size(I, H)]; for float64, if
-    recurrent_weights_transposed, the copy W_h^T [4H, H] and the step's gates
-    transposed [4H, B]."""
+    [4, brnn_packed_size(H, H) + brnn_packed_size(I, H)]; for float64 W_h packed
+    for dgemm_step [dpacked_size(H, 4H)], then the GEMM driver's blocks of the
+    input projection."""
     if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start on 64 bytes, align64)
         return (B * 4 * H + 4 * brnn_packed_size(H, H) + 4 * brnn_packed_size(I, H) + 1
                 + PACKED_ALIGN_PAD)
-    if recurrent_weights_transposed(L, B, H):
-        return 2 * B * 4 * H + 4 * H * H + 1
-    return B * 4 * H + 1
+    return (B * 4 * H + dpacked_size(H, 4 * H) + 1
+            + projection_threads(L * B, I, 4 * H, max_threads) * brnn_dgemm_ws(L * B, H, I))
 
 
 cdef void lstm_forward_packed_step(
@@ -743,7 +724,8 @@ cdef void block_lstm_forward_compute(
         floating forget_bias, floating cell_clip, bint use_peephole,
         const int64_t* lengths,   # IN  [B] or NULL
         bint reverse,             # time read backwards (step_at; lengths NULL, L == T)
-        floating* ws,             # workspace [block_lstm_forward_workspace(L, B, H, I, float)]
+        floating* ws,             # workspace [block_lstm_forward_workspace(L, B, H, I, float,
+                                  #            max_threads)]
         floating* i_, floating* cs, floating* f, floating* o,  # OUT [T, B, H]
         floating* ci, floating* co, floating* h, int n_threads,
         int max_threads) noexcept nogil:
@@ -763,16 +745,12 @@ cdef void block_lstm_forward_compute(
     read where they are, through their strides (WeightStrides): TensorFlow's
     w, or nn.LSTM's weight_ih and weight_hh as stored.
 
-    From 4 rows on, OpenBLAS computes the recurrent product faster with the
-    weights as its second column-major operand, unpacked as stored: that is
-    g^T = W_h^T @ h^T with a copy W_h^T made once per call (none when W_h^T
-    is what is stored, nn.LSTM's weight_hh), transposed back
-    into g in tiles (gemm_small_by_weights_t). Measured on the whole forward,
-    float32, 2 threads, 40-60 alternated calls each, median (best): 185.6
-    (169.9) vs 197.2 (177.9) ms at 100,64,512,512; 36.0 (32.5) vs 39.4 (34.3)
-    ms at 100,32,256,256; 37.0 (34.8) vs 38.2 (36.0) ms at 200,16,128,256.
-    Each g[r, j] is still one dot product over H.
-
+    float64 computes the recurrent product on W_h packed once per call
+    (dgemm_step: blockrnn's float64 kernel, its columns split over n_threads;
+    OpenBLAS's GEMM repacked W_h at every step, and its threads ran a step
+    slower than one thread: 35,20,200,200 forward, best of 6, one thread /
+    two: 31.3 / 48.8 ms before, 27.4 / 27.7 after on the 2-core Xeon VM).
+    Each g[r, j] is one dot product over H in order, as OpenBLAS's was there.
     That is the float64 route (gate loops on n_threads). float32 runs every
     product in blockrnn's packed kernel instead (lstm_forward_packed): in one
     region on up to max_threads threads taken from the process's thread
@@ -802,15 +780,13 @@ cdef void block_lstm_forward_compute(
     after a call whose only BLAS call was the hoisted input GEMM)."""
     cdef Py_ssize_t t, at, BH = B * H, G4 = 4 * H
     cdef floating* g = ws
-    cdef const floating* w_h_t = NULL  # if recurrent_weights_transposed: W_h^T [4H, H]
-    cdef Py_ssize_t ld_t = H           # its row stride
-    cdef floating* g_t = NULL    # and g^T [4H, B]
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef const floating* h_in
     cdef Py_ssize_t tail = L * BH
     cdef int granted
     cdef bint wide = B == 1 and row1_wide
+    cdef gemm_spec jobs[4]
     if floating is float:
         granted = brnn_budget_take(loop_threads(sequence_threads(B, H, G4, H, max_threads),
                                                 L * B * (I + H) * G4, LOOP_MIN_WORK_FORWARD),
@@ -820,25 +796,20 @@ cdef void block_lstm_forward_compute(
             wci, wcf, wco, forget_bias, cell_clip, use_peephole, lengths, reverse, g, i_, cs, f,
             o, ci, co, h, granted))
     else:
-        gemm_weights(L * B, H, I, x, I, w_x + off.i * s.xn, s.xk, s.xn, i_, H)
-        gemm_weights(L * B, H, I, x, I, w_x + off.c * s.xn, s.xk, s.xn, ci, H)
-        gemm_weights(L * B, H, I, x, I, w_x + off.f * s.xn, s.xk, s.xn, f, H)
-        gemm_weights(L * B, H, I, x, I, w_x + off.o * s.xn, s.xk, s.xn, o, H)
-        if recurrent_weights_transposed(L, B, H):
-            g_t = ws + B * G4 + G4 * H
-            if stored_transposed(G4, s.hk, s.hn):   # W_h^T is what is stored: no copy
-                w_h_t, ld_t = w_h, s.hn
-            else:
-                transpose(H, G4, w_h, s.hk, False, ws + B * G4, H)
-                w_h_t = ws + B * G4
+        # x[:L] @ W_x's gate blocks into the gate outputs, through the GEMM driver
+        # (OpenBLAS's threaded GEMM changed bits with its thread count)
+        jobs[0] = gspec(L * B, H, I, x, I, 1, w_x + off.i * s.xn, s.xk, s.xn, False, i_, H)
+        jobs[1] = gspec(L * B, H, I, x, I, 1, w_x + off.c * s.xn, s.xk, s.xn, False, ci, H)
+        jobs[2] = gspec(L * B, H, I, x, I, 1, w_x + off.f * s.xn, s.xk, s.xn, False, f, H)
+        jobs[3] = gspec(L * B, H, I, x, I, 1, w_x + off.o * s.xn, s.xk, s.xn, False, o, H)
+        run_gemm_specs(4, jobs, ws + B * G4 + dpacked_size(H, G4),
+                       projection_threads(L * B, I, G4, max_threads))
+        brnn_pack_f64(H, G4, w_h, s.hk, s.hn, ws + B * G4)   # W_h, once (dgemm_step)
         for t in range(L):
             cs_in = state_in(cs_prev, cs, t, L, reverse, BH)
             h_in = state_in(h_prev, h, t, L, reverse, BH)
             at = step_at(t, L, reverse) * BH
-            if w_h_t != NULL:
-                gemm_small_by_weights_t(B, G4, H, h_in, H, w_h_t, ld_t, False, g, G4, g_t)
-            else:
-                gemm_weights(B, G4, H, h_in, H, w_h, s.hk, s.hn, g, G4)
+            dgemm_step(B, H, h_in, H, ws + B * G4, G4, False, g, G4, n_threads)
             lstm_forward_rows(B, H, off, g, b, cs_in, wci, wcf, wco,
                               forget_bias, cell_clip, use_peephole, lengths, t, True,
                               i_ + at, cs + at, f + at, o + at, ci + at, co + at, h + at,
@@ -869,8 +840,8 @@ def block_lstm_forward(
     cdef Py_ssize_t T = x.shape[0], B = x.shape[1], I = x.shape[2], H = cs_prev.shape[1]
     cdef WeightStrides s = weight_strides(w_x, w_h, I, H)
     dtype = np.float32 if floating is float else np.float64
-    cdef floating[::1] g = np.empty(block_lstm_forward_workspace(L, B, H, I, floating is float),
-                                    dtype=dtype)
+    cdef floating[::1] g = np.empty(
+        block_lstm_forward_workspace(L, B, H, I, floating is float, max_threads), dtype=dtype)
     cdef const int64_t* lens = NULL
     if lengths is not None:
         lens = &lengths[0]
@@ -919,10 +890,10 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
         int max_threads) noexcept nogil:
     """Elements of block_lstm_backward_compute's workspace: the gate
     gradients of one chunk of S = backward_chunk_steps(L, B * 4 * H) steps
-    dG [S*B, 4H] (row stride lstm_dg_stride), then one step's recurrent
-    product dh^T [H, B]; float32 (packed) then W_h^T packed
+    dG [S*B, 4H] (row stride lstm_dg_stride); float32 (packed) then W_h^T packed
     [brnn_packed_size(4H, H)] and x_grad's B, W_x^T, packed for the driver
-    [lstm_x_grad_packed_size(I, H)]; then the GEMM
+    [lstm_x_grad_packed_size(I, H)], float64 W_h^T packed for dgemm_step
+    [dpacked_size(4H, H)]; then the GEMM
     driver's blocks for the products of a chunk
     [lstm_backward_gemm_threads(S, ...) * lstm_backward_gemm_ws(S, ...)]. Its
     double accumulator `acc` has 3 * 4H + 1 elements."""
@@ -930,9 +901,9 @@ cdef inline Py_ssize_t block_lstm_backward_workspace(
     cdef Py_ssize_t driver = (lstm_backward_gemm_threads(S, B, I, H, max_threads)
                               * lstm_backward_gemm_ws(S, B, I, H, packed))
     if packed:   # (+ PACKED_ALIGN_PAD: the packed weights start on 64 bytes, align64)
-        return (S * B * lstm_dg_stride(H, 4) + B * H + brnn_packed_size(4 * H, H)
+        return (S * B * lstm_dg_stride(H, 4) + brnn_packed_size(4 * H, H)
                 + lstm_x_grad_packed_size(I, H) + PACKED_ALIGN_PAD + driver + 1)
-    return S * B * lstm_dg_stride(H, 8) + B * H + driver + 1
+    return S * B * lstm_dg_stride(H, 8) + dpacked_size(4 * H, H) + driver + 1
 
 
 cdef inline gemm_spec lstm_x_grad_job(
@@ -1188,7 +1159,8 @@ cdef void block_lstm_backward_compute(
     packed kernel, on up to max_threads threads from the thread budget
     (lstm_backward_packed); at batch 1 its steps are GEMVs by the wide
     one-row kernel (W_h^T packed in the wide layout).
-    float64 keeps the per-step dgemm, with gate loops on n_threads. Both
+    float64 runs the per-step products on W_h^T packed once (dgemm_step), with
+    gate loops and products on n_threads. Both
     precisions compute the products of a chunk through blockrnn's GEMM driver
     (lstm_backward_gemms: float32 or float64 packed kernels), so no product
     over steps runs on OpenBLAS's threads and no thread count changes their
@@ -1200,9 +1172,9 @@ cdef void block_lstm_backward_compute(
     cdef GateOffsets off = gate_offsets(layout, H)
     cdef const floating* cs_in
     cdef floating* dg = ws                            # [S*B, 4H], row stride ldg
-    cdef floating* dh_t = ws + max(1, S) * B * ldg    # [H, B] (BLAS route)
-    cdef floating* packed_t = dh_t + BH   # float32: W_h^T packed, W_x^T packed for the
-    cdef floating* w_x_packed = NULL      # driver (pack_bs); then the driver's blocks
+    cdef floating* packed_t = ws + max(1, S) * B * ldg  # W_h^T packed (float32: then
+    cdef floating* w_x_packed = NULL      # W_x^T packed for the driver, pack_bs); then the
+                                          # driver's blocks
     cdef floating* gemm_ws = packed_t
     cdef gemm_spec x_grad_job
     cdef double* acc_b = acc                  # [4H]: b_grad's sums
@@ -1219,6 +1191,10 @@ cdef void block_lstm_backward_compute(
         if L > 0:   # x_grad's B, packed once for every chunk and thread
             x_grad_job = lstm_x_grad_job(0, I, H, NULL, 0, w_x, s, NULL)
             pack_bs(1, &x_grad_job, <float*>w_x_packed)
+    else:        # W_h^T [4H, H] packed once for dgemm_step: W_h^T(k, n) = W_h(n, k)
+        gemm_ws = packed_t + dpacked_size(G4, H)
+        if L > 0:
+            brnn_pack_f64(G4, H, w_h, s.hn, s.hk, packed_t)
     if L == 0:   # no step: zero weight gradients
         lstm_backward_gemms(0, 0, 0, False, B, I, H, x, h_prev, h, w_x, s, dg, ldg, False,
                             x_grad, w_x_grad, w_h_grad, gs, NULL, gemm_ws, 1)
@@ -1243,11 +1219,8 @@ cdef void block_lstm_backward_compute(
                                    cs_grad + at, h_grad + at, h_prev_grad, wci, wcf, wco,
                                    use_peephole, True, lengths, t, dgt, ldg, cs_prev_grad,
                                    n_threads)
-                if stored_transposed(G4, s.hk, s.hn):   # dh = dG @ W_h^T, W_h^T as stored
-                    gemm(False, False, B, H, G4, 1, dgt, ldg, w_h, s.hn, 0, h_prev_grad, H)
-                else:
-                    gemm_small_by_weights_t(B, H, G4, dgt, ldg, w_h, s.hk, False, h_prev_grad,
-                                            H, dh_t)
+                # dh = dG @ W_h^T
+                dgemm_step(B, G4, dgt, ldg, packed_t, H, False, h_prev_grad, H, n_threads)
         lstm_backward_gemms(t0, t1, L, reverse, B, I, H, x, h_prev, h, w_x, s, dg, ldg,
                             t1 < L, x_grad, w_x_grad, w_h_grad, gs, w_x_packed, gemm_ws,
                             lstm_backward_gemm_threads(t1 - t0, B, I, H, max_threads))

@@ -82,10 +82,13 @@ cdef inline Py_ssize_t lstm_proj_forward_workspace(Py_ssize_t L, Py_ssize_t B, P
     """Elements of block_lstm_proj_forward_compute's workspace: the folded bias
     [4H], one step's recurrent product g [B, 4H]; float32 then w_hh's four gate
     blocks transposed and packed [4, brnn_packed_size(P, H)] and w_hr^T packed
-    [H, P]; then the GEMM driver's blocks."""
+    [H, P], float64 w_hh^T [P, 4H] and w_hr^T [H, P] packed for dgemm_step; then
+    the GEMM driver's blocks."""
     cdef Py_ssize_t n = 4 * H + B * 4 * H + 1
     if f32:
         n += 4 * brnn_packed_size(P, H) + brnn_packed_size(H, P)
+    else:
+        n += dpacked_size(P, 4 * H) + dpacked_size(H, P)
     return n + (lstm_proj_gemm_threads(L, B, I, H, P, max_threads)
                 * lstm_proj_gemm_ws(L, B, I, H, P, f32))
 
@@ -207,6 +210,11 @@ cdef void block_lstm_proj_forward_compute(
         for q in range(4):   # block q: W(k, n) = w_hh[q*H + n, k]
             brnn_pack_f32(P, H, w_hh + q * H * P, 1, P, pw_hh + q * ps)
         brnn_pack_f32(H, P, w_hr, 1, H, pw_hr)    # W(k, n) = w_hr[n, k]
+    else:   # for dgemm_step: w_hh^T [P, 4H], w_hr^T [H, P]
+        pw_hr = pw_hh + dpacked_size(P, H4)
+        gws = pw_hr + dpacked_size(H, P)
+        brnn_pack_f64(P, H4, w_hh, 1, P, pw_hh)   # W(k, n) = w_hh[n, k]
+        brnn_pack_f64(H, P, w_hr, 1, H, pw_hr)    # W(k, n) = w_hr[n, k]
     for j in range(H4):
         b[j] = b_ih[j] + b_hh[j]
     # x[:L] @ w_ih[q-block]^T into the gate outputs (the row pass adds g and b)
@@ -223,12 +231,12 @@ cdef void block_lstm_proj_forward_compute(
         for t in range(L):
             h_in = h0 if t == 0 else h + (t - 1) * BP
             c_in = c0 if t == 0 else cs + (t - 1) * BH
-            gemm(False, True, B, H4, P, 1, h_in, P, w_hh, P, 0, g, H4)
+            dgemm_step(B, P, h_in, P, pw_hh, H4, False, g, H4, 1)
             lstm_forward_block(B, H, off, g, b, c_in, <floating*>NULL, <floating*>NULL,
                                <floating*>NULL, 0, 0, False, lengths, t, True,
                                i_ + t * BH, cs + t * BH, f + t * BH, o + t * BH, ci + t * BH,
                                co + t * BH, m + t * BH)
-            gemm(False, True, B, P, H, 1, m + t * BH, H, w_hr, H, 0, h + t * BP, P)
+            dgemm_step(B, H, m + t * BH, H, pw_hr, P, False, h + t * BP, P, 1)
     zero_lstm_outputs(L * BH, (T - L) * BH, i_, cs, f, o, ci, co, m)
     memset(h + L * BP, 0, (T - L) * BP * sizeof(floating))
 
@@ -276,11 +284,14 @@ cdef inline Py_ssize_t lstm_proj_backward_workspace(Py_ssize_t L, Py_ssize_t B, 
                                                     int max_threads) noexcept nogil:
     """Elements of block_lstm_proj_backward_compute's workspace: the gate
     gradients of every step dG [L*B, 4H], the gradients of h of every step
-    dH [L*B, P], one step's dm [B, H] and a zero row block [B, H]; float32 then
-    w_hr packed [P, H] and w_hh packed [4H, P]; then the GEMM driver's blocks."""
+    dH [L*B, P], one step's dm [B, H] and a zero row block [B, H]; then w_hr
+    packed [P, H] and w_hh packed [4H, P] (float32 for the packed kernel, float64
+    for dgemm_step); then the GEMM driver's blocks."""
     cdef Py_ssize_t n = L * B * (4 * H + P) + 2 * B * H + 1
     if f32:
         n += brnn_packed_size(P, H) + brnn_packed_size(4 * H, P)
+    else:
+        n += dpacked_size(P, H) + dpacked_size(4 * H, P)
     return n + (lstm_proj_gemm_threads(L, B, I, H, P, max_threads)
                 * lstm_proj_gemm_ws(L, B, I, H, P, f32))
 
@@ -468,6 +479,11 @@ cdef void block_lstm_proj_backward_compute(
         gws = pw_hh + brnn_packed_size(H4, P)
         brnn_pack_f32(P, H, w_hr, H, 1, pw_hr)    # W(k, n) = w_hr[k, n]
         brnn_pack_f32(H4, P, w_hh, P, 1, pw_hh)   # W(k, n) = w_hh[k, n]
+    else:   # the same for dgemm_step
+        pw_hh = pw_hr + dpacked_size(P, H)
+        gws = pw_hh + dpacked_size(H4, P)
+        brnn_pack_f64(P, H, w_hr, H, 1, pw_hr)
+        brnn_pack_f64(H4, P, w_hh, P, 1, pw_hh)
     memset(h0_grad, 0, BP * sizeof(floating))
     memset(c0_grad, 0, BH * sizeof(floating))
     memset(zero, 0, BH * sizeof(floating))
@@ -484,13 +500,13 @@ cdef void block_lstm_proj_backward_compute(
             for j in range(BP):
                 dht[j] = hg[j] + h0_grad[j]
             zero_rows(B, P, lengths, t, dht)
-            gemm(False, False, B, H, P, 1, dht, P, w_hr, H, 0, dm, H)
+            dgemm_step(B, P, dht, P, pw_hr, H, False, dm, H, 1)
             lstm_backward_block(B, H, off, c0 if t == 0 else cs + (t - 1) * BH, i_ + t * BH,
                                 f + t * BH, o + t * BH, ci + t * BH, co + t * BH,
                                 cs_grad + t * BH, dm, zero, <floating*>NULL, <floating*>NULL,
                                 <floating*>NULL, False, True, lengths, t, dg + t * B * H4,
                                 H4, c0_grad)
-            gemm(False, False, B, P, H4, 1, dg + t * B * H4, H4, w_hh, P, 0, h0_grad, P)
+            dgemm_step(B, H4, dg + t * B * H4, H4, pw_hh, P, False, h0_grad, P, 1)
     lstm_proj_backward_products(L, T, B, I, H, P, x, h0, h, m, w_ih, dg, dh, x_grad,
                                 w_ih_grad, w_hh_grad, w_hr_grad, gws,
                                 lstm_proj_gemm_threads(L, B, I, H, P, max_threads))

@@ -99,6 +99,8 @@ cdef extern from "brnn_gemm.h" nogil:
         Py_ssize_t ldc
     Py_ssize_t brnn_dgemm_ws(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K)
     brnn_dgemm_fn brnn_dgemm_kernel(int path)
+    void brnn_pack_f64(Py_ssize_t K, Py_ssize_t N, const double* w, Py_ssize_t sk,
+                       Py_ssize_t sn, double* P)
     Py_ssize_t brnn_dgemm_jobs_ws(int njobs, const brnn_dgemm_job* jobs)
     void brnn_gemm_f64(brnn_dgemm_fn fn, const brnn_dgemm_job* j, int tid, int nt, double* ws)
     void brnn_gemm_jobs_f64(brnn_dgemm_fn fn, int njobs, const brnn_dgemm_job* jobs, int tid,
@@ -861,8 +863,48 @@ cdef void packed_dgemm_jobs(int njobs, const brnn_dgemm_job* jobs, double* ws,
     brnn_budget_give(granted)
 
 
+cdef inline Py_ssize_t dpacked_size(Py_ssize_t K, Py_ssize_t N) noexcept nogil:
+    """Doubles of brnn_pack_f64's copy of a [K, N] block (8-double panels)."""
+    return (N + 7) // 8 * 8 * K
+
+
+cdef inline int projection_threads(Py_ssize_t rows, Py_ssize_t I, Py_ssize_t G,
+                                   int max_threads) noexcept nogil:
+    """Threads of a float64 forward's hoisted input projection x[:L] @ W_x (rows = L*B,
+    G gate columns) through the GEMM driver (run_gemm_specs)."""
+    return packed_gemm_threads(rows * I * G, max_threads)
+
+
+cdef void dgemm_step(Py_ssize_t rows, Py_ssize_t K, const double* a, Py_ssize_t lda,
+                     const double* packed, Py_ssize_t N, bint accumulate, double* c,
+                     Py_ssize_t ldc, int n_threads) noexcept nogil:
+    """C[rows, :N] (+)= A[rows, K] @ W, W [K, N] packed once per call (brnn_pack_f64):
+    a float64 per-step recurrent product on blockrnn's own kernel (OpenBLAS's GEMM
+    would repack W at every step), its 16-column blocks split over up to n_threads
+    threads taken from the thread budget (what is free: concurrent callers never
+    oversubscribe). Each element is one in-order sum over K, so the split changes
+    no bit."""
+    cdef Py_ssize_t blocks = (N + 15) // 16, n0, n1
+    cdef int j, granted
+    if n_threads <= 1 or blocks < 2 or rows * K * N < STEP_PARALLEL_MACS:
+        dgemm_product(rows, K, a, lda, packed, 0, N, accumulate, c, ldc)
+        return
+    granted = brnn_budget_take(<int>min(n_threads, blocks), n_threads)
+    if granted == 1:
+        dgemm_product(rows, K, a, lda, packed, 0, N, accumulate, c, ldc)
+    else:
+        for j in prange(granted, num_threads=granted, schedule="static"):
+            n0 = blocks * j // granted * 16
+            n1 = min(N, blocks * (j + 1) // granted * 16)
+            dgemm_product(rows, K, a, lda, packed, n0, n1, accumulate, c, ldc)
+    brnn_budget_give(granted)
+
+
 cdef enum:
     GEMM_SPECS_MAX = 8   # jobs of one run_gemm_specs call, at most
+    # dgemm_step splits a product from this many multiply-adds on (an OpenMP region
+    # costs a few microseconds)
+    STEP_PARALLEL_MACS = 1 << 18
 
 
 cdef struct gemm_spec:

@@ -4,18 +4,18 @@ thread count 1..4 (OpenMP limit of the calling thread), (b) OpenBLAS's thread co
 without sequence_length.
 
 The sequence ops' products over all steps (the backward's x_grad and weight
-gradients) run in blockrnn's GEMM driver (include/brnn_gemm.h, float32 and
-float64 kernels), float32's per-step products in its packed kernel
-(include/brnn_packed.h): their blocking depends on the shapes only. float64's
-forward and per-step recurrent products, and the cells' one product per call,
-go through SciPy's BLAS: OpenBLAS splits a threaded GEMM's rows and columns
-between its threads, and its kernels' edge tiles sum in another order, so a
-product it threads may change bits with OPENBLAS_NUM_THREADS (measured on
-dgemm: at 600 output rows even with K = 16). Those products are small per call
-(B rows, or one step) and, measured, give the same bits on 1 and 2 OpenBLAS
-threads at these shapes: (b) is asserted for every op, both dtypes, every shape
-(the float64 backwards' products over all steps, which did differ on OpenBLAS's
-threads, by design now).
+gradients, float64's input projection) run in blockrnn's GEMM driver
+(include/brnn_gemm.h, float32 and float64 kernels), the per-step products in its
+packed kernels (include/brnn_packed.h; float64's dgemm_step): their blocking
+depends on the shapes only. The cells' one product per call goes through
+SciPy's BLAS on the calling thread, in tiles of a size fixed by the shapes:
+OpenBLAS splits a threaded GEMM's rows and columns between its threads, and
+its kernels' edge tiles sum in another order, so a product it threads may
+change bits with OPENBLAS_NUM_THREADS (measured on dgemm: at 600 output rows
+even with K = 16). Until stop 62 float64 sent its larger products to that pool,
+and they did change bits: (8, 20, 64, 200) below (every float64 sequence
+output) and lstm_block_cell_grad_full's w_grad at B = 600
+(test_float64_cell_products_change_no_bit).
 """
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +33,7 @@ from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
 # T, B, I, H: large enough for every route (several threads in the reverse loop,
 # the GEMM driver after it); batch 1 (GEMV steps, packed input projection); H
 # not a multiple of 16 with an odd batch.
-SHAPES = [(30, 16, 128, 256), (20, 1, 64, 600), (9, 3, 40, 37)]
+SHAPES = [(30, 16, 128, 256), (20, 1, 64, 600), (9, 3, 40, 37), (8, 20, 64, 200)]
 DTYPES = [np.float32, np.float64]
 
 
@@ -152,6 +152,28 @@ def test_the_openblas_test_covers_every_sequence_op():
         "block_gru_reset_after_grad"}
     for dtype in DTYPES:
         assert [s for s, d in _openblas_cases() if d == dtype] == SHAPES
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cell_products_change_no_bit(dtype):
+    """A large batch's cell products (the gradient's weight product sums over the B
+    rows) on 1 and 2 OpenBLAS threads and blockrnn threads: the same bits."""
+    B, I, H = 600, 16, 64
+    p = _problem(1, B, I, H, dtype, seed=5)
+    cell = (p["x"][0], p["cs"], p["h"], p["w"], p["wci"], p["wcf"], p["wco"], p["b"])
+    gru = (p["x"][0], p["h"], p["w_ru"], p["w_c"], p["b_ru"], p["b_c"])
+
+    def run():
+        c = blockrnn.lstm_block_cell(*cell, use_peephole=True)
+        g = blockrnn.gru_block_cell(*gru)
+        return {"lstm": c, "lstm_grad_full": blockrnn.lstm_block_cell_grad_full(
+                    *cell, *c[:6], p["dcs"][0], p["dh"][0], use_peephole=True),
+                "gru": g, "gru_grad_full": blockrnn.gru_block_cell_grad_full(
+                    *gru, *g[:3], p["dh"][0])}
+    with threadpool_limits(1):
+        one = run()
+    with threadpool_limits(2):
+        _assert_same(one, run(), "2 vs 1 threads (OpenBLAS and OpenMP)")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
