@@ -342,9 +342,9 @@ cdef void block_gru_ra_forward_compute(
     step, median ms, 2 threads / 1 thread): 100,32,256,256 20.1 vs 21.7 /
     16.1 vs 17.3; 200,16,128,256 20.2 vs 20.5 / 13.4 vs 14.1; 100,64,512,512
     149.3 vs 157.1 / 141.0 vs 152.6. float64: the input projection of all L
-    steps hoisted too (gemm, one per gate, into r, z, n), then each step's
-    g = h[t-1] @ w_hh^T on w_hh^T packed once (dgemm_step) and the gates, on
-    n_threads."""
+    steps hoisted too (the GEMM driver, one job per gate, into r, z, n), then
+    each step's g = h[t-1] @ w_hh^T on w_hh^T packed once (dgemm_step) and the
+    gates, on n_threads."""
     cdef Py_ssize_t t, q, at, BH = B * H, H3 = 3 * H
     cdef floating* g = ws
     cdef const floating* h_in

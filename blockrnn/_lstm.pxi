@@ -741,17 +741,17 @@ cdef void block_lstm_forward_compute(
     ci, f, o). Each step then computes only its recurrent product
     g = h[t-1] @ W_h into the B x 4H workspace, so the call needs no
     T x B x 4H buffer: its memory beyond the outputs is O(B x H), plus the
-    4H x H copy below when that is no larger than T x B x 4H. The weights are
+    packed weights (below). The weights are
     read where they are, through their strides (WeightStrides): TensorFlow's
     w, or nn.LSTM's weight_ih and weight_hh as stored.
 
     float64 computes the recurrent product on W_h packed once per call
-    (dgemm_step: blockrnn's float64 kernel, its columns split over n_threads;
-    OpenBLAS's GEMM repacked W_h at every step, and its threads ran a step
-    slower than one thread: 35,20,200,200 forward, best of 6, one thread /
-    two: 31.3 / 48.8 ms before, 27.4 / 27.7 after on the 2-core Xeon VM).
-    Each g[r, j] is one dot product over H in order, as OpenBLAS's was there.
-    That is the float64 route (gate loops on n_threads). float32 runs every
+    (dgemm_step: blockrnn's float64 kernel, its columns split over up to
+    n_threads threads from the budget), and the input projection in the GEMM
+    driver: OpenBLAS's GEMM, used until stop 62, repacked W_h at every step and
+    changed bits with its thread count (docs/performance.md, stop 62: forward
+    at 35,20,200,200 0.67-0.96x the time it took). That is the float64 route
+    (gate loops on n_threads). float32 runs every
     product in blockrnn's packed kernel instead (lstm_forward_packed): in one
     region on up to max_threads threads taken from the process's thread
     budget (sequence_threads; brnn_budget_take, given back after the loop)
