@@ -299,6 +299,7 @@ def test_from_torch_low_precision_module(make, dtype):
     np.testing.assert_array_equal(torch.from_numpy(y).to(dtype).float(), y_t.float())
 
 
+@pytest.mark.filterwarnings("ignore:Complex modules:UserWarning")  # torch's, on complex64
 def test_from_torch_refusals():
     with pytest.raises(ValueError, match="proj_size"):
         convert.from_torch(nn.LSTM(I, H, proj_size=2))
@@ -352,6 +353,7 @@ def test_nn_lstm_arrays_gate_order_runs_like_nn_lstm():
     np.testing.assert_allclose(fwd.h, y_t, rtol=0, atol=1e-13)
 
 
+@pytest.mark.filterwarnings("ignore:Complex modules:UserWarning")  # torch's, on complex64
 def test_nn_lstm_arrays_refusals():
     import blockrnn.torch as bt
     with pytest.raises(ValueError, match="proj_size=2"):
