@@ -185,3 +185,118 @@ def test_every_kernel_variant_forced_matches_float64(path):
     out = subprocess.run([sys.executable, "-c", CHECK.format(path=path, shapes=SHAPES)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-3000:]
+
+
+# float64 in every kernel variant: the sequence ops' float64 per-step products and
+# GEMMs run in blockrnn's own float64 kernels (brnn_dgemm_*), one per variant. Each
+# variant, forced in a fresh process, must give the in-process (auto) variant's
+# answers to float64 rounding, the same bits on 1 and 2 threads; the auto variant's
+# answers are checked against the NumPy reference (blockrnn._reference) here.
+F64_SHAPES = [(5, 3, 4, 37), (6, 13, 20, 100), (4, 1, 8, 64), (3, 24, 60, 200)]
+
+
+def _float64_results(seed=5):
+    """Every float64 sequence op, forward and backward, with and without lengths, on
+    F64_SHAPES: {name: array}. B x 4H x H reaches dgemm_step's threads at the two
+    larger shapes (STEP_PARALLEL_MACS)."""
+    from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
+    out = {}
+    for s, (T, B, I, H) in enumerate(F64_SHAPES):
+        problem = _problem(T, B, I, H, seed + s, np.float64)
+        rng = np.random.default_rng(seed + s)
+        r = lambda *sh: rng.uniform(-1, 1, sh)  # noqa: E731
+        P = max(1, H // 3)
+        ra = (T, problem[0][1], problem[0][3], r(3 * H, I) / 4, r(3 * H, H) / 4, r(3 * H),
+              r(3 * H))
+        proj = (T, problem[0][1], r(B, P), r(B, H), r(4 * H, I) / 4, r(4 * H, P) / 4,
+                r(4 * H), r(4 * H), r(P, H) / 4)
+        for with_lengths in (False, True):
+            lens = problem[1] if with_lengths else None
+            results = _run(problem, with_lengths)
+            fwd = blockrnn.block_gru_reset_after(*ra, sequence_length=lens)
+            results += [*fwd, *blockrnn.block_gru_reset_after_grad(
+                *ra, *fwd, problem[2][1], sequence_length=lens)]
+            fwd = block_lstm_proj(*proj, sequence_length=lens)
+            results += [*fwd, *block_lstm_proj_grad(
+                *proj, *fwd, problem[2][0], r(T, B, P), sequence_length=lens)]
+            for k, a in enumerate(results):
+                out[f"{T},{B},{I},{H},{with_lengths},{k}"] = a
+    return out
+
+
+def _reference_float64(seed=5):
+    """_float64_results' LSTM (v1, v2), TF GRU and reset-after GRU outputs from the NumPy
+    reference, under the same names (the projected LSTM has none there: its float64
+    parity is tests/test_lstm_proj.py's)."""
+    from blockrnn import _reference as ref
+    out = {}
+    for s, (T, B, I, H) in enumerate(F64_SHAPES):
+        (lstm, lengths, grads, gru) = _problem(T, B, I, H, seed + s, np.float64)
+        rng = np.random.default_rng(seed + s)
+        r = lambda *sh: rng.uniform(-1, 1, sh)  # noqa: E731
+        ra = (T, lstm[1], lstm[3], r(3 * H, I) / 4, r(3 * H, H) / 4, r(3 * H), r(3 * H))
+        for with_lengths in (False, True):
+            lens = lengths if with_lengths else None
+            g_fwd = ref.block_gru(*gru, sequence_length=lens)
+            results = [*g_fwd, *ref.block_gru_grad(*gru, *g_fwd, grads[1],
+                                                   sequence_length=lens)]
+            for op, grad_op in ((ref.block_lstm, ref.block_lstm_grad),
+                                (ref.block_lstm_v2, ref.block_lstm_grad_v2)):
+                fwd = op(*lstm, use_peephole=True, sequence_length=lens)
+                results += [*fwd, *grad_op(*lstm, *fwd, *grads, use_peephole=True,
+                                           sequence_length=lens)]
+            fwd = ref.block_gru_reset_after(*ra, sequence_length=lens)
+            results += [*fwd, *ref.block_gru_reset_after_grad(*ra, *fwd, grads[1],
+                                                               sequence_length=lens)]
+            for k, a in enumerate(results):
+                out[f"{T},{B},{I},{H},{with_lengths},{k}"] = np.asarray(a)
+    return out
+
+
+def _relative(a, b):
+    return float(np.max(np.abs(a - b) / (1 + np.abs(b)), initial=0))
+
+
+def test_float64_results_match_the_numpy_reference():
+    ours, ref = _float64_results(), _reference_float64()
+    assert len(ref) > 100 and set(ref) < set(ours)
+    worst = max(_relative(ours[k], ref[k]) for k in ref)
+    assert worst < 1e-12, worst
+
+
+F64_CHECK = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+    from blockrnn import _kernels
+    import test_packed_threads as t
+    assert _kernels.packed_kernel_name() == {path!r}, _kernels.packed_kernel_name()
+    with threadpool_limits(1, user_api="openmp"):
+        one = t._float64_results()
+    with threadpool_limits(2, user_api="openmp"):
+        two = t._float64_results()
+    for k in one:
+        assert one[k].dtype == np.float64, k
+        np.testing.assert_array_equal(one[k], two[k], err_msg=k)
+    np.savez({out!r}, **one)
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize("path", _kernels.packed_paths_supported())
+def test_float64_under_every_kernel_variant(path, tmp_path):
+    """float64 forward and backward of every sequence family in the forced variant: 1 and
+    2 threads bit for bit, and the auto variant's answers to 1e-13."""
+    out = tmp_path / "f64.npz"
+    script = F64_CHECK.format(tests=os.path.dirname(os.path.abspath(__file__)), path=path,
+                              out=str(out))
+    env = dict(os.environ, BLOCKRNN_KERNEL=path)
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.startswith("ok"), run.stderr[-3000:]
+    here = _float64_results()
+    with np.load(out) as theirs:
+        assert set(theirs.files) == set(here)
+        worst = max(_relative(theirs[k], here[k]) for k in here)
+    assert worst < 1e-13, (path, worst)
