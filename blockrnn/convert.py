@@ -194,13 +194,10 @@ def from_torch(module, *, dtype=None):
 
 def _torch_params(where, module):
     """A GRU module's parameters as NumPy arrays by name (bt.param_array)."""
+    import torch
     from blockrnn import torch as bt
-    params = dict(module.named_parameters())
-    dtype = next(iter(params.values())).dtype
-    if dtype not in bt._MODULE_DTYPES:
-        raise TypeError(f"{where}: the module's weights must be float32, float64, bfloat16 "
-                        f"or float16, got {dtype}")
-    return {k: bt.param_array(v) for k, v in params.items()}
+    bt._check_source(where, module, (torch.nn.GRU, bt.GRU), "GRU module", bt._MODULE_DTYPES)
+    return {k: bt.param_array(v) for k, v in module.named_parameters()}
 
 
 def _from_nn_gru(module, dtype, where):

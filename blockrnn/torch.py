@@ -898,14 +898,15 @@ class BlockGRUFunction(torch.autograd.Function):
 # ---------------------------------------------------------------------------
 
 def _check_source(where, module, types, name, dtypes=_DTYPES):
-    """The checks of a module to convert: one of `types`, weights of one of `dtypes`."""
+    """The checks of a module to convert: one of `types`, weights (its first parameter:
+    weight_ih_l0, or w_ru_l0 of a TensorFlow-layout GRU) of one of `dtypes`."""
     if not isinstance(module, types):
         raise TypeError(f"{where}: expected a {name}, got {type(module).__name__}")
-    if module.weight_ih_l0.dtype not in dtypes:
+    dtype = next(iter(module._parameters.values())).dtype
+    if dtype not in dtypes:
         names = [str(d).replace("torch.", "") for d in dtypes]
         names = ", ".join(names[:-1]) + " or " + names[-1]
-        raise TypeError(f"{where}: {name} weights must be {names}, got "
-                        f"{module.weight_ih_l0.dtype}")
+        raise TypeError(f"{where}: {name} weights must be {names}, got {dtype}")
 
 
 def param_array(t):

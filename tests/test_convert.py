@@ -305,6 +305,10 @@ def test_from_torch_refusals():
         convert.from_torch(nn.LSTM(I, H, proj_size=2))
     with pytest.raises(TypeError, match="bfloat16 or float16, got torch.complex64"):
         convert.from_torch(nn.GRU(I, H).to(torch.complex64))
+    for reset_after in (True, False):    # (False: its first parameter is w_ru_l0)
+        with pytest.raises(TypeError, match="GRU module weights must be float32, float64, "
+                                            "bfloat16 or float16, got torch.complex64"):
+            convert.from_torch(bt.GRU(I, H, reset_after=reset_after).to(torch.complex64))
     with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
         convert.from_torch(nn.RNN(I, H))
     with pytest.raises(TypeError, match="expected a torch.nn.LSTM"):
