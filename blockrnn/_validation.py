@@ -11,6 +11,7 @@ import numpy as np
 from blockrnn import _kernels
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+NATIVE_FLOAT_DTYPES = frozenset(FLOAT_DTYPES)   # (native byte order: '>f4' is not among them)
 # SciPy's cython_blas takes 32-bit integers (LP64): every GEMM size must fit.
 BLAS_INT_MAX = 2**31 - 1
 
@@ -48,7 +49,9 @@ class Arrays:
         for name, value in values.items():
             if value is None:
                 raise TypeError(f"{op}: {name} is required, got None")
-            if hasattr(value, "dtype"):
+            if type(value) is np.ndarray and value.dtype in NATIVE_FLOAT_DTYPES:
+                carried[name] = value     # (the common call: nothing to convert)
+            elif hasattr(value, "dtype"):
                 carried[name] = self._as_float_array(name, value)
         ref = "x" if "x" in carried else next(iter(carried), None)
         self.dtype = carried[ref].dtype if ref else np.dtype(np.float32)
@@ -152,8 +155,10 @@ class Arrays:
         """The outputs in ``buffers`` (from output_buffers) in the storage dtype:
         float16 views of one block are converted as one block, so the results
         share a block as the buffers do."""
+        if self.dtype == self.compute_dtype:
+            return list(buffers)
         block = buffers[0].base   # separate arrays' (4 MB or more each): a capsule or None
-        if isinstance(block, np.ndarray) and self.dtype != self.compute_dtype:
+        if isinstance(block, np.ndarray):
             return list(self.result(block))
         return [self.result(b) for b in buffers]
 

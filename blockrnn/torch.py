@@ -1248,6 +1248,14 @@ class _RNNBase(nn.Module):
                 yield k, d, f"_l{k}" + ("_reverse" if d else ""), \
                     self.input_size if k == 0 else D * H
 
+    def _weight(self, name):
+        """The weight `name` as the call reads it: the registered parameter, from the
+        module's dict (a fifth of the cost of getattr through nn.Module.__getattr__, paid
+        for every weight of every call), else getattr: a parametrization's computed
+        weight (weight_norm) or a plain tensor attribute; None for an absent bias."""
+        p = self._parameters.get(name)
+        return p if p is not None else getattr(self, name)
+
     def _add(self, name, *shape):
         """A parameter (uninitialised until reset_parameters)."""
         setattr(self, name, nn.Parameter(torch.empty(*shape, **self._factory)))
@@ -1403,9 +1411,12 @@ class _RNNBase(nn.Module):
         if _tracing(x) or _under_func_transform() or getattr(self, "proj_size", 0):
             return False
         if torch.is_grad_enabled():
-            # The weights as the call reads them, not only the registered parameters:
-            # a parametrization (weight_norm) computes one from parameters elsewhere.
+            # The registered parameters first (a training call: they require grad),
+            # then the weights as the call reads them: a parametrization (weight_norm)
+            # computes one from parameters elsewhere.
             if (x.requires_grad
+                    or any(p is not None and p.requires_grad
+                           for p in self._parameters.values())
                     or any(isinstance(s, torch.Tensor) and s.requires_grad for s in states)
                     or any(p is not None and p.requires_grad
                            for _, _, sfx, _ in self._cells()
@@ -1669,7 +1680,7 @@ class LSTM(_RNNBase):
     def _cell_params(self, sfx):
         """(weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, weight_co) of
         one cell, None for those it does not have."""
-        get = lambda n: getattr(self, f"{n}{sfx}")  # noqa: E731
+        get = lambda n: self._weight(n + sfx)  # noqa: E731
         return (get("weight_ih"), get("weight_hh"),
                 *((get("bias_ih"), get("bias_hh")) if self.bias else (None, None)),
                 *((get(n) for n in _PEEPHOLES) if self.use_peephole else (None,) * 3))
@@ -1855,8 +1866,8 @@ class GRU(_RNNBase):
     def _cell_params(self, sfx):
         names = (("weight_ih", "weight_hh", "bias_ih", "bias_hh") if self.reset_after
                  else ("w_ru", "w_c", "b_ru", "b_c"))
-        p = [getattr(self, f"{n}{sfx}") for n in names[:2]]
-        return (*p, *((getattr(self, f"{n}{sfx}") for n in names[2:]) if self.bias
+        p = [self._weight(n + sfx) for n in names[:2]]
+        return (*p, *((self._weight(n + sfx) for n in names[2:]) if self.bias
                       else (None, None)))
 
     def forward(self, x, hx=None, sequence_length=None):
