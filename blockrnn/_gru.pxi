@@ -1001,10 +1001,11 @@ cdef void block_gru_backward_compute(
     over its steps (added onto the later chunks'):
       x_grad[t0:t1] = dRU @ w_ru[:I]^T + dC @ w_c[:I]^T,
       w_ru_grad += [x; h[t-1]]^T @ dRU,  w_c_grad += [x; r*h[t-1]]^T @ dC.
-    float32 from PACKED_MIN_ROWS rows on runs the loop's two products in the
+    float32 from PACKED_MIN_ROWS rows (batch 1 too from PACKED_ROW1_MIN_CELLS
+    cells) on runs the loop's two products in the
     packed kernel, on up to max_threads threads from the thread budget
     (gru_backward_packed); float64 runs them on the weights packed once
-    (dgemm_step), float32 below PACKED_MIN_ROWS on OpenBLAS. Both precisions
+    (dgemm_step), float32's other batch-1 calls on OpenBLAS. Both precisions
     compute the products of a chunk through blockrnn's GEMM driver
     (gru_backward_gemms: float32 or float64 packed kernels), bits independent
     of any thread count (S depends on the shape only)."""
@@ -1025,7 +1026,8 @@ cdef void block_gru_backward_compute(
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, 3 * H * sizeof(double))     # [2H] b_ru's sums, [H] b_c's
     if floating is float:
-        use_packed = B >= PACKED_MIN_ROWS   # (packed by the first chunk's region)
+        # (packed by the first chunk's region)
+        use_packed = B >= PACKED_MIN_ROWS or H >= PACKED_ROW1_MIN_CELLS
         x_packed = w_ru_t + brnn_packed_size(H2, H)
         gru_x_grad_jobs(0, I, H, <floating*>NULL, <floating*>NULL, w_ru, w_c, <floating*>NULL,
                         x_grad_jobs)

@@ -11,9 +11,10 @@
 # one barrier per step, weights packed once per call straight
 # from nn.GRU's layout (W(k, n) = w[n, k]); at batch 1 w_hh in the wide
 # one-row layout (include/brnn_inference.h), as the LSTM's. The float32
-# backward from PACKED_MIN_ROWS rows on likewise.
-# float64: BLAS (gemm with trans flags: w_ih is the [I, 3H] weight
-# transposed) and gate loops over rows.
+# backward from PACKED_MIN_ROWS rows on likewise (batch 1 from
+# PACKED_ROW1_MIN_CELLS cells).
+# float64: the input projection and the backward's products in the GEMM driver,
+# each step's product on w_hh packed once (dgemm_step), gate loops over rows.
 
 cdef extern from "brnn_gru_reset_after.h" nogil:
     void brnn_gru_ra_forward_row_f32(
@@ -662,10 +663,11 @@ cdef void block_gru_ra_backward_compute(
     backward_chunk_steps(L, B * 4H) steps. Per chunk [t0, t1): the reverse
     loop computes the gate gradients dG[t] of each step (kept for the chunk)
     and carries d h[t-1] in h_prev_grad: dh[t-1] = dG_h[t] @ w_hh + dh[t] *
-    z[t]. float32 from PACKED_MIN_ROWS rows on runs it in the packed kernel
-    on up to max_threads threads from the thread budget
-    (gru_ra_backward_packed); float64 on w_hh packed once (dgemm_step), float32
-    below PACKED_MIN_ROWS by a gemm per step, gate loops on n_threads. Then gru_ra_backward_products on the chunk's rows,
+    z[t]. float32 from PACKED_MIN_ROWS rows (batch 1 too from PACKED_ROW1_MIN_CELLS
+    cells) on runs it in the packed kernel on up to max_threads threads from the
+    thread budget (gru_ra_backward_packed); float64 on w_hh packed once
+    (dgemm_step), float32's other batch-1 calls by a gemm per step, gate loops on
+    n_threads. Then gru_ra_backward_products on the chunk's rows,
     and the bias gradients as column sums of dG in double: b_hh_grad = sum
     dG_h, b_ih_grad = sum dG_x. `reverse`: as the forward's (step t at time
     T-1-t), see gru_ra_backward_products."""
@@ -682,7 +684,8 @@ cdef void block_gru_ra_backward_compute(
     memset(h_prev_grad, 0, BH * sizeof(floating))
     memset(acc, 0, G4 * sizeof(double))
     if floating is float:
-        use_packed = B >= PACKED_MIN_ROWS   # (w_hh packed by the first chunk's region)
+        # (w_hh packed by the first chunk's region)
+        use_packed = B >= PACKED_MIN_ROWS or H >= PACKED_ROW1_MIN_CELLS
         x_packed = packed + brnn_packed_size(H3, H)
         gru_ra_x_grad_jobs(0, I, H, <floating*>NULL, w_ih, <floating*>NULL, x_grad_jobs)
         gws = x_packed + packed_bs_size(2, x_grad_jobs)

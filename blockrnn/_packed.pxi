@@ -468,10 +468,20 @@ cdef enum:
     # for the LSTM forward at 50,1,128,128, GRU 0.32 vs 0.41, LSTM backward
     # 0.54 vs 0.70; at two rows the packed kernel won, LSTM forward 1.0 vs
     # 11 ms, GRU 0.7 vs 10.8, on a loaded machine). Both GRUs' backwards run
-    # batch 1 on BLAS; the LSTM's loops and both GRUs' forwards run every
+    # batch 1 on BLAS below PACKED_ROW1_MIN_CELLS; the LSTM's loops and both GRUs' forwards run every
     # batch size on the packed loops (batch 1 on the wide one-row kernel,
     # _lstm.pxi).
     PACKED_MIN_ROWS = 2
+    # ... except from this many cells on, where both GRUs' batch-1 backwards run
+    # the packed loops too: their threads split W_hh^T's panels, which a GEMV on the
+    # calling thread reads whole at every step. Measured (2-core Xeon VM, AVX-512,
+    # T = 50, I = H, fresh processes, packed / GEMV, reset-after and TF GRU, best ms):
+    # H = 512 on 2 threads 4.1-4.6 / 8.0-8.3, on 1 thread 8.9-9.9 / 8.8-10.3; H = 384
+    # on 2 threads 2.3-2.7 / 2.8-4.0, on 1 thread 2.8-3.4 / 3.0-4.0; H = 256 on 2
+    # threads 1.15-1.4 / 1.06-1.28, on 1 thread 1.6-1.8 / 1.3-1.7 (lost); H = 128
+    # 0.35-0.40 / 0.28-0.40 (lost). A rule of the shape alone: the route decides
+    # the bits.
+    PACKED_ROW1_MIN_CELLS = 384
 
 
 cdef inline int step_threads(Py_ssize_t step_work, Py_ssize_t per_thread, Py_ssize_t H,

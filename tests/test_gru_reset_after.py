@@ -94,8 +94,9 @@ def final_state(h, h0, lengths):
     return np.stack([h[m - 1, b] if m else h0[b] for b, m in enumerate(lengths)])
 
 
+# (4, 1, 8, 400): batch 1's backward on the packed loop (PACKED_ROW1_MIN_CELLS)
 SHAPES = [(5, 3, 4, 7), (6, 1, 5, 20), (4, 8, 0, 33), (3, 5, 17, 40), (1, 2, 3, 16),
-          (7, 4, 9, 1)]
+          (7, 4, 9, 1), (4, 1, 8, 400)]
 
 
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-5)],
@@ -323,7 +324,8 @@ VARIANT_CHECK = textwrap.dedent("""
 
 @pytest.mark.parametrize("path", _kernels.packed_paths_supported())
 def test_every_kernel_variant_agrees_with_float64(path):
-    shapes = [(5, 3, 4, 37), (6, 1, 8, 64), (3, 13, 20, 200), (2, 24, 60, 200)]
+    shapes = [(5, 3, 4, 37), (6, 1, 8, 64), (3, 13, 20, 200), (2, 24, 60, 200),
+              (4, 1, 8, 400)]
     code = VARIANT_CHECK.format(path=path, shapes=shapes,
                                 tests=os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

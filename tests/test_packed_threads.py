@@ -16,10 +16,11 @@ import blockrnn
 from blockrnn import _kernels
 
 # T, B, I, H: H not a multiple of 16, B not a multiple of the row tile, H = 1,
-# B = 1 (the BLAS route with its input projection packed), I = 0, T = 1, and
-# shapes large enough to run on several threads.
+# B = 1 (the GRU backwards' BLAS route below PACKED_ROW1_MIN_CELLS cells, the
+# packed loop from there: H = 400), I = 0, T = 1, and shapes large enough to run on
+# several threads.
 SHAPES = [(5, 3, 4, 37), (7, 9, 0, 1), (6, 1, 8, 64), (1, 2, 3, 16), (16, 7, 5, 100),
-          (3, 13, 20, 200), (2, 2, 64, 600), (2, 24, 60, 200)]
+          (3, 13, 20, 200), (2, 2, 64, 600), (2, 24, 60, 200), (3, 1, 8, 400)]
 # Batch 1 with an input projection large enough for several threads (its
 # float32 error over 64 steps is above the variant test's float64 tolerance),
 # and batch 1 with steps large enough for the one-row route's threads; at
