@@ -6,20 +6,16 @@ import scipy
 from blockrnn import _kernels
 from blockrnn._version import __version__
 
-# Threading scheme of the BLAS route (float64, the cells, batch 1's backward steps; the
-# float32 sequence ops run their products in blockrnn's packed kernel on the
-# thread budget instead, see _kernels.pyx). The matrix products (the hoisted
-# input GEMM, the per-step recurrent GEMM) run on SciPy's OpenBLAS and its
-# thread pool; the backwards' input and weight gradients (float64 too) run in
-# blockrnn's GEMM driver on the thread budget. The elementwise gate math between
-# them is vectorised and serial: handing it to OpenMP at every step makes libgomp's spinning workers
-# and OpenBLAS's threads starve each other (measured on 2 cores at T,B,I,H =
-# 100,64,512,512 float32, forward: 192 ms serial, 1078 ms with this threshold
-# lowered to 2^14 so that every step's gates ran on OpenMP; with
-# OMP_WAIT_POLICY=PASSIVE, 39.0 ms vs 39.9 serial at 100,32,256,256: waking the
-# workers at every step costs what the second core saves). The OpenMP loops
-# only run parallel when a step's gate block is so large (rows x cells of at
-# least MIN_PARALLEL_WORK) that one parallel region per step is noise.
+# Threads of the elementwise gate loops outside the packed kernel's regions (the
+# cell ops, float64's and the GRU backwards' batch-1 float32 steps): serial unless a
+# step's gate block is so large (rows x cells of at least MIN_PARALLEL_WORK) that one
+# parallel region per step is noise. (Measured when OpenBLAS's pool ran the products
+# in between, 2 cores, 100,64,512,512 float32 forward: 192 ms serial, 1078 ms with
+# this threshold lowered to 2^14, libgomp's spinning workers and OpenBLAS's threads
+# starving each other; with OMP_WAIT_POLICY=PASSIVE, 39.0 ms vs 39.9 serial at
+# 100,32,256,256: waking the workers at every step cost what the second core saved.)
+# The float32 sequence ops' loops and the sequence ops' products (but those GEMV steps)
+# run on the thread budget instead (_kernels.pyx); OpenBLAS runs on the calling thread.
 MIN_PARALLEL_WORK = 1 << 20
 
 # GNU OpenMP's thread pool does not survive fork() (GCC bug 60035): a child
