@@ -1770,12 +1770,10 @@ class LSTM(_RNNBase):
 
     def _pack_cell(self, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco):
         """One cell's weights (NumPy views of the parameters) packed for the inference
-        forward, with the training op's bias: b = b_ih + b_hh, then + forget_bias on the
-        f block (the same two float32 roundings as lstm_op's, so the same bits)."""
-        H = w_hh.shape[1]
-        b = np.zeros(4 * H, np.float32) if b_ih is None else b_ih + b_hh
-        if self.forget_bias:
-            b[H:2 * H] += self.forget_bias
+        forward, with the training op's bias (_lstm_bias: the same two float32 roundings,
+        so the same bits)."""
+        b = _lstm_bias("blockrnn.torch.LSTM", b_ih, b_hh, self.forget_bias,
+                       w_hh.shape[1], np.float32)
         return _kernels.PackedLSTMWeights(
             w_ih, w_hh, b, wci, wcf, wco, layout=int(_kernels.GateLayout.IFCO),
             cell_clip=self.cell_clip, use_peephole=self.use_peephole, gates_in_rows=True)
