@@ -193,11 +193,13 @@ def from_torch(module, *, dtype=None):
 
 
 def _torch_params(where, module):
-    """A GRU module's parameters as NumPy arrays by name (bt.param_array)."""
+    """A GRU module's weights as NumPy arrays by name (bt.param_array), read as its
+    forward reads them: by attribute, so that a parametrized weight (weight_norm) is
+    its computed value (named_parameters would give the parametrization's originals)."""
     import torch
     from blockrnn import torch as bt
     bt._check_source(where, module, (torch.nn.GRU, bt.GRU), "GRU module", bt._MODULE_DTYPES)
-    return {k: bt.param_array(v) for k, v in module.named_parameters()}
+    return {n: bt.param_array(getattr(module, n)) for n in module._flat_weights_names}
 
 
 def _from_nn_gru(module, dtype, where):

@@ -267,6 +267,30 @@ def test_from_torch_nn_gru(L, bidirectional, bias):
     assert convert.from_torch(ref, dtype=np.float32).dtype == np.float32
 
 
+@pytest.mark.parametrize("make", [
+    lambda: nn.LSTM(I, H, 2, bidirectional=True),
+    lambda: nn.GRU(I, H, 2, bidirectional=True),
+    lambda: bt.GRU(I, H, reset_after=False),
+], ids=["nn.LSTM", "nn.GRU", "bt.GRU-reset-before"])
+def test_from_torch_parametrized_module(make):
+    """A module whose input weights are weight_norm-parametrized converts with the
+    weights its forward computes (named_parameters holds the parametrization's
+    originals instead; the GRUs' conversion read those and failed): the layer gives
+    the module's output (float64, 1e-12)."""
+    from torch.nn.utils.parametrizations import weight_norm
+    torch.manual_seed(7)
+    module = make().double()
+    first = "w_ru_l0" if isinstance(module, bt.GRU) else "weight_ih_l0"
+    weight_norm(module, first)
+    with torch.no_grad():
+        module.parametrizations[first].original0.mul_(1.5)    # norm != the weight's own
+    ours = convert.from_torch(module)
+    x = _x(np.float64, seed=15).transpose(1, 0, 2).copy()          # time-major
+    with torch.no_grad():
+        y_t = module(torch.from_numpy(x))[0].numpy()
+    np.testing.assert_allclose(ours.forward(x)[0], y_t, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("make", [
     lambda: nn.LSTM(I, H, 2, bidirectional=True),
