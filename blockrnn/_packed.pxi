@@ -468,9 +468,9 @@ cdef enum:
     # for the LSTM forward at 50,1,128,128, GRU 0.32 vs 0.41, LSTM backward
     # 0.54 vs 0.70; at two rows the packed kernel won, LSTM forward 1.0 vs
     # 11 ms, GRU 0.7 vs 10.8, on a loaded machine). Both GRUs' backwards run
-    # batch 1 on BLAS below PACKED_ROW1_MIN_CELLS; the LSTM's loops and both GRUs' forwards run every
-    # batch size on the packed loops (batch 1 on the wide one-row kernel,
-    # _lstm.pxi).
+    # batch 1 on BLAS below PACKED_ROW1_MIN_CELLS; the LSTM's loops and both
+    # GRUs' forwards run every batch size on the packed loops (batch 1 on the
+    # wide one-row kernel, _lstm.pxi).
     PACKED_MIN_ROWS = 2
     # ... except from this many cells on, where both GRUs' batch-1 backwards run
     # the packed loops too: their threads split W_hh^T's panels, which a GEMV on the

@@ -902,7 +902,7 @@ def _check_source(where, module, types, name, dtypes=_DTYPES):
     weight_ih_l0, or w_ru_l0 of a TensorFlow-layout GRU) of one of `dtypes`."""
     if not isinstance(module, types):
         raise TypeError(f"{where}: expected a {name}, got {type(module).__name__}")
-    dtype = next(iter(module._parameters.values())).dtype
+    dtype = next(module.parameters()).dtype
     if dtype not in dtypes:
         names = [str(d).replace("torch.", "") for d in dtypes]
         names = ", ".join(names[:-1]) + " or " + names[-1]
@@ -1252,7 +1252,7 @@ class _RNNBase(nn.Module):
         """The weight `name` as the call reads it: the registered parameter, from the
         module's dict (a fifth of the cost of getattr through nn.Module.__getattr__, paid
         for every weight of every call), else getattr: a parametrization's computed
-        weight (weight_norm) or a plain tensor attribute; None for an absent bias."""
+        weight (weight_norm) or a plain tensor attribute (or None, registered as None)."""
         p = self._parameters.get(name)
         return p if p is not None else getattr(self, name)
 
