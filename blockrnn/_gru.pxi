@@ -1027,7 +1027,7 @@ cdef void block_gru_backward_compute(
     memset(acc, 0, 3 * H * sizeof(double))     # [2H] b_ru's sums, [H] b_c's
     if floating is float:
         # (packed by the first chunk's region)
-        use_packed = B >= PACKED_MIN_ROWS or H >= PACKED_ROW1_MIN_CELLS
+        use_packed = gru_backward_packed_route(B, H)
         x_packed = w_ru_t + brnn_packed_size(H2, H)
         gru_x_grad_jobs(0, I, H, <floating*>NULL, <floating*>NULL, w_ru, w_c, <floating*>NULL,
                         x_grad_jobs)

@@ -685,7 +685,7 @@ cdef void block_gru_ra_backward_compute(
     memset(acc, 0, G4 * sizeof(double))
     if floating is float:
         # (w_hh packed by the first chunk's region)
-        use_packed = B >= PACKED_MIN_ROWS or H >= PACKED_ROW1_MIN_CELLS
+        use_packed = gru_backward_packed_route(B, H)
         x_packed = packed + brnn_packed_size(H3, H)
         gru_ra_x_grad_jobs(0, I, H, <floating*>NULL, w_ih, <floating*>NULL, x_grad_jobs)
         gws = x_packed + packed_bs_size(2, x_grad_jobs)

@@ -484,6 +484,13 @@ cdef enum:
     PACKED_ROW1_MIN_CELLS = 384
 
 
+cdef inline bint gru_backward_packed_route(Py_ssize_t B, Py_ssize_t H) noexcept nogil:
+    """Whether a float32 GRU backward (either variant) runs its steps on the packed
+    loop rather than a GEMV per step on the calling thread: from PACKED_MIN_ROWS
+    rows, and batch 1 from PACKED_ROW1_MIN_CELLS cells."""
+    return B >= PACKED_MIN_ROWS or H >= PACKED_ROW1_MIN_CELLS
+
+
 cdef inline int step_threads(Py_ssize_t step_work, Py_ssize_t per_thread, Py_ssize_t H,
                              int limit) noexcept nogil:
     """Threads a loop whose steps take step_work multiply-adds, split by

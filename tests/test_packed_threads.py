@@ -13,6 +13,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 import blockrnn
+from _inputs import rel_err
 from blockrnn import _kernels
 
 # T, B, I, H: H not a multiple of 16, B not a multiple of the row tile, H = 1,
@@ -39,13 +40,15 @@ def _problem(T, B, I, H, seed, dtype=np.float32):
     return lstm, lengths, (r(T, B, H), r(T, B, H)), gru
 
 
-def _run(problem, with_lengths=True):
+def _run(problem, with_lengths=True, ops=blockrnn):
+    """The TF GRU's and both LSTMs' forwards and gradients on `problem`, by `ops`
+    (blockrnn, or its NumPy reference blockrnn._reference)."""
     lstm, lengths, grads, gru = problem
     lens = lengths if with_lengths else None
-    g_fwd = blockrnn.block_gru(*gru, sequence_length=lens)
-    out = [*g_fwd, *blockrnn.block_gru_grad(*gru, *g_fwd, grads[1], sequence_length=lens)]
-    for op, grad_op in ((blockrnn.block_lstm, blockrnn.block_lstm_grad),
-                        (blockrnn.block_lstm_v2, blockrnn.block_lstm_grad_v2)):
+    g_fwd = ops.block_gru(*gru, sequence_length=lens)
+    out = [*g_fwd, *ops.block_gru_grad(*gru, *g_fwd, grads[1], sequence_length=lens)]
+    for op, grad_op in ((ops.block_lstm, ops.block_lstm_grad),
+                        (ops.block_lstm_v2, ops.block_lstm_grad_v2)):
         fwd = op(*lstm, use_peephole=True, sequence_length=lens)
         bwd = grad_op(*lstm, *fwd, *grads, use_peephole=True, sequence_length=lens)
         out += [*fwd, *bwd]
@@ -196,72 +199,43 @@ def test_every_kernel_variant_forced_matches_float64(path):
 F64_SHAPES = [(5, 3, 4, 37), (6, 13, 20, 100), (4, 1, 8, 64), (3, 24, 60, 200)]
 
 
-def _float64_results(seed=5):
+def _float64_results(ops=blockrnn, seed=5):
     """Every float64 sequence op, forward and backward, with and without lengths, on
-    F64_SHAPES: {name: array}. B x 4H x H reaches dgemm_step's threads at the two
-    larger shapes (STEP_PARALLEL_MACS)."""
-    from blockrnn.lstm_proj import block_lstm_proj, block_lstm_proj_grad
+    F64_SHAPES, by `ops`: {name: array}. blockrnn._reference has every family but the
+    projected LSTM (its float64 parity is tests/test_lstm_proj.py's). B x 4H x H
+    reaches dgemm_step's threads at the two larger shapes (STEP_PARALLEL_MACS)."""
+    from blockrnn import lstm_proj
     out = {}
     for s, (T, B, I, H) in enumerate(F64_SHAPES):
         problem = _problem(T, B, I, H, seed + s, np.float64)
+        x, h0, c0 = problem[0][1], problem[0][3], problem[0][2]
         rng = np.random.default_rng(seed + s)
         r = lambda *sh: rng.uniform(-1, 1, sh)  # noqa: E731
         P = max(1, H // 3)
-        ra = (T, problem[0][1], problem[0][3], r(3 * H, I) / 4, r(3 * H, H) / 4, r(3 * H),
-              r(3 * H))
-        proj = (T, problem[0][1], r(B, P), r(B, H), r(4 * H, I) / 4, r(4 * H, P) / 4,
-                r(4 * H), r(4 * H), r(P, H) / 4)
+        ra = (T, x, h0, r(3 * H, I) / 4, r(3 * H, H) / 4, r(3 * H), r(3 * H))
+        proj = (T, x, r(B, P), c0, r(4 * H, I) / 4, r(4 * H, P) / 4, r(4 * H), r(4 * H),
+                r(P, H) / 4)
+        proj_h_grad = r(T, B, P)
         for with_lengths in (False, True):
             lens = problem[1] if with_lengths else None
-            results = _run(problem, with_lengths)
-            fwd = blockrnn.block_gru_reset_after(*ra, sequence_length=lens)
-            results += [*fwd, *blockrnn.block_gru_reset_after_grad(
+            results = _run(problem, with_lengths, ops)
+            fwd = ops.block_gru_reset_after(*ra, sequence_length=lens)
+            results += [*fwd, *ops.block_gru_reset_after_grad(
                 *ra, *fwd, problem[2][1], sequence_length=lens)]
-            fwd = block_lstm_proj(*proj, sequence_length=lens)
-            results += [*fwd, *block_lstm_proj_grad(
-                *proj, *fwd, problem[2][0], r(T, B, P), sequence_length=lens)]
-            for k, a in enumerate(results):
-                out[f"{T},{B},{I},{H},{with_lengths},{k}"] = a
-    return out
-
-
-def _reference_float64(seed=5):
-    """_float64_results' LSTM (v1, v2), TF GRU and reset-after GRU outputs from the NumPy
-    reference, under the same names (the projected LSTM has none there: its float64
-    parity is tests/test_lstm_proj.py's)."""
-    from blockrnn import _reference as ref
-    out = {}
-    for s, (T, B, I, H) in enumerate(F64_SHAPES):
-        (lstm, lengths, grads, gru) = _problem(T, B, I, H, seed + s, np.float64)
-        rng = np.random.default_rng(seed + s)
-        r = lambda *sh: rng.uniform(-1, 1, sh)  # noqa: E731
-        ra = (T, lstm[1], lstm[3], r(3 * H, I) / 4, r(3 * H, H) / 4, r(3 * H), r(3 * H))
-        for with_lengths in (False, True):
-            lens = lengths if with_lengths else None
-            g_fwd = ref.block_gru(*gru, sequence_length=lens)
-            results = [*g_fwd, *ref.block_gru_grad(*gru, *g_fwd, grads[1],
-                                                   sequence_length=lens)]
-            for op, grad_op in ((ref.block_lstm, ref.block_lstm_grad),
-                                (ref.block_lstm_v2, ref.block_lstm_grad_v2)):
-                fwd = op(*lstm, use_peephole=True, sequence_length=lens)
-                results += [*fwd, *grad_op(*lstm, *fwd, *grads, use_peephole=True,
-                                           sequence_length=lens)]
-            fwd = ref.block_gru_reset_after(*ra, sequence_length=lens)
-            results += [*fwd, *ref.block_gru_reset_after_grad(*ra, *fwd, grads[1],
-                                                               sequence_length=lens)]
+            if ops is blockrnn:
+                fwd = lstm_proj.block_lstm_proj(*proj, sequence_length=lens)
+                results += [*fwd, *lstm_proj.block_lstm_proj_grad(
+                    *proj, *fwd, problem[2][0], proj_h_grad, sequence_length=lens)]
             for k, a in enumerate(results):
                 out[f"{T},{B},{I},{H},{with_lengths},{k}"] = np.asarray(a)
     return out
 
 
-def _relative(a, b):
-    return float(np.max(np.abs(a - b) / (1 + np.abs(b)), initial=0))
-
-
 def test_float64_results_match_the_numpy_reference():
-    ours, ref = _float64_results(), _reference_float64()
+    from blockrnn import _reference
+    ours, ref = _float64_results(), _float64_results(_reference)
     assert len(ref) > 100 and set(ref) < set(ours)
-    worst = max(_relative(ours[k], ref[k]) for k in ref)
+    worst = max(rel_err(ours[k], ref[k]) for k in ref)
     assert worst < 1e-12, worst
 
 
@@ -299,5 +273,5 @@ def test_float64_under_every_kernel_variant(path, tmp_path):
     here = _float64_results()
     with np.load(out) as theirs:
         assert set(theirs.files) == set(here)
-        worst = max(_relative(theirs[k], here[k]) for k in here)
+        worst = max(rel_err(theirs[k], here[k]) for k in here)
     assert worst < 1e-13, (path, worst)
