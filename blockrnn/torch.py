@@ -1230,6 +1230,21 @@ class _RNNBase(nn.Module):
         """A no-op, as nn.RNNBase's on CPU: the kernels read the parameters where
         they are. Here so that code written for nn.LSTM / nn.GRU runs unchanged."""
 
+    def __prepare_scriptable__(self):
+        """torch.jit.script calls this on the module and on every submodule of a model
+        it scripts: the forward runs blockrnn's kernels from Python, which TorchScript
+        cannot compile, so scripting stops here with what to do instead (rather than
+        TorchScript's parse error deep in forward). torch.jit.trace works: it records
+        the ``blockrnn::`` custom ops (the traced module needs ``import
+        blockrnn.torch`` where it is loaded)."""
+        name = type(self).__name__
+        raise RuntimeError(
+            f"blockrnn.torch.{name} cannot be compiled by torch.jit.script: its forward "
+            f"runs blockrnn's kernels from Python. Use torch.jit.trace (it records the "
+            f"blockrnn:: custom ops), torch.compile or torch.export; or script a model "
+            f"holding torch.nn.{name} with this module's parameters "
+            f"(nn_module.load_state_dict(module.state_dict())).")
+
     # nn.RNNBase's public argument checks, nn's own functions (the installed torch's):
     # they read what these modules share with nn (input_size, hidden_size, proj_size,
     # num_layers, bidirectional, batch_first, _flat_weights). Code written for nn.LSTM

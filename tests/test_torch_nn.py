@@ -914,6 +914,31 @@ def test_export_runs_and_equals_eager(kind, config):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.filterwarnings("ignore")   # the tracer's warnings (Python values in the trace)
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_jit_trace_round_trip_and_script_refused_clearly(kind, tmp_path):
+    """torch.jit.trace records the blockrnn:: ops: the saved and reloaded trace runs
+    another (T, B) and equals eager bit for bit. torch.jit.script, of the module or of a
+    model holding it, raises a RuntimeError that says what to use instead (not
+    TorchScript's parse error from inside forward), and leaves the model as it was."""
+    torch.manual_seed(0)
+    rnn = OURS[kind](I, H, num_layers=2, bidirectional=True).double()
+    traced = torch.jit.trace(rnn, (_rand(T, B, I, requires_grad=False),), check_trace=False)
+    torch.jit.save(traced, tmp_path / "rnn.pt")
+    loaded = torch.jit.load(tmp_path / "rnn.pt")
+    assert "blockrnn::" in loaded.graph.str()
+    x = _rand(T + 3, B - 1, I, seed=3, requires_grad=False)
+    for got, want in zip(loaded(x), rnn(x)):
+        for g, w in zip(*((t,) if torch.is_tensor(t) else t for t in (got, want))):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    model = _Wrapped(_lm(kind))
+    for target in (rnn, model):
+        with pytest.raises(RuntimeError, match=r"cannot be compiled by torch.jit.script.*"
+                                               r"torch.jit.trace"):
+            torch.jit.script(target)
+    assert isinstance(model.lm.rnn, OURS[kind])
+
+
 # ---------------------------------------------------------------------------
 # Upgrading a 0.1 state_dict
 # ---------------------------------------------------------------------------
