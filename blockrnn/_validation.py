@@ -117,27 +117,20 @@ class Arrays:
     def kernel(self, *names, padded=(), steps=0, lengths=None):
         """C-contiguous arrays in the compute dtype, in the order of ``names``.
 
-        The arrays named in ``padded`` (shape (T, B, ...)) are copies whose
-        padding, the steps t in [lengths[b], steps) of each row b, is zero: a
-        gradient kernel that multiplies them by a zero gradient there then
-        gets zeros whatever the caller's padding holds (NaN * 0 is NaN).
+        The arrays named in ``padded`` (shape (T, B, ...)) have their padding
+        zeroed (zero_padding).
         """
         out = []
-        pad = None
-        if lengths is not None and lengths.size and lengths.min() < steps:
-            pad = np.arange(steps)[:, None] >= lengths[None, :]   # (steps, B)
         for n in names:
-            if pad is not None and n in padded:
-                array = np.array(self._arrays[n], dtype=self.compute_dtype, order="C")
-                array[:steps][pad] = 0
-            else:
-                # C order and aligned: an unaligned view (data offset by a byte)
-                # is copied, since the kernels read whole floats from it.
-                array = self._arrays[n]
-                flags = array.flags
-                if not (array.dtype == self.compute_dtype and flags.c_contiguous
-                        and flags.aligned):   # (np.require is ~1 us even when it copies nothing)
-                    array = np.require(array, self.compute_dtype, ("C", "A"))
+            array = self._arrays[n]
+            if n in padded:
+                array = zero_padding(array, steps, lengths, self.compute_dtype)
+            # C order and aligned: an unaligned view (data offset by a byte)
+            # is copied, since the kernels read whole floats from it.
+            flags = array.flags
+            if not (array.dtype == self.compute_dtype and flags.c_contiguous
+                    and flags.aligned):   # (np.require is ~1 us even when it copies nothing)
+                array = np.require(array, self.compute_dtype, ("C", "A"))
             out.append(array)
         return out
 
@@ -169,6 +162,19 @@ class Arrays:
     def result(self, array):
         """A kernel output converted to the storage dtype (one rounding for float16)."""
         return array.astype(self.dtype, copy=False)
+
+
+def zero_padding(array, steps, lengths, dtype):
+    """``array`` (T, B, ...) as a C-contiguous copy in ``dtype`` whose padding, the
+    steps t in [lengths[b], steps) of each row b, is zero; ``array`` itself when no
+    row has padding before ``steps`` (lengths None: none). A gradient kernel that
+    multiplies such an array by a zero gradient at the padding then gets zeros
+    whatever the caller's padding holds (NaN * 0 is NaN)."""
+    if lengths is None or not lengths.size or lengths.min() >= steps:
+        return array
+    out = np.array(array, dtype=dtype, order="C")
+    out[:steps][np.arange(steps)[:, None] >= lengths[None, :]] = 0
+    return out
 
 
 def check_bool(op, name, value):

@@ -14,9 +14,11 @@ from collections import namedtuple
 
 from blockrnn import _config, _kernels
 from blockrnn._config import kernel_threads
+import numpy as np
+
 from blockrnn._validation import (
     Arrays, check_blas_sizes, check_reverse, check_seq_len_max, check_sequence_length,
-    steps_to_run)
+    steps_to_run, zero_padding)
 
 __all__ = ["block_gru_reset_after", "block_gru_reset_after_grad",
            "gru_cell_reset_after", "gru_cell_reset_after_grad"]
@@ -98,13 +100,27 @@ def _block_gru_reset_after(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh, *,
     args = Arrays(op, x=x, h_prev=h_prev, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
     L, lengths, T, B, I, H = _check(args, seq_len_max, sequence_length)
     reverse = check_reverse(op, reverse, L, T, lengths)
-    outs = args.output_buffers(5, T, B, H)
     if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
-        return BlockGRUResetAfterOutput(*args.results(outs))
-    _kernels.block_gru_reset_after_forward(
-        steps_to_run(L, lengths), *args.kernel(*_INPUTS), kernel_threads(B, H),
-        _config.thread_limit(), *outs, lengths, reverse)
+        return BlockGRUResetAfterOutput(*args.results(args.output_buffers(5, T, B, H)))
+    outs = _forward_kernel(steps_to_run(L, lengths), lengths, reverse,
+                           *args.kernel(*_INPUTS))
     return BlockGRUResetAfterOutput(*args.results(outs))
+
+
+def _forward_kernel(steps, lengths, reverse, x, h_prev, w_ih, w_hh, b_ih, b_hh):
+    """The forward kernel's call on CHECKED arguments (no check here): C-contiguous
+    arrays of one compute dtype (float32 or float64) of the shapes above, B and H
+    non-zero, steps = steps_to_run(L, lengths), lengths None or checked int64 (B,),
+    reverse as checked by check_reverse. Returns the new arrays [r, z, n, hn, h]
+    (output_buffers). The checked callers: block_gru_reset_after, and
+    blockrnn.torch's modules once they have checked their own arguments."""
+    T, B = x.shape[0], x.shape[1]
+    H = h_prev.shape[1]
+    outs = _kernels.output_buffers(5, (T, B, H), x.dtype)
+    _kernels.block_gru_reset_after_forward(steps, x, h_prev, w_ih, w_hh, b_ih, b_hh,
+                                           kernel_threads(B, H), _config.thread_limit(),
+                                           *outs, lengths, reverse)
+    return outs
 
 
 def block_gru_reset_after_grad(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh,
@@ -150,17 +166,29 @@ def _block_gru_reset_after_grad(seq_len_max, x, h_prev, w_ih, w_hh, b_ih, b_hh,
     reverse = check_reverse(op, reverse, L, T, lengths)
     if B == 0 or H == 0:  # nothing to compute: zero gradients, whatever T is
         return BlockGRUResetAfterGradOutput(*(args.zeros(args[k].shape) for k in _INPUTS))
-    grads = [args.empty(T, B, I), args.empty(B, H), args.empty(3 * H, I),
-             args.empty(3 * H, H), args.empty(3 * H), args.empty(3 * H)]
-    steps = steps_to_run(L, lengths)
+    grads = _backward_kernel(
+        steps_to_run(L, lengths), lengths, reverse,
+        *args.kernel("x", "h_prev", "w_ih", "w_hh", "r", "z", "n", "hn", "h", "h_grad"))
+    return BlockGRUResetAfterGradOutput(*map(args.result, grads))
+
+
+def _backward_kernel(steps, lengths, reverse, x, h_prev, w_ih, w_hh, r, z, n, hn, h,
+                     h_grad):
+    """The backward kernel's call on CHECKED arguments, as _forward_kernel's.
+    Returns the new arrays [x_grad, h_prev_grad, w_ih_grad, w_hh_grad, b_ih_grad,
+    b_hh_grad]."""
+    T, B, I = x.shape
+    H = h_prev.shape[1]
+    dt = x.dtype
+    grads = [np.empty((T, B, I), dt), np.empty((B, H), dt), np.empty((3 * H, I), dt),
+             np.empty((3 * H, H), dt), np.empty(3 * H, dt), np.empty(3 * H, dt)]
     # w_hh_grad multiplies h at a row's padding by a zero gradient: zero it in
     # the copy it reads, so that any padding gives zeros.
+    h = zero_padding(h, steps, lengths, dt)
     _kernels.block_gru_reset_after_backward(
-        steps,
-        *args.kernel("x", "h_prev", "w_ih", "w_hh", "r", "z", "n", "hn", "h", "h_grad",
-                     padded=("h",), steps=steps, lengths=lengths),
-        kernel_threads(B, H), _config.thread_limit(), *grads, lengths, reverse)
-    return BlockGRUResetAfterGradOutput(*map(args.result, grads))
+        steps, x, h_prev, w_ih, w_hh, r, z, n, hn, h, h_grad, kernel_threads(B, H),
+        _config.thread_limit(), *grads, lengths, reverse)
+    return grads
 
 
 def _cell_args(op, x, h_prev, **more):

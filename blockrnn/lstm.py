@@ -10,11 +10,13 @@ one dtype: float16 (computed in float32, rounded once), float32 or float64.
 """
 from collections import namedtuple
 
+import numpy as np
+
 from blockrnn import _config, _kernels
 from blockrnn._config import kernel_threads
 from blockrnn._validation import (
     Arrays, check_blas_sizes, check_bool, check_float, check_reverse, check_seq_len_max,
-    check_sequence_length, steps_to_run)
+    check_sequence_length, steps_to_run, zero_padding)
 
 __all__ = [
     "lstm_block_cell", "lstm_block_cell_grad", "lstm_block_cell_grad_full",
@@ -430,16 +432,32 @@ def _block_lstm_nn(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b
     L, T, B, I, H = _check_sequence(args, seq_len_max, True, nn_layout=True)
     lengths = check_sequence_length(op, sequence_length, B, T)
     reverse = check_reverse(op, reverse, L, T, lengths)
-    outs = args.output_buffers(7, T, B, H)
     if B == 0 or H == 0:
-        return BlockLSTMOutput(*args.results(outs))
-    x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b = args.kernel(
-        "x", "cs_prev", "h_prev", "w_ih", "w_hh", "wci", "wcf", "wco", "b")
-    _kernels.block_lstm_forward(
-        steps_to_run(L, lengths), x, cs_prev, h_prev, w_ih.T, w_hh.T, wci, wcf, wco, b, 0.0,
-        cell_clip, use_peephole, _kernels.GateLayout.IFCO, kernel_threads(B, H),
-        _config.thread_limit(), *outs, lengths, reverse)
+        return BlockLSTMOutput(*args.results(args.output_buffers(7, T, B, H)))
+    outs = _nn_forward_kernel(
+        steps_to_run(L, lengths), lengths, reverse,
+        *args.kernel("x", "cs_prev", "h_prev", "w_ih", "w_hh", "wci", "wcf", "wco", "b"),
+        cell_clip, use_peephole)
     return BlockLSTMOutput(*args.results(outs))
+
+
+def _nn_forward_kernel(steps, lengths, reverse, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf,
+                       wco, b, cell_clip, use_peephole):
+    """_block_lstm_nn's kernel call on CHECKED arguments (no check here): C-contiguous
+    arrays of one compute dtype (float32 or float64) of its shapes (the peepholes
+    read only with use_peephole), B and H non-zero, steps = steps_to_run(L, lengths),
+    lengths None or checked int64 (B,), reverse as checked by check_reverse,
+    cell_clip a float, use_peephole a bool. Returns the new arrays [i, cs, f, o, ci,
+    co, h] (output_buffers). The checked callers: _block_lstm_nn, and
+    blockrnn.torch's modules once they have checked their own arguments."""
+    T, B = x.shape[0], x.shape[1]
+    H = h_prev.shape[1]
+    outs = _kernels.output_buffers(7, (T, B, H), x.dtype)
+    _kernels.block_lstm_forward(
+        steps, x, cs_prev, h_prev, w_ih.T, w_hh.T, wci, wcf, wco, b, 0.0, cell_clip,
+        use_peephole, _kernels.GateLayout.IFCO, kernel_threads(B, H),
+        _config.thread_limit(), *outs, lengths, reverse)
+    return outs
 
 
 def _block_lstm_nn_grad(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, wco, b,
@@ -465,17 +483,34 @@ def _block_lstm_nn_grad(seq_len_max, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf, w
     if B == 0 or H == 0:
         return NNLSTMGradOutput(*(args.zeros(args[name].shape) for name in (
             "x", "cs_prev", "h_prev", "w_ih", "w_hh", "wci", "wcf", "wco", "b")))
-    grads = [args.empty(T, B, I), args.empty(B, H), args.empty(B, H), args.empty(4 * H, I),
-             args.empty(4 * H, H), args.empty(H), args.empty(H), args.empty(H),
-             args.empty(4 * H)]
-    steps = steps_to_run(L, lengths)
-    x, cs_prev, h_prev, w_ih, w_hh, *rest = args.kernel(
-        "x", "cs_prev", "h_prev", "w_ih", "w_hh", "wci", "wcf", "wco", *_GATES, "h",
-        "cs_grad", "h_grad", padded=("cs", "h"), steps=steps, lengths=lengths)
-    _kernels.block_lstm_backward(
-        steps, x, cs_prev, h_prev, w_ih.T, w_hh.T, *rest, use_peephole,
-        _kernels.GateLayout.IFCO, kernel_threads(B, H), _config.thread_limit(), *grads[:3],
-        grads[3].T, grads[4].T, *grads[5:], lengths, reverse)
+    grads = _nn_backward_kernel(
+        steps_to_run(L, lengths), lengths, reverse,
+        *args.kernel("x", "cs_prev", "h_prev", "w_ih", "w_hh", "wci", "wcf", "wco", *_GATES,
+                     "h", "cs_grad", "h_grad"), use_peephole)
     if not use_peephole:
         grads[5:8] = [args.zeros(args[name].shape) for name in ("wci", "wcf", "wco")]
     return NNLSTMGradOutput(*map(args.result, grads))
+
+
+def _nn_backward_kernel(steps, lengths, reverse, x, cs_prev, h_prev, w_ih, w_hh, wci, wcf,
+                        wco, i, cs, f, o, ci, co, h, cs_grad, h_grad, use_peephole):
+    """_block_lstm_nn_grad's kernel call on CHECKED arguments, as _nn_forward_kernel's.
+    Returns the new arrays [x_grad, cs_prev_grad, h_prev_grad, w_ih_grad, w_hh_grad,
+    wci_grad, wcf_grad, wco_grad, b_grad] (the peephole gradients meaningless without
+    peepholes)."""
+    T, B, I = x.shape
+    H = h_prev.shape[1]
+    dt = x.dtype
+    grads = [np.empty((T, B, I), dt), np.empty((B, H), dt), np.empty((B, H), dt),
+             np.empty((4 * H, I), dt), np.empty((4 * H, H), dt), np.empty(H, dt),
+             np.empty(H, dt), np.empty(H, dt), np.empty(4 * H, dt)]
+    # The weight and peephole gradients multiply h and cs at a row's padding by
+    # zero: zero it in the copies they read, so that any padding gives zeros.
+    cs = zero_padding(cs, steps, lengths, dt)
+    h = zero_padding(h, steps, lengths, dt)
+    _kernels.block_lstm_backward(
+        steps, x, cs_prev, h_prev, w_ih.T, w_hh.T, wci, wcf, wco, i, cs, f, o, ci, co, h,
+        cs_grad, h_grad, use_peephole, _kernels.GateLayout.IFCO, kernel_threads(B, H),
+        _config.thread_limit(), *grads[:3], grads[3].T, grads[4].T, *grads[5:], lengths,
+        reverse)
+    return grads

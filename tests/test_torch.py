@@ -388,6 +388,111 @@ def test_eager_calls_take_the_custom_op_where_torch_lacks_the_mode_checks(monkey
     assert x.grad is not None and layer.weight_hh_l0.grad.abs().sum() > 0
 
 
+def _train_call(layer, x, hx=None):
+    """One training call: y, the final states, x's and every parameter's gradient
+    (of a loss that weights every output element differently)."""
+    layer.zero_grad(set_to_none=True)
+    xg = x.detach().clone().requires_grad_()
+    y, state = layer(xg, hx)
+    finals = state if isinstance(state, tuple) else (state,)
+    weights = torch.linspace(-1, 1, y.numel(), dtype=y.dtype).reshape(y.shape)
+    ((y * weights).sum() + sum((f * f).sum() for f in finals)).backward()
+    return [y, *finals, xg.grad] + [p.grad for p in layer.parameters()]
+
+
+def _fast_calls(monkeypatch):
+    """Count the calls that take the modules' eager fast path (bt._FAST_FUNCTION)."""
+    calls = []
+    for op, function in list(bt._FAST_FUNCTION.items()):
+        class Counted(function):
+            @classmethod
+            def apply(cls, *args, _apply=function.apply):
+                calls.append(op)
+                return _apply(*args)
+        monkeypatch.setitem(bt._FAST_FUNCTION, op, Counted)
+    return calls
+
+
+@pytest.mark.parametrize("config", [
+    dict(kind="LSTM"), dict(kind="GRU"),
+    dict(kind="LSTM", num_layers=2, bidirectional=True, batch_first=True),
+    dict(kind="GRU", num_layers=2, bidirectional=True, batch_first=True),
+    dict(kind="LSTM", bias=False, bidirectional=True),
+    dict(kind="GRU", bias=False, num_layers=2),
+    dict(kind="LSTM", use_peephole=True, cell_clip=0.5, forget_bias=1.0, bidirectional=True),
+    dict(kind="LSTM", forget_bias=1.0, bias=False)],
+    ids=["lstm", "gru", "lstm-2-bi-bf", "gru-2-bi-bf", "lstm-nobias-bi", "gru-nobias-2",
+         "lstm-peephole-clip-fb-bi", "lstm-fb-nobias"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("states", ["zeros", "given", "given-transposed"])
+def test_eager_fast_path_equals_the_ops(config, dtype, states, monkeypatch):
+    """An eager training call on plain arguments (no lengths) takes the modules' fast
+    path (_FAST_FUNCTION: the NumPy kernel functions called directly), which returns
+    the ops' outputs, final states and gradients bit for bit; a state given
+    non-contiguous takes the ops' path."""
+    config = dict(config)
+    layer = getattr(bt, config.pop("kind"))(5, 6, dtype=dtype, **config)
+    torch.manual_seed(1)
+    x = torch.randn(4, 3, 5, dtype=dtype)
+    D = 2 if layer.bidirectional else 1
+    hx = None
+    if states != "zeros":
+        shape = (layer.num_layers * D, x.shape[0 if layer.batch_first else 1], 6)
+        h0 = (torch.randn(shape[::-1], dtype=dtype).permute(2, 1, 0)
+              if states == "given-transposed" else torch.randn(shape, dtype=dtype))
+        hx = (h0, torch.randn(shape, dtype=dtype)) if isinstance(layer, bt.LSTM) else h0
+    calls = _fast_calls(monkeypatch)
+    fast = _train_call(layer, x, hx)
+    assert len(calls) == (0 if states == "given-transposed" else layer.num_layers * D)
+    monkeypatch.setattr(bt, "_FAST_FUNCTION", {})
+    ops = _train_call(layer, x, hx)
+    assert len(fast) == len(ops)
+    for a, b in zip(fast, ops):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_eager_fast_path_leaves_unusual_calls_to_the_ops(monkeypatch):
+    """Lengths, a weight that is not C-contiguous, and a weight of the wrong shape or
+    dtype (assigned behind the module's back) go the ops' way: the first two give
+    nn.LSTM's answers, the last two the ops' errors, which name the argument."""
+    calls = _fast_calls(monkeypatch)
+    torch.manual_seed(0)
+    ours, ref = bt.LSTM(5, 6, dtype=torch.float64), nn.LSTM(5, 6, dtype=torch.float64)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(4, 3, 5, dtype=torch.float64)
+    y, _ = ours(x, sequence_length=torch.tensor([4, 2, 1]))
+    assert calls == []
+    with torch.no_grad():   # the same values, stored transposed
+        w = ours.weight_hh_l0.detach().clone()
+        ours.weight_hh_l0 = nn.Parameter(w.T.contiguous().T)
+    assert not ours.weight_hh_l0.is_contiguous()
+    torch.testing.assert_close(ours(x)[0], ref(x)[0], rtol=1e-12, atol=1e-12)
+    assert calls == []
+    ours.weight_hh_l0 = nn.Parameter(w.contiguous())
+    ours(x)
+    assert len(calls) == 1
+    ours.weight_hh_l0.data = torch.zeros(24, 5, dtype=torch.float64)
+    with pytest.raises(ValueError, match="w_hh"):
+        ours(x)
+    ours.weight_hh_l0.data = w.float()
+    with pytest.raises(TypeError, match="weight_hh"):
+        ours(x)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_eager_fast_path_refuses_double_backward(kind, monkeypatch):
+    """The fast path's backward is first-order only, as the ops' (a RuntimeError, not
+    a silently missing second-order term)."""
+    calls = _fast_calls(monkeypatch)
+    layer = getattr(bt, kind)(3, 4, dtype=torch.float64)
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    y, _ = layer(x)
+    assert calls
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(y.square().sum(), x, create_graph=True)
+
+
 def test_reverse_direction_forward_ops_allocate_only_the_reversed_input():
     """The reverse direction's forward ops reverse the kernels' new h (and cs) in
     place: beyond the forward direction's memory they allocate only x in the op's
