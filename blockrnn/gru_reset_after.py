@@ -12,10 +12,10 @@ in float32), float32 and float64.
 """
 from collections import namedtuple
 
-from blockrnn import _config, _kernels
-from blockrnn._config import kernel_threads
 import numpy as np
 
+from blockrnn import _config, _kernels
+from blockrnn._config import kernel_threads
 from blockrnn._validation import (
     Arrays, check_blas_sizes, check_reverse, check_seq_len_max, check_sequence_length,
     steps_to_run, zero_padding)

@@ -389,15 +389,19 @@ def test_eager_calls_take_the_custom_op_where_torch_lacks_the_mode_checks(monkey
 
 
 def _train_call(layer, x, hx=None):
-    """One training call: y, the final states, x's and every parameter's gradient
-    (of a loss that weights every output element differently)."""
+    """One training call: y, the final states, the gradients of x, of the given states
+    and of every parameter (of a loss that weights every output element differently)."""
     layer.zero_grad(set_to_none=True)
     xg = x.detach().clone().requires_grad_()
-    y, state = layer(xg, hx)
+    states = [] if hx is None else [s.detach().clone().requires_grad_()
+                                    for s in (hx if isinstance(hx, tuple) else (hx,))]
+    hxg = None if hx is None else tuple(states) if isinstance(hx, tuple) else states[0]
+    y, state = layer(xg, hxg)
     finals = state if isinstance(state, tuple) else (state,)
     weights = torch.linspace(-1, 1, y.numel(), dtype=y.dtype).reshape(y.shape)
     ((y * weights).sum() + sum((f * f).sum() for f in finals)).backward()
-    return [y, *finals, xg.grad] + [p.grad for p in layer.parameters()]
+    return ([y, *finals, xg.grad] + [s.grad for s in states]
+            + [p.grad for p in layer.parameters()])
 
 
 def _fast_calls(monkeypatch):
