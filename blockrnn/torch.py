@@ -634,16 +634,18 @@ _register_gru_autograd(gru_op, gru_backward_op, "gru_backward")
 # ---------------------------------------------------------------------------
 # The modules' eager fast path
 #
-# A module's eager call of lstm_op or gru_op whose arguments are all plain -- no
-# lengths, every tensor on the CPU in the compute dtype, each weight and bias
-# C-contiguous with its exact shape (accepts) -- runs this Function instead of
-# the op's: the module has checked x and the states, accepts checks the rest, so
-# the forward and backward call the NumPy kernel functions on NumPy views
-# directly (gru_reset_after._forward_kernel, lstm._nn_forward_kernel, ...),
-# without the ops' and the NumPy ops' argument handling, and the gate outputs
-# are marked non-differentiable (the modules read h and cs only). The same kernel
-# calls, the same bits, the same saved tensors and gradients; anything else (a
-# weight of another shape or dtype raises there) goes the op's way. At small
+# A module's eager call of lstm_op or gru_op whose arguments are all plain --
+# every tensor on the CPU in the compute dtype, each weight and bias C-contiguous
+# with its exact shape, lengths None or an int64 tensor (B,) (accepts) -- runs
+# this Function instead of the op's: the module has checked x and the states,
+# accepts checks the rest (the lengths' values are checked in forward, as the op
+# does), so the forward and backward call the NumPy kernel functions on NumPy
+# views directly (gru_reset_after._forward_kernel, lstm._nn_forward_kernel, ...),
+# in the op's time order (_reverse_route, _in_op_order as the op bodies), without
+# the ops' and the NumPy ops' argument handling, and the gate outputs are marked
+# non-differentiable (the modules read h and cs only). The same kernel calls, the
+# same bits, the same saved tensors and gradients; anything else (a weight of
+# another shape or dtype raises there) goes the op's way. At small
 # shapes that handling was a quarter to a third of a training step (one thread,
 # fresh processes alternating the two trees, forward + backward at T, B, I, H =
 # 1, 8, 128, 128: GRU 596 -> 478 us, LSTM 855 -> 614 us; nn.GRU 374, nn.LSTM 698).
@@ -665,10 +667,11 @@ def _plain(t, dtype, shape):
                          and t.is_cpu and t.is_contiguous())
 
 
-def _plain_call(x, h0, weights, gates):
+def _plain_call(x, h0, weights, gates, lengths):
     """accepts' rule for a call with x (T, B, I), state h0 (B, H) and the weights
     (w_ih (gates*H, I), w_hh (gates*H, H), then (gates*H,) biases and (H,)
-    peepholes, each None or plain): a non-empty float32 / float64 CPU x."""
+    peepholes, each None or plain): a non-empty float32 / float64 CPU x, lengths
+    None or an int64 tensor (B,)."""
     if type(x) is not torch.Tensor or x.dtype not in _DTYPES or x.dim() != 3 \
             or not x.is_cpu or x.numel() == 0 or type(h0) is not torch.Tensor \
             or h0.dim() != 2:
@@ -677,7 +680,8 @@ def _plain_call(x, h0, weights, gates):
     G = gates * H
     shapes = ((B, H), (G, I), (G, H), (G,), (G,), (H,), (H,), (H,))
     return H > 0 and weights[0] is not None and weights[1] is not None and all(
-        _plain(t, dt, shape) for t, shape in zip((h0, *weights), shapes))
+        _plain(t, dt, shape) for t, shape in zip((h0, *weights), shapes)) and \
+        _plain(lengths, torch.int64, (B,))
 
 
 def _fast_function(name, accepts, forward, backward, general_backward):
@@ -699,45 +703,62 @@ def _fast_function(name, accepts, forward, backward, general_backward):
     return function
 
 
+def _fast_lengths(ctx, where, lengths, x, reverse):
+    """The call's checked lengths (_op_lengths), kept on ctx for the backward with
+    _reverse_route's answer: (lengths, steps, in_kernels, copies)."""
+    T, B = x.shape[0], x.shape[1]
+    n = _op_lengths(where, lengths, T, B)
+    ctx.fast_route = (n, steps_to_run(T, n), *_reverse_route(reverse, n))
+    return ctx.fast_route
+
+
 def _gru_fast_accepts(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
-    return lengths is None and _plain_call(x, h0, (w_ih, w_hh, b_ih, b_hh), 3)
+    return _plain_call(x, h0, (w_ih, w_hh, b_ih, b_hh), 3, lengths)
 
 
 def _gru_fast_forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
     ctx.set_materialize_grads(False)
+    n, steps, in_kernels, copies = _fast_lengths(ctx, "blockrnn.torch.gru_op", lengths, x,
+                                                 reverse)
     w_hh_a = _view(w_hh)
     if b_ih is None:
         b_ih_a = b_hh_a = np.zeros(w_hh_a.shape[0], w_hh_a.dtype)
     else:
         b_ih_a, b_hh_a = _view(b_ih), _view(b_hh)
-    r, z, n, hn, h = _gru_ra._forward_kernel(
-        x.shape[0], None, _reverse_route(reverse, None)[0], _view(x), _view(h0), _view(w_ih),
+    r, z, gn, hn, h = _gru_ra._forward_kernel(
+        steps, n, in_kernels, _in_op_order(_view(x), n, copies), _view(h0), _view(w_ih),
         w_hh_a, b_ih_a, b_hh_a)
-    output = tuple(torch.from_numpy(a) for a in (h, r, z, n, hn))
+    output = tuple(torch.from_numpy(a) for a in (_input_order_in_place(h, n, copies), r, z,
+                                                 gn, hn))
     _gru_setup(ctx, (x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse), output)
     ctx.mark_non_differentiable(*output[1:])
     return output
 
 
 def _gru_fast_backward(ctx, saved, h_grad, *gate_grads):
-    x, h0, w_ih, w_hh, b_ih, _, _, h, r, z, n, hn = saved
+    x, h0, w_ih, w_hh, b_ih, _, _, h, r, z, gn, hn = saved
+    n, steps, in_kernels, copies = ctx.fast_route
     dh = (np.zeros(h.shape, _np_dtype(h.dtype)) if h_grad is None
           else _view(h_grad).astype(_np_dtype(h.dtype), copy=False))
-    grads = _gru_ra._backward_kernel(
-        x.shape[0], None, _reverse_route(ctx.reverse, None)[0], _view(x), _view(h0),
-        _view(w_ih), _view(w_hh), *map(_view, (r, z, n, hn, h)), dh)
-    return _gru_grads(b_ih is not None, *map(torch.from_numpy, grads))
+    order = lambda a: _in_op_order(a, n, copies)  # noqa: E731
+    dx, *grads = _gru_ra._backward_kernel(
+        steps, n, in_kernels, order(_view(x)), _view(h0), _view(w_ih), _view(w_hh),
+        *map(_view, (r, z, gn, hn)), order(_view(h)), order(dh))
+    return _gru_grads(b_ih is not None, *map(torch.from_numpy, (
+        _input_order_in_place(dx, n, copies), *grads)))
 
 
 def _lstm_fast_accepts(x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, cell_clip,
                        forget_bias, reverse):
-    return (lengths is None and _plain_call(x, h0, (w_ih, w_hh, b_ih, b_hh, wci, wcf, wco), 4)
+    return (_plain_call(x, h0, (w_ih, w_hh, b_ih, b_hh, wci, wcf, wco), 4, lengths)
             and _plain(c0, x.dtype, h0.shape))
 
 
 def _lstm_fast_forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths,
                        cell_clip, forget_bias, reverse):
     ctx.set_materialize_grads(False)
+    n, steps, in_kernels, copies = _fast_lengths(ctx, "blockrnn.torch.lstm_op", lengths, x,
+                                                 reverse)
     w_hh_a = _view(w_hh)
     H, dt = w_hh_a.shape[1], w_hh_a.dtype
     b = _lstm_bias("blockrnn.torch.LSTM", None if b_ih is None else _view(b_ih),
@@ -745,9 +766,10 @@ def _lstm_fast_forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, le
     peep = wci is not None
     peepholes = tuple(map(_view, (wci, wcf, wco))) if peep else (np.zeros(H, dt),) * 3
     i, cs, f, o, ci, co, h = _lstm._nn_forward_kernel(
-        x.shape[0], None, _reverse_route(reverse, None)[0], _view(x), _view(c0), _view(h0),
+        steps, n, in_kernels, _in_op_order(_view(x), n, copies), _view(c0), _view(h0),
         _view(w_ih), w_hh_a, *peepholes, b, float(cell_clip), peep)
-    output = tuple(torch.from_numpy(a) for a in (h, cs, i, f, o, ci, co))
+    back = lambda a: _input_order_in_place(a, n, copies)  # noqa: E731
+    output = tuple(torch.from_numpy(a) for a in (back(h), back(cs), i, f, o, ci, co))
     _lstm_setup(ctx, (x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, cell_clip,
                       forget_bias, reverse), output)
     ctx.mark_non_differentiable(*output[2:])
@@ -756,6 +778,8 @@ def _lstm_fast_forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, le
 
 def _lstm_fast_backward(ctx, saved, h_grad, cs_grad, *gate_grads):
     x, h0, c0, w_ih, w_hh, b_ih, _, wci, wcf, wco, _, h, cs, i, f, o, ci, co = saved
+    n, steps, in_kernels, copies = ctx.fast_route
+    order = lambda a: _in_op_order(a, n, copies)  # noqa: E731
     dt = _np_dtype(h.dtype)
     dh, dcs = (np.zeros(h.shape, dt) if g is None else _view(g).astype(dt, copy=False)
                for g in (h_grad, cs_grad))
@@ -763,11 +787,11 @@ def _lstm_fast_backward(ctx, saved, h_grad, cs_grad, *gate_grads):
     peep = wci is not None
     peepholes = tuple(map(_view, (wci, wcf, wco))) if peep else (np.zeros(H, dt),) * 3
     dx, dc0, dh0, dw_ih, dw_hh, dwci, dwcf, dwco, db = _lstm._nn_backward_kernel(
-        x.shape[0], None, _reverse_route(ctx.reverse, None)[0], _view(x), _view(c0),
-        _view(h0), _view(w_ih), _view(w_hh), *peepholes,
-        *map(_view, (i, cs, f, o, ci, co, h)), dcs, dh, peep)
+        steps, n, in_kernels, order(_view(x)), _view(c0), _view(h0), _view(w_ih),
+        _view(w_hh), *peepholes, _view(i), order(_view(cs)), *map(_view, (f, o, ci, co)),
+        order(_view(h)), order(dcs), order(dh), peep)
     return _lstm_grads(b_ih is not None, peep, *map(torch.from_numpy, (
-        dx, dh0, dc0, dw_ih, dw_hh, db, dwci, dwcf, dwco)))
+        _input_order_in_place(dx, n, copies), dh0, dc0, dw_ih, dw_hh, db, dwci, dwcf, dwco)))
 
 
 _FAST_FUNCTION[lstm_op] = _fast_function("LSTM", _lstm_fast_accepts, _lstm_fast_forward,

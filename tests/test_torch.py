@@ -388,7 +388,7 @@ def test_eager_calls_take_the_custom_op_where_torch_lacks_the_mode_checks(monkey
     assert x.grad is not None and layer.weight_hh_l0.grad.abs().sum() > 0
 
 
-def _train_call(layer, x, hx=None):
+def _train_call(layer, x, hx=None, lengths=None):
     """One training call: y, the final states, the gradients of x, of the given states
     and of every parameter (of a loss that weights every output element differently)."""
     layer.zero_grad(set_to_none=True)
@@ -396,7 +396,7 @@ def _train_call(layer, x, hx=None):
     states = [] if hx is None else [s.detach().clone().requires_grad_()
                                     for s in (hx if isinstance(hx, tuple) else (hx,))]
     hxg = None if hx is None else tuple(states) if isinstance(hx, tuple) else states[0]
-    y, state = layer(xg, hxg)
+    y, state = layer(xg, hxg, sequence_length=lengths)
     finals = state if isinstance(state, tuple) else (state,)
     weights = torch.linspace(-1, 1, y.numel(), dtype=y.dtype).reshape(y.shape)
     ((y * weights).sum() + sum((f * f).sum() for f in finals)).backward()
@@ -429,11 +429,13 @@ def _fast_calls(monkeypatch):
          "lstm-peephole-clip-fb-bi", "lstm-fb-nobias"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("states", ["zeros", "given", "given-transposed"])
-def test_eager_fast_path_equals_the_ops(config, dtype, states, monkeypatch):
-    """An eager training call on plain arguments (no lengths) takes the modules' fast
-    path (_FAST_FUNCTION: the NumPy kernel functions called directly), which returns
-    the ops' outputs, final states and gradients bit for bit; a state given
-    non-contiguous takes the ops' path."""
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+def test_eager_fast_path_equals_the_ops(config, dtype, states, with_lengths, monkeypatch):
+    """An eager training call on plain arguments takes the modules' fast path
+    (_FAST_FUNCTION: the NumPy kernel functions called directly), which returns the
+    ops' outputs, final states and gradients bit for bit, with and without lengths
+    (the reverse direction then reversed by copies); a state given non-contiguous
+    takes the ops' path."""
     config = dict(config)
     layer = getattr(bt, config.pop("kind"))(5, 6, dtype=dtype, **config)
     torch.manual_seed(1)
@@ -445,27 +447,32 @@ def test_eager_fast_path_equals_the_ops(config, dtype, states, monkeypatch):
         h0 = (torch.randn(shape[::-1], dtype=dtype).permute(2, 1, 0)
               if states == "given-transposed" else torch.randn(shape, dtype=dtype))
         hx = (h0, torch.randn(shape, dtype=dtype)) if isinstance(layer, bt.LSTM) else h0
+    T_, B_ = x.shape[:2][::-1] if layer.batch_first else x.shape[:2]
+    lengths = torch.tensor([T_, 0, 1, T_ - 1][:B_]) if with_lengths else None
     calls = _fast_calls(monkeypatch)
-    fast = _train_call(layer, x, hx)
+    fast = _train_call(layer, x, hx, lengths)
     assert len(calls) == (0 if states == "given-transposed" else layer.num_layers * D)
     monkeypatch.setattr(bt, "_FAST_FUNCTION", {})
-    ops = _train_call(layer, x, hx)
+    ops = _train_call(layer, x, hx, lengths)
     assert len(fast) == len(ops)
     for a, b in zip(fast, ops):
         assert (a is None and b is None) or torch.equal(a, b)
 
 
 def test_eager_fast_path_leaves_unusual_calls_to_the_ops(monkeypatch):
-    """Lengths, a weight that is not C-contiguous, and a weight of the wrong shape or
-    dtype (assigned behind the module's back) go the ops' way: the first two give
-    nn.LSTM's answers, the last two the ops' errors, which name the argument."""
+    """A weight that is not C-contiguous, and a weight of the wrong shape or dtype
+    (assigned behind the module's back) go the ops' way: the first gives nn.LSTM's
+    answers, the last two the ops' errors, which name the argument; lengths out of
+    range raise the op's error from the fast path."""
     calls = _fast_calls(monkeypatch)
     torch.manual_seed(0)
     ours, ref = bt.LSTM(5, 6, dtype=torch.float64), nn.LSTM(5, 6, dtype=torch.float64)
     ref.load_state_dict(ours.state_dict())
     x = torch.randn(4, 3, 5, dtype=torch.float64)
-    y, _ = ours(x, sequence_length=torch.tensor([4, 2, 1]))
-    assert calls == []
+    with pytest.raises(ValueError, match=r"lstm_op: sequence_length"):
+        ours(x, sequence_length=torch.tensor([5, 2, 1]))
+    assert len(calls) == 1
+    calls.clear()
     with torch.no_grad():   # the same values, stored transposed
         w = ours.weight_hh_l0.detach().clone()
         ours.weight_hh_l0 = nn.Parameter(w.T.contiguous().T)
