@@ -65,6 +65,7 @@ gradients once to its dtype.
   TensorFlow's layouts (``block_lstm_v2``'s w (I+H, 4H), ``block_gru``'s w_ru,
   w_c), kept from 0.1 for code that calls them directly.
 """
+import functools
 import math
 import numbers
 import warnings
@@ -126,10 +127,15 @@ def _check_tensor(where, name, t, dtype=None, device=None):
 
 
 def _numpy(where, name, t, dtype=None):
-    """A NumPy view of a CPU float32/float64 tensor (no copy), checked by _check_tensor
-    (detached only if it requires grad: detach() costs more than the view)."""
+    """A NumPy view of a CPU float32/float64 tensor (no copy), checked by _check_tensor."""
     _check_tensor(where, name, t, dtype)
-    return (t.detach() if t.requires_grad else t).numpy()
+    return _values(t)
+
+
+def _values(t):
+    """A NumPy view of CPU tensor t (no copy, any strides; None stays None), detached
+    only if it requires grad: detach() costs more than the view."""
+    return None if t is None else (t.detach() if t.requires_grad else t).numpy()
 
 
 def _tensor(a):
@@ -381,6 +387,111 @@ def _hidden_size(where, w_hh):
     return w_hh.shape[1]
 
 
+# lstm_op's and gru_op's work on NumPy arrays, between the checks and the kernels.
+# kernel: a function of the kernel function's signature (lstm._nn_forward_kernel,
+# _nn_backward_kernel, gru_reset_after._forward_kernel, _backward_kernel): the bare
+# kernel function on arguments the caller has checked (the modules' eager fast
+# path), or _checked_* (the op bodies), which runs it through the NumPy op, whose
+# checks cover every array. Either way the same kernel call on the same arrays.
+
+def _contiguous_in_op_order(a, lengths, reverse):
+    """_in_op_order(a, ...) as one C-contiguous array: a itself if it is one and is not
+    reversed, else a single copy (reverse_sequence's copy is C-contiguous)."""
+    return np.ascontiguousarray(_in_op_order(a, lengths, reverse))
+
+
+def _lstm_peepholes(wci, wcf, wco, H, dtype):
+    """The three peephole arrays the kernels read: the given ones, or zeros (H,)."""
+    return (wci, wcf, wco) if wci is not None else (np.zeros(H, dtype),) * 3
+
+
+def _lstm_forward(kernel, where, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths,
+                  cell_clip, forget_bias, reverse):
+    """lstm_op on NumPy views of its arguments (x in any layout), lengths checked:
+    (h, cs, i, f, o, ci, co) as lstm_op returns them."""
+    H = _hidden_size(where, w_hh)
+    b = _lstm_bias(where, b_ih, b_hh, forget_bias, H, w_hh.dtype)
+    peep = wci is not None
+    in_kernels, copies = _reverse_route(reverse, lengths)
+    i, cs, f, o, ci, co, h = kernel(
+        steps_to_run(x.shape[0], lengths), lengths, in_kernels,
+        _contiguous_in_op_order(x, lengths, copies), c0, h0, w_ih, w_hh,
+        *_lstm_peepholes(wci, wcf, wco, H, w_hh.dtype), b, cell_clip, peep)
+    back = lambda a: _input_order_in_place(a, lengths, copies)  # noqa: E731
+    return back(h), back(cs), i, f, o, ci, co
+
+
+def _lstm_backward(kernel, x, h0, c0, w_ih, w_hh, wci, wcf, wco, lengths, reverse, h, cs, i,
+                   f, o, ci, co, h_grad, cs_grad):
+    """lstm_backward_op on NumPy views (x, h, cs and the gradients in any layout),
+    lengths checked: the gradients of (x, h0, c0, w_ih, w_hh, b, wci, wcf, wco)."""
+    peep = wci is not None
+    in_kernels, copies = _reverse_route(reverse, lengths)
+    order = lambda a: _contiguous_in_op_order(a, lengths, copies)  # noqa: E731
+    dx, dc0, dh0, dw_ih, dw_hh, dwci, dwcf, dwco, db = kernel(
+        steps_to_run(x.shape[0], lengths), lengths, in_kernels, order(x), c0, h0, w_ih, w_hh,
+        *_lstm_peepholes(wci, wcf, wco, w_hh.shape[1], w_hh.dtype), i, order(cs), f, o, ci,
+        co, order(h), order(cs_grad), order(h_grad), peep)
+    return (_input_order_in_place(dx, lengths, copies), dh0, dc0, dw_ih, dw_hh, db, dwci,
+            dwcf, dwco)
+
+
+def _checked_lstm_forward(steps, lengths, reverse, x, c0, h0, w_ih, w_hh, wci, wcf, wco, b,
+                          cell_clip, peep):
+    return _block_lstm_nn(steps, x, c0, h0, w_ih, w_hh, wci, wcf, wco, b, cell_clip=cell_clip,
+                          use_peephole=peep, sequence_length=lengths, reverse=reverse)
+
+
+def _checked_lstm_backward(b, steps, lengths, reverse, x, c0, h0, w_ih, w_hh, wci, wcf, wco,
+                           i, cs, f, o, ci, co, h, cs_grad, h_grad, peep):
+    """(b: only its shape is checked; the peephole gradients are zeros without
+    peepholes, as lstm_backward_op documents)"""
+    return _block_lstm_nn_grad(steps, x, c0, h0, w_ih, w_hh, wci, wcf, wco, b, i, cs, f, o,
+                               ci, co, h, cs_grad, h_grad, use_peephole=peep,
+                               sequence_length=lengths, reverse=reverse)
+
+
+def _gru_biases(b_ih, b_hh, w_hh):
+    """The bias arrays the kernels read: the given ones, or zeros (3H,) (b_ih None)."""
+    if b_ih is None:
+        return (np.zeros(w_hh.shape[0], w_hh.dtype),) * 2
+    return b_ih, b_hh
+
+
+def _gru_forward(kernel, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
+    """gru_op on NumPy views of its arguments (x in any layout), lengths checked:
+    (h, r, z, n, hn) as gru_op returns them."""
+    in_kernels, copies = _reverse_route(reverse, lengths)
+    r, z, n, hn, h = kernel(
+        steps_to_run(x.shape[0], lengths), lengths, in_kernels,
+        _contiguous_in_op_order(x, lengths, copies), h0, w_ih, w_hh,
+        *_gru_biases(b_ih, b_hh, w_hh))
+    return _input_order_in_place(h, lengths, copies), r, z, n, hn
+
+
+def _gru_backward(kernel, x, h0, w_ih, w_hh, lengths, reverse, h, r, z, n, hn, h_grad):
+    """gru_backward_op on NumPy views (x, h and h_grad in any layout), lengths
+    checked: the gradients of (x, h0, w_ih, w_hh, b_ih, b_hh)."""
+    in_kernels, copies = _reverse_route(reverse, lengths)
+    order = lambda a: _contiguous_in_op_order(a, lengths, copies)  # noqa: E731
+    dx, *grads = kernel(steps_to_run(x.shape[0], lengths), lengths, in_kernels, order(x), h0,
+                        w_ih, w_hh, r, z, n, hn, order(h), order(h_grad))
+    return (_input_order_in_place(dx, lengths, copies), *grads)
+
+
+def _checked_gru_forward(steps, lengths, reverse, x, h0, w_ih, w_hh, b_ih, b_hh):
+    return _block_gru_reset_after(steps, x, h0, w_ih, w_hh, b_ih, b_hh,
+                                  sequence_length=lengths, reverse=reverse)
+
+
+def _checked_gru_backward(b_ih, b_hh, steps, lengths, reverse, x, h0, w_ih, w_hh, r, z, n,
+                          hn, h, h_grad):
+    """(b_ih, b_hh: None or arrays whose shapes are checked)"""
+    return _block_gru_reset_after_grad(steps, x, h0, w_ih, w_hh, *_gru_biases(b_ih, b_hh, w_hh),
+                                       r, z, n, hn, h, h_grad, sequence_length=lengths,
+                                       reverse=reverse)
+
+
 def _arrays(where, names, tensors, dtype):
     """NumPy views of the op's tensor arguments (None stays None), after refusing
     forward-mode AD (_refuse_forward_ad: a view would drop the tangents)."""
@@ -411,19 +522,9 @@ def lstm_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
                 "weight_cf", "weight_co"),
         (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, weight_co),
         dt)
-    T, B = xa.shape[:2]
-    n = _op_lengths(where, lengths, T, B)
-    H = _hidden_size(where, w_hh)
-    b = _lstm_bias(where, b_ih, b_hh, forget_bias, H, w_hh.dtype)
-    peep = wci is not None
-    zeros = np.zeros(H, w_hh.dtype)
-    in_kernels, copies = _reverse_route(reverse, n)
-    fwd = _block_lstm_nn(steps_to_run(T, n), _in_op_order(xa, n, copies), c0a, h0a, w_ih,
-                         w_hh, *((wci, wcf, wco) if peep else (zeros,) * 3), b,
-                         cell_clip=cell_clip, use_peephole=peep, sequence_length=n,
-                         reverse=in_kernels)
-    back = lambda a: _input_order_in_place(a, n, copies)  # noqa: E731
-    return _fresh(back(fwd.h), back(fwd.cs), fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co)
+    n = _op_lengths(where, lengths, *xa.shape[:2])
+    return _fresh(*_lstm_forward(_checked_lstm_forward, where, xa, h0a, c0a, w_ih, w_hh, b_ih,
+                                 b_hh, wci, wcf, wco, n, cell_clip, forget_bias, reverse))
 
 
 @lstm_op.register_fake
@@ -454,21 +555,11 @@ def lstm_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_i
                  weight_co, h, cs, i, f, o, ci, co), dt)
     dh, dcs = (_numpy(where, name, g).astype(_np_dtype(dt), copy=False)
                for name, g in (("h_grad", h_grad), ("cs_grad", cs_grad)))
-    T, B = xa.shape[:2]
-    n = _op_lengths(where, lengths, T, B)
-    H = _hidden_size(where, w_hh)
-    b = _lstm_bias(where, b_ih, b_hh, forget_bias, H, w_hh.dtype)   # its shape is checked
-    peep = wci is not None
-    zeros = np.zeros(H, w_hh.dtype)
-    in_kernels, copies = _reverse_route(reverse, n)
-    order = lambda a: _in_op_order(a, n, copies)  # noqa: E731
-    g = _block_lstm_nn_grad(steps_to_run(T, n), order(xa), c0a, h0a, w_ih, w_hh,
-                            *((wci, wcf, wco) if peep else (zeros,) * 3), b,
-                            ia, order(csa), fa, oa, cia, coa, order(ha), order(dcs),
-                            order(dh), use_peephole=peep, sequence_length=n,
-                            reverse=in_kernels)
-    return _fresh(_input_order_in_place(g.x_grad, n, copies), g.h_prev_grad, g.cs_prev_grad,
-                  g.w_ih_grad, g.w_hh_grad, g.b_grad, g.wci_grad, g.wcf_grad, g.wco_grad)
+    n = _op_lengths(where, lengths, *xa.shape[:2])
+    b = _lstm_bias(where, b_ih, b_hh, forget_bias, _hidden_size(where, w_hh), w_hh.dtype)
+    return _fresh(*_lstm_backward(
+        functools.partial(_checked_lstm_backward, b), xa, h0a, c0a, w_ih, w_hh, wci, wcf, wco,
+        n, reverse, ha, csa, ia, fa, oa, cia, coa, dh, dcs))
 
 
 @lstm_backward_op.register_fake
@@ -550,14 +641,9 @@ def gru_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT, bias_hh:
     xa, h0a, w_ih, w_hh, b_ih, b_hh = _arrays(
         where, ("x", "h0", "weight_ih", "weight_hh", "bias_ih", "bias_hh"),
         (x, h0, weight_ih, weight_hh, bias_ih, bias_hh), weight_ih.dtype)
-    T, B = xa.shape[:2]
-    n = _op_lengths(where, lengths, T, B)
-    if b_ih is None:
-        b_ih = b_hh = np.zeros(w_hh.shape[0], w_hh.dtype)
-    in_kernels, copies = _reverse_route(reverse, n)
-    fwd = _block_gru_reset_after(steps_to_run(T, n), _in_op_order(xa, n, copies), h0a, w_ih,
-                                 w_hh, b_ih, b_hh, sequence_length=n, reverse=in_kernels)
-    return _fresh(_input_order_in_place(fwd.h, n, copies), fwd.r, fwd.z, fwd.n, fwd.hn)
+    n = _op_lengths(where, lengths, *xa.shape[:2])
+    return _fresh(*_gru_forward(_checked_gru_forward, xa, h0a, w_ih, w_hh, b_ih, b_hh, n,
+                                reverse))
 
 
 @gru_op.register_fake
@@ -578,17 +664,9 @@ def gru_backward_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
         where, ("x", "h0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "h", "r", "z", "n",
                 "hn"), (x, h0, weight_ih, weight_hh, bias_ih, bias_hh, h, r, z, n, hn), dt)
     dh = _numpy(where, "h_grad", h_grad).astype(_np_dtype(dt), copy=False)
-    T, B = xa.shape[:2]
-    m = _op_lengths(where, lengths, T, B)
-    if b_ih is None:
-        b_ih = b_hh = np.zeros(w_hh.shape[0], w_hh.dtype)
-    in_kernels, copies = _reverse_route(reverse, m)
-    order = lambda a: _in_op_order(a, m, copies)  # noqa: E731
-    g = _block_gru_reset_after_grad(steps_to_run(T, m), order(xa), h0a, w_ih, w_hh, b_ih, b_hh,
-                                    ra, za, na, hna, order(ha), order(dh), sequence_length=m,
-                                    reverse=in_kernels)
-    return _fresh(_input_order_in_place(g.x_grad, m, copies), g.h_prev_grad, g.w_ih_grad,
-                  g.w_hh_grad, g.b_ih_grad, g.b_hh_grad)
+    m = _op_lengths(where, lengths, *xa.shape[:2])
+    return _fresh(*_gru_backward(functools.partial(_checked_gru_backward, b_ih, b_hh), xa, h0a,
+                                 w_ih, w_hh, m, reverse, ha, ra, za, na, hna, dh))
 
 
 @gru_backward_op.register_fake
@@ -639,24 +717,17 @@ _register_gru_autograd(gru_op, gru_backward_op, "gru_backward")
 # with its exact shape, lengths None or an int64 tensor (B,) (accepts) -- runs
 # this Function instead of the op's: the module has checked x and the states,
 # accepts checks the rest (the lengths' values are checked in forward, as the op
-# does), so the forward and backward call the NumPy kernel functions on NumPy
-# views directly (gru_reset_after._forward_kernel, lstm._nn_forward_kernel, ...),
-# in the op's time order (_reverse_route, _in_op_order as the op bodies), without
-# the ops' and the NumPy ops' argument handling, and the gate outputs are marked
-# non-differentiable (the modules read h and cs only). The same kernel calls, the
-# same bits, the same saved tensors and gradients; anything else (a weight of
-# another shape or dtype raises there) goes the op's way. At small
+# does), so the forward and backward run the op bodies' _lstm_forward, _gru_backward,
+# ... on NumPy views with the bare kernel functions (gru_reset_after._forward_kernel,
+# lstm._nn_forward_kernel, ...), without the ops' and the NumPy ops' argument
+# handling, and the gate outputs are marked non-differentiable (the modules read h
+# and cs only). The same kernel calls, the same bits, the same saved tensors and
+# gradients; anything else (a weight of another shape or dtype raises there) goes
+# the op's way. At small
 # shapes that handling was a quarter to a third of a training step (one thread,
 # fresh processes alternating the two trees, forward + backward at T, B, I, H =
 # 1, 8, 128, 128: GRU 596 -> 478 us, LSTM 855 -> 614 us; nn.GRU 374, nn.LSTM 698).
 # ---------------------------------------------------------------------------
-
-def _view(t):
-    """A C-contiguous NumPy array of tensor t's values: a view, or a copy if t is
-    not contiguous (x transposed by batch_first, a state or gradient given so)."""
-    a = (t.detach() if t.requires_grad else t).numpy()
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
-
 
 _PLAIN_TYPES = (torch.Tensor, nn.Parameter)   # (not a subclass: FakeTensor, a wrapper)
 
@@ -703,13 +774,17 @@ def _fast_function(name, accepts, forward, backward, general_backward):
     return function
 
 
-def _fast_lengths(ctx, where, lengths, x, reverse):
-    """The call's checked lengths (_op_lengths), kept on ctx for the backward with
-    _reverse_route's answer: (lengths, steps, in_kernels, copies)."""
-    T, B = x.shape[0], x.shape[1]
-    n = _op_lengths(where, lengths, T, B)
-    ctx.fast_route = (n, steps_to_run(T, n), *_reverse_route(reverse, n))
-    return ctx.fast_route
+def _fast_lengths(ctx, where, lengths, x):
+    """The call's lengths checked (_op_lengths), kept on ctx for the backward."""
+    ctx.fast_lengths = _op_lengths(where, lengths, x.shape[0], x.shape[1])
+    return ctx.fast_lengths
+
+
+def _incoming(grad, like):
+    """An incoming gradient as NumPy of like's dtype (zeros for None; any layout)."""
+    dtype = _np_dtype(like.dtype)
+    return np.zeros(like.shape, dtype) if grad is None else _values(grad).astype(dtype,
+                                                                                 copy=False)
 
 
 def _gru_fast_accepts(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
@@ -718,18 +793,9 @@ def _gru_fast_accepts(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
 
 def _gru_fast_forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
     ctx.set_materialize_grads(False)
-    n, steps, in_kernels, copies = _fast_lengths(ctx, "blockrnn.torch.gru_op", lengths, x,
-                                                 reverse)
-    w_hh_a = _view(w_hh)
-    if b_ih is None:
-        b_ih_a = b_hh_a = np.zeros(w_hh_a.shape[0], w_hh_a.dtype)
-    else:
-        b_ih_a, b_hh_a = _view(b_ih), _view(b_hh)
-    r, z, gn, hn, h = _gru_ra._forward_kernel(
-        steps, n, in_kernels, _in_op_order(_view(x), n, copies), _view(h0), _view(w_ih),
-        w_hh_a, b_ih_a, b_hh_a)
-    output = tuple(torch.from_numpy(a) for a in (_input_order_in_place(h, n, copies), r, z,
-                                                 gn, hn))
+    n = _fast_lengths(ctx, "blockrnn.torch.gru_op", lengths, x)
+    output = _fresh(*_gru_forward(_gru_ra._forward_kernel,
+                                  *map(_values, (x, h0, w_ih, w_hh, b_ih, b_hh)), n, reverse))
     _gru_setup(ctx, (x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse), output)
     ctx.mark_non_differentiable(*output[1:])
     return output
@@ -737,15 +803,9 @@ def _gru_fast_forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
 
 def _gru_fast_backward(ctx, saved, h_grad, *gate_grads):
     x, h0, w_ih, w_hh, b_ih, _, _, h, r, z, gn, hn = saved
-    n, steps, in_kernels, copies = ctx.fast_route
-    dh = (np.zeros(h.shape, _np_dtype(h.dtype)) if h_grad is None
-          else _view(h_grad).astype(_np_dtype(h.dtype), copy=False))
-    order = lambda a: _in_op_order(a, n, copies)  # noqa: E731
-    dx, *grads = _gru_ra._backward_kernel(
-        steps, n, in_kernels, order(_view(x)), _view(h0), _view(w_ih), _view(w_hh),
-        *map(_view, (r, z, gn, hn)), order(_view(h)), order(dh))
-    return _gru_grads(b_ih is not None, *map(torch.from_numpy, (
-        _input_order_in_place(dx, n, copies), *grads)))
+    return _gru_grads(b_ih is not None, *_fresh(*_gru_backward(
+        _gru_ra._backward_kernel, *map(_values, (x, h0, w_ih, w_hh)), ctx.fast_lengths,
+        ctx.reverse, *map(_values, (h, r, z, gn, hn)), _incoming(h_grad, h))))
 
 
 def _lstm_fast_accepts(x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, cell_clip,
@@ -757,19 +817,11 @@ def _lstm_fast_accepts(x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths
 def _lstm_fast_forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths,
                        cell_clip, forget_bias, reverse):
     ctx.set_materialize_grads(False)
-    n, steps, in_kernels, copies = _fast_lengths(ctx, "blockrnn.torch.lstm_op", lengths, x,
-                                                 reverse)
-    w_hh_a = _view(w_hh)
-    H, dt = w_hh_a.shape[1], w_hh_a.dtype
-    b = _lstm_bias("blockrnn.torch.LSTM", None if b_ih is None else _view(b_ih),
-                   None if b_hh is None else _view(b_hh), forget_bias, H, dt)
-    peep = wci is not None
-    peepholes = tuple(map(_view, (wci, wcf, wco))) if peep else (np.zeros(H, dt),) * 3
-    i, cs, f, o, ci, co, h = _lstm._nn_forward_kernel(
-        steps, n, in_kernels, _in_op_order(_view(x), n, copies), _view(c0), _view(h0),
-        _view(w_ih), w_hh_a, *peepholes, b, float(cell_clip), peep)
-    back = lambda a: _input_order_in_place(a, n, copies)  # noqa: E731
-    output = tuple(torch.from_numpy(a) for a in (back(h), back(cs), i, f, o, ci, co))
+    n = _fast_lengths(ctx, "blockrnn.torch.lstm_op", lengths, x)
+    output = _fresh(*_lstm_forward(
+        _lstm._nn_forward_kernel, "blockrnn.torch.LSTM",
+        *map(_values, (x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco)), n,
+        float(cell_clip), forget_bias, reverse))
     _lstm_setup(ctx, (x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, cell_clip,
                       forget_bias, reverse), output)
     ctx.mark_non_differentiable(*output[2:])
@@ -777,21 +829,11 @@ def _lstm_fast_forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, le
 
 
 def _lstm_fast_backward(ctx, saved, h_grad, cs_grad, *gate_grads):
-    x, h0, c0, w_ih, w_hh, b_ih, _, wci, wcf, wco, _, h, cs, i, f, o, ci, co = saved
-    n, steps, in_kernels, copies = ctx.fast_route
-    order = lambda a: _in_op_order(a, n, copies)  # noqa: E731
-    dt = _np_dtype(h.dtype)
-    dh, dcs = (np.zeros(h.shape, dt) if g is None else _view(g).astype(dt, copy=False)
-               for g in (h_grad, cs_grad))
-    H = h.shape[2]
-    peep = wci is not None
-    peepholes = tuple(map(_view, (wci, wcf, wco))) if peep else (np.zeros(H, dt),) * 3
-    dx, dc0, dh0, dw_ih, dw_hh, dwci, dwcf, dwco, db = _lstm._nn_backward_kernel(
-        steps, n, in_kernels, order(_view(x)), _view(c0), _view(h0), _view(w_ih),
-        _view(w_hh), *peepholes, _view(i), order(_view(cs)), *map(_view, (f, o, ci, co)),
-        order(_view(h)), order(dcs), order(dh), peep)
-    return _lstm_grads(b_ih is not None, peep, *map(torch.from_numpy, (
-        _input_order_in_place(dx, n, copies), dh0, dc0, dw_ih, dw_hh, db, dwci, dwcf, dwco)))
+    x, h0, c0, w_ih, w_hh, b_ih, _, wci, wcf, wco, _, h, cs, *gates = saved
+    return _lstm_grads(b_ih is not None, wci is not None, *_fresh(*_lstm_backward(
+        _lstm._nn_backward_kernel, *map(_values, (x, h0, c0, w_ih, w_hh, wci, wcf, wco)),
+        ctx.fast_lengths, ctx.reverse, *map(_values, (h, cs, *gates)),
+        _incoming(h_grad, h), _incoming(cs_grad, cs))))
 
 
 _FAST_FUNCTION[lstm_op] = _fast_function("LSTM", _lstm_fast_accepts, _lstm_fast_forward,
