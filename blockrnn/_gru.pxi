@@ -426,8 +426,8 @@ cdef int gru_forward_packed(
     (at most n_threads) run the steps, the cells split among them. Returns
     the threads the caller gives back to the budget (region_threads)."""
     cdef Py_ssize_t psx = brnn_packed_size(I, H), ps = psx + brnn_packed_size(H, H)
-    cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B, BH = B * H
-    cdef int tid = 0, nt = 1, half, cores = brnn_omp_get_num_procs()
+    cdef Py_ssize_t t = 0, k = 0, u0 = 0, u1 = H, r0 = 0, r1 = B, BH = B * H
+    cdef int tid = 0, nt = 1, half = 0, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, step_threads)
     cdef bint split = split_rows(B, step_threads)
     cdef bint patient = sequence_patient(B, H, 3 * H, step_threads)

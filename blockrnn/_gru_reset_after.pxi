@@ -248,10 +248,10 @@ cdef int gru_ra_forward_packed(
     when x[t] @ w_ih^T ran inside each step: the bits depend neither on
     n_threads nor on the hoist. Returns the threads the caller gives back to
     the budget (region_threads)."""
-    cdef Py_ssize_t t, k, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
+    cdef Py_ssize_t t = 0, k = 0, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H)
     cdef float* packed_x = packed + 3 * brnn_packed_size(H, H)
-    cdef int tid, nt, cores = brnn_omp_get_num_procs()
+    cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef float* dst[3]
     cdef bint by_rows = gates_by_rows(B, n_threads)
     cdef bint split = split_rows(B, n_threads)
@@ -495,8 +495,8 @@ cdef int gru_ra_backward_packed(
     instead (gru_ra_backward_rows_step), as lstm_backward_packed. The bits do
     not depend on n_threads. Returns the threads the caller gives back to the
     budget (region_threads)."""
-    cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
-    cdef float* dgt
+    cdef Py_ssize_t t = 0, k = 0, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
+    cdef float* dgt = NULL
     cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
     cdef bint split = split_rows(B, n_threads)

@@ -648,10 +648,10 @@ cdef int infer_run(const InferFamily* fam, const InferCall* c, int want,
     rows (split_rows) or by cells (fam.part); then the steps past L are
     zeros. Returns 0, or 1 / 2 if it shed for another caller / for a partner
     thread that was not running (region_end)."""
-    cdef int tid, k, granted, cores = brnn_omp_get_num_procs()
+    cdef int tid = 0, k = 0, granted, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar, rows_bar
     cdef RowSplit sp
-    cdef Py_ssize_t t, BH = c.B * c.H
+    cdef Py_ssize_t t = 0, BH = c.B * c.H
     cdef int shed = 0
     memset(&bar, 0, sizeof(bar))
     memset(&rows_bar, 0, sizeof(rows_bar))

@@ -637,13 +637,13 @@ cdef int lstm_forward_packed(
     leaves early (rows_leave) gives its thread back, and the caller runs the
     rest of its rows after the region. Returns the threads the caller gives
     back to the budget (region_threads)."""
-    cdef Py_ssize_t t, k, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
+    cdef Py_ssize_t t = 0, k = 0, u0 = 0, u1 = 0, r0 = 0, r1 = 0, BH = B * H
     cdef Py_ssize_t psx = brnn_packed_size(I, H)
     cdef float* packed_x = packed + 4 * brnn_packed_size(H, H)
     cdef bint by_rows = gates_by_rows(B, n_threads)
     cdef bint split = split_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, H, 4 * H, n_threads)
-    cdef int q, tid, nt, cores = brnn_omp_get_num_procs()
+    cdef int q, tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef float* dst[4]    # the gate output of W's column block q
     cdef brnn_barrier bar, rows_bar
     cdef RowSplit sp
@@ -1032,8 +1032,8 @@ cdef int lstm_backward_packed(
     (lstm_backward_rows_step), with no barrier (one after the packing), as
     lstm_forward_packed. The bits do not depend on n_threads. Returns the
     threads the caller gives back to the budget (region_threads)."""
-    cdef Py_ssize_t t, k, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
-    cdef float* dgt
+    cdef Py_ssize_t t = 0, k = 0, u0 = 0, u1 = H, r0 = 0, r1 = B, rk = 0, BH = B * H, G4 = 4 * H
+    cdef float* dgt = NULL
     cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef brnn_barrier bar, rows_bar
     cdef RowSplit sp

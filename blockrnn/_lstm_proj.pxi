@@ -135,8 +135,8 @@ cdef int lstm_proj_forward_packed(
     (step_barrier, sequence_patient; a stall at the others counts for it):
     thread 0 then runs every cell, feature and row of the steps left. Returns
     the threads the caller gives back to the budget (region_threads)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, p0 = 0, p1 = P, r0 = 0, r1 = B, BH = B * H, BP = B * P
-    cdef int tid, nt, cores = brnn_omp_get_num_procs()
+    cdef Py_ssize_t t = 0, u0 = 0, u1 = H, p0 = 0, p1 = P, r0 = 0, r1 = B, BH = B * H, BP = B * P
+    cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, P, 5 * H, n_threads)
     cdef brnn_barrier bar, rows_bar
@@ -344,8 +344,8 @@ cdef int lstm_proj_backward_packed(
     counts for it): thread 0 then computes every feature, cell and row from
     there on. Returns the threads the caller gives back to the budget
     (region_threads)."""
-    cdef Py_ssize_t t, u0 = 0, u1 = H, p0 = 0, p1 = P, r0 = 0, r1 = B
-    cdef int tid, nt, cores = brnn_omp_get_num_procs()
+    cdef Py_ssize_t t = 0, u0 = 0, u1 = H, p0 = 0, p1 = P, r0 = 0, r1 = B
+    cdef int tid = 0, nt = 1, cores = brnn_omp_get_num_procs()
     cdef bint by_rows = gates_by_rows(B, n_threads)
     cdef bint patient = sequence_patient(B, P, 5 * H, n_threads)
     cdef brnn_barrier bar, rows_bar

@@ -372,7 +372,7 @@ def shed_barrier_answers(int cores, bint other_caller, bint patient=False):
     on one CPU just before the barrier, or one waited at it longer than
     BRNN_SHED_WAIT_NS (a busy process held the other's core); None if the
     region got fewer than 2 threads."""
-    cdef int granted = brnn_budget_take(2, 2), tid, nt
+    cdef int granted = brnn_budget_take(2, 2), tid = 0, nt = 1
     cdef int answers[2]
     cdef int cpus[2]
     cdef brnn_barrier bar
@@ -850,7 +850,7 @@ cdef void packed_gemm_jobs(int njobs, const brnn_gemm_job* jobs, float* ws,
     rows or column panels of each C, never K: the bits do not depend on the
     thread count. A job may accumulate onto an
     earlier job's C only if both have the same M and N (include/brnn_gemm.h)."""
-    cdef int tid, nt, granted
+    cdef int tid = 0, nt = 1, granted
     cdef Py_ssize_t stride = brnn_gemm_jobs_ws(njobs, jobs)
     granted = brnn_budget_take(threads, threads)
     if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
@@ -867,7 +867,7 @@ cdef void packed_dgemm_jobs(int njobs, const brnn_dgemm_job* jobs, double* ws,
                             int threads) noexcept nogil:
     """packed_gemm_jobs for float64: the double driver of include/brnn_gemm.h
     (ws: threads * brnn_dgemm_jobs_ws(njobs, jobs) doubles); the same rules."""
-    cdef int tid, nt, granted
+    cdef int tid = 0, nt = 1, granted
     cdef Py_ssize_t stride = brnn_dgemm_jobs_ws(njobs, jobs)
     granted = brnn_budget_take(threads, threads)
     if granted == 1:  # no OpenMP region at all: cheaper, and safe after fork
