@@ -322,13 +322,16 @@ def _register_autograd(op, backward_op, setup, backward, name):
         no_double_backward)
 
 
-def _op_lengths(where, lengths, T, B):
-    """The lengths argument of an op (None or an integer tensor (B,)) as checked int64 NumPy."""
+def _op_lengths(where, lengths, x):
+    """The lengths argument of an op with input x (T, B, I) (None or an integer tensor
+    (B,)) as checked int64 NumPy; first, x of another rank raises."""
+    if len(x.shape) != 3:
+        raise ValueError(f"{where}: x must have shape (T, B, I), got {tuple(x.shape)}")
     if lengths is None:
         return None
     if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
         raise TypeError(f"{where}: sequence_length must be an integer tensor, got {lengths.dtype}")
-    return check_sequence_length(where, lengths.detach().cpu().numpy(), B, T)
+    return check_sequence_length(where, lengths.detach().cpu().numpy(), x.shape[1], x.shape[0])
 
 
 def _in_op_order(a, lengths, reverse):
@@ -522,7 +525,7 @@ def lstm_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
                 "weight_cf", "weight_co"),
         (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, weight_co),
         dt)
-    n = _op_lengths(where, lengths, *xa.shape[:2])
+    n = _op_lengths(where, lengths, xa)
     return _fresh(*_lstm_forward(_checked_lstm_forward, where, xa, h0a, c0a, w_ih, w_hh, b_ih,
                                  b_hh, wci, wcf, wco, n, cell_clip, forget_bias, reverse))
 
@@ -555,7 +558,7 @@ def lstm_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_i
                  weight_co, h, cs, i, f, o, ci, co), dt)
     dh, dcs = (_numpy(where, name, g).astype(_np_dtype(dt), copy=False)
                for name, g in (("h_grad", h_grad), ("cs_grad", cs_grad)))
-    n = _op_lengths(where, lengths, *xa.shape[:2])
+    n = _op_lengths(where, lengths, xa)
     b = _lstm_bias(where, b_ih, b_hh, forget_bias, _hidden_size(where, w_hh), w_hh.dtype)
     return _fresh(*_lstm_backward(
         functools.partial(_checked_lstm_backward, b), xa, h0a, c0a, w_ih, w_hh, wci, wcf, wco,
@@ -641,7 +644,7 @@ def gru_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT, bias_hh:
     xa, h0a, w_ih, w_hh, b_ih, b_hh = _arrays(
         where, ("x", "h0", "weight_ih", "weight_hh", "bias_ih", "bias_hh"),
         (x, h0, weight_ih, weight_hh, bias_ih, bias_hh), weight_ih.dtype)
-    n = _op_lengths(where, lengths, *xa.shape[:2])
+    n = _op_lengths(where, lengths, xa)
     return _fresh(*_gru_forward(_checked_gru_forward, xa, h0a, w_ih, w_hh, b_ih, b_hh, n,
                                 reverse))
 
@@ -664,7 +667,7 @@ def gru_backward_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
         where, ("x", "h0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "h", "r", "z", "n",
                 "hn"), (x, h0, weight_ih, weight_hh, bias_ih, bias_hh, h, r, z, n, hn), dt)
     dh = _numpy(where, "h_grad", h_grad).astype(_np_dtype(dt), copy=False)
-    m = _op_lengths(where, lengths, *xa.shape[:2])
+    m = _op_lengths(where, lengths, xa)
     return _fresh(*_gru_backward(functools.partial(_checked_gru_backward, b_ih, b_hh), xa, h0a,
                                  w_ih, w_hh, m, reverse, ha, ra, za, na, hna, dh))
 
@@ -776,7 +779,7 @@ def _fast_function(name, accepts, forward, backward, general_backward):
 
 def _fast_lengths(ctx, where, lengths, x):
     """The call's lengths checked (_op_lengths), kept on ctx for the backward."""
-    ctx.fast_lengths = _op_lengths(where, lengths, x.shape[0], x.shape[1])
+    ctx.fast_lengths = _op_lengths(where, lengths, x)
     return ctx.fast_lengths
 
 
@@ -853,8 +856,8 @@ def gru_block_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _OptT, leng
     where = "blockrnn.torch.gru_block_op"
     xa, h0a, wru, wc, bru, bc = _arrays(where, ("x", "h0", "w_ru", "w_c", "b_ru", "b_c"),
                                         (x, h0, w_ru, w_c, b_ru, b_c), w_ru.dtype)
-    T, B = xa.shape[:2]
-    n = _op_lengths(where, lengths, T, B)
+    n = _op_lengths(where, lengths, xa)
+    T = xa.shape[0]
     if bru is None:
         bru, bc = np.zeros(wru.shape[1], wru.dtype), np.zeros(wc.shape[1], wc.dtype)
     fwd = blockrnn.block_gru(steps_to_run(T, n), _in_op_order(xa, n, reverse), h0a, wru, wc,
@@ -880,8 +883,8 @@ def gru_block_backward_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _O
         where, ("x", "h0", "w_ru", "w_c", "b_ru", "b_c", "h", "r", "u", "c"),
         (x, h0, w_ru, w_c, b_ru, b_c, h, r, u, c), dt)
     dh = _numpy(where, "h_grad", h_grad).astype(_np_dtype(dt), copy=False)
-    T, B = xa.shape[:2]
-    n = _op_lengths(where, lengths, T, B)
+    n = _op_lengths(where, lengths, xa)
+    T = xa.shape[0]
     if bru is None:
         bru, bc = np.zeros(wru.shape[1], wru.dtype), np.zeros(wc.shape[1], wc.dtype)
     order = lambda a: _in_op_order(a, n, reverse)  # noqa: E731
@@ -918,8 +921,8 @@ def lstm_proj_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _
     xa, h0a, c0a, w_ih, w_hh, b_ih, b_hh, w_hr = _arrays(
         where, ("x", "h0", "c0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr"),
         (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr), weight_ih.dtype)
-    T, B = xa.shape[:2]
-    n = _op_lengths(where, lengths, T, B)
+    n = _op_lengths(where, lengths, xa)
+    T = xa.shape[0]
     if b_ih is None:
         b_ih = b_hh = np.zeros(w_ih.shape[0], w_ih.dtype)
     fwd = block_lstm_proj(steps_to_run(T, n), _in_op_order(xa, n, reverse), h0a, c0a, w_ih,
@@ -953,8 +956,8 @@ def lstm_proj_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T,
          m), dt)
     dh, dcs = (_numpy(where, name, g).astype(_np_dtype(dt), copy=False)
                for name, g in (("h_grad", h_grad), ("cs_grad", cs_grad)))
-    T, B = xa.shape[:2]
-    n = _op_lengths(where, lengths, T, B)
+    n = _op_lengths(where, lengths, xa)
+    T = xa.shape[0]
     if b_ih is None:
         b_ih = b_hh = np.zeros(w_ih.shape[0], w_ih.dtype)
     order = lambda a: _in_op_order(a, n, reverse)  # noqa: E731

@@ -7,6 +7,7 @@ the custom ops under gradcheck, torch.library.opcheck, torch.compile(fullgraph=T
 torch.export. PyTorch is required: a missing torch FAILS these tests.
 """
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -780,6 +781,11 @@ def test_opcheck(case):
     (static and dynamic shapes), forward op and, through its autograd, the backward op."""
     _, op, args, _ = case
     torch.library.opcheck(op, args)
+    torch.library.opcheck(*_backward_case(op, args))
+
+
+def _backward_case(op, args):
+    """(the backward op of forward op `op`, its arguments for the forward's `args`)."""
     backward = {bt.lstm_op: bt.lstm_backward_op, bt.gru_op: bt.gru_backward_op,
                 bt.gru_block_op: bt.gru_block_backward_op}[op]
     with torch.no_grad():
@@ -791,8 +797,21 @@ def test_opcheck(case):
     else:
         *first, lens, rev = args
         bargs = (*first, lens, rev, *out, _weights(out[0].shape, args[0].dtype))
-    torch.library.opcheck(backward, tuple(a.detach() if isinstance(a, torch.Tensor) else a
-                                          for a in bargs))
+    return backward, tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in bargs)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_ops_refuse_x_of_another_rank(case):
+    """Every op, forward and backward, given x of rank 1, 2 or 4 raises a ValueError
+    naming x and the shape it must have (not an unpacking error of its own code)."""
+    _, op, args, _ = case
+    backward, bargs = _backward_case(op, args)
+    x = args[0]
+    for bad in (x[:, 0, 0], x[:, :, 0], x[..., None]):
+        for fn, fn_args in ((op, args), (backward, bargs)):
+            with pytest.raises(ValueError, match=r"x must have shape \(T, B, I\), got "
+                                                 + re.escape(str(tuple(bad.shape)))):
+                fn(bad, *fn_args[1:])
 
 
 def test_op_outputs_are_fresh():
