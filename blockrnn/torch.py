@@ -783,6 +783,12 @@ def _fast_lengths(ctx, where, lengths, x):
     return ctx.fast_lengths
 
 
+def _saved(t):
+    """A saved tensor's values as a C-contiguous array (None stays None): a view, or a
+    copy where a saved_tensors_hooks unpack hook returned it in another layout."""
+    return None if t is None else np.ascontiguousarray(_values(t))
+
+
 def _incoming(grad, like):
     """An incoming gradient as NumPy of like's dtype (zeros for None; any layout)."""
     dtype = _np_dtype(like.dtype)
@@ -807,8 +813,9 @@ def _gru_fast_forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
 def _gru_fast_backward(ctx, saved, h_grad, *gate_grads):
     x, h0, w_ih, w_hh, b_ih, _, _, h, r, z, gn, hn = saved
     return _gru_grads(b_ih is not None, *_fresh(*_gru_backward(
-        _gru_ra._backward_kernel, *map(_values, (x, h0, w_ih, w_hh)), ctx.fast_lengths,
-        ctx.reverse, *map(_values, (h, r, z, gn, hn)), _incoming(h_grad, h))))
+        _gru_ra._backward_kernel, _values(x), *map(_saved, (h0, w_ih, w_hh)),
+        ctx.fast_lengths, ctx.reverse, _values(h), *map(_saved, (r, z, gn, hn)),
+        _incoming(h_grad, h))))   # (x, h and the gradient: any layout)
 
 
 def _lstm_fast_accepts(x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, cell_clip,
@@ -833,10 +840,11 @@ def _lstm_fast_forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, le
 
 def _lstm_fast_backward(ctx, saved, h_grad, cs_grad, *gate_grads):
     x, h0, c0, w_ih, w_hh, b_ih, _, wci, wcf, wco, _, h, cs, *gates = saved
+    states_and_weights = map(_saved, (h0, c0, w_ih, w_hh, wci, wcf, wco))
     return _lstm_grads(b_ih is not None, wci is not None, *_fresh(*_lstm_backward(
-        _lstm._nn_backward_kernel, *map(_values, (x, h0, c0, w_ih, w_hh, wci, wcf, wco)),
-        ctx.fast_lengths, ctx.reverse, *map(_values, (h, cs, *gates)),
-        _incoming(h_grad, h), _incoming(cs_grad, cs))))
+        _lstm._nn_backward_kernel, _values(x), *states_and_weights, ctx.fast_lengths,
+        ctx.reverse, _values(h), _values(cs), *map(_saved, gates), _incoming(h_grad, h),
+        _incoming(cs_grad, cs))))   # (x, h, cs and the gradients: any layout)
 
 
 _FAST_FUNCTION[lstm_op] = _fast_function("LSTM", _lstm_fast_accepts, _lstm_fast_forward,

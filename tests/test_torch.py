@@ -504,6 +504,37 @@ def test_eager_fast_path_refuses_double_backward(kind, monkeypatch):
         torch.autograd.grad(y.square().sum(), x, create_graph=True)
 
 
+def _relayout(t):
+    """A saved_tensors_hooks pack hook: the same values stored column-major."""
+    return t.transpose(0, -1).contiguous().transpose(0, -1) if t.dim() >= 2 else t
+
+
+@pytest.mark.parametrize("config", [
+    dict(kind="LSTM", bidirectional=True, use_peephole=True), dict(kind="GRU", num_layers=2),
+    dict(kind="GRU", reset_after=False), dict(kind="LSTM", proj_size=2)],
+    ids=["lstm_bi_peephole", "gru_2layer", "gru_reset_before", "lstm_proj"])
+@pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
+def test_saved_tensors_hooks(config, with_lengths, monkeypatch):
+    """Under torch.autograd.graph.saved_tensors_hooks -- one that hands the saved
+    tensors back in another layout, and save_on_cpu -- a training call's outputs and
+    gradients equal the plain call's bit for bit, on the fast path and the ops'."""
+    calls = _fast_calls(monkeypatch)
+    config = dict(config)
+    torch.manual_seed(0)
+    layer = getattr(bt, config.pop("kind"))(5, 6, dtype=torch.float64, batch_first=True,
+                                            **config)
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    lengths = torch.tensor([4, 1, 3]) if with_lengths else None
+    plain = _train_call(layer, x, lengths=lengths)
+    assert bool(calls) == (layer.mode in ("LSTM", "GRU") and not layer.proj_size
+                           and getattr(layer, "reset_after", True))
+    for hooks in (torch.autograd.graph.saved_tensors_hooks(_relayout, lambda t: t),
+                  torch.autograd.graph.save_on_cpu()):
+        with hooks:
+            hooked = _train_call(layer, x, lengths=lengths)
+        assert all(torch.equal(a, b) for a, b in zip(plain, hooked))
+
+
 def test_reverse_direction_forward_ops_allocate_only_the_reversed_input():
     """The reverse direction's forward ops reverse the kernels' new h (and cs) in
     place: beyond the forward direction's memory they allocate only x in the op's
