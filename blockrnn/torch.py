@@ -426,15 +426,19 @@ def _lstm_forward(kernel, where, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wc
 
 def _lstm_backward(kernel, x, h0, c0, w_ih, w_hh, wci, wcf, wco, lengths, reverse, h, cs, i,
                    f, o, ci, co, h_grad, cs_grad):
-    """lstm_backward_op on NumPy views (x, h, cs and the gradients in any layout),
-    lengths checked: the gradients of (x, h0, c0, w_ih, w_hh, b, wci, wcf, wco)."""
+    """lstm_backward_op on NumPy views in any layout (saved tensors come back from a
+    saved_tensors_hooks unpack hook in whatever layout it gives), lengths checked:
+    the gradients of (x, h0, c0, w_ih, w_hh, b, wci, wcf, wco)."""
     peep = wci is not None
     in_kernels, copies = _reverse_route(reverse, lengths)
     order = lambda a: _contiguous_in_op_order(a, lengths, copies)  # noqa: E731
+    c0, h0, w_ih, w_hh, i, f, o, ci, co = map(np.ascontiguousarray,
+                                              (c0, h0, w_ih, w_hh, i, f, o, ci, co))
+    peepholes = map(np.ascontiguousarray, _lstm_peepholes(wci, wcf, wco, w_hh.shape[1],
+                                                          w_hh.dtype))
     dx, dc0, dh0, dw_ih, dw_hh, dwci, dwcf, dwco, db = kernel(
         steps_to_run(x.shape[0], lengths), lengths, in_kernels, order(x), c0, h0, w_ih, w_hh,
-        *_lstm_peepholes(wci, wcf, wco, w_hh.shape[1], w_hh.dtype), i, order(cs), f, o, ci,
-        co, order(h), order(cs_grad), order(h_grad), peep)
+        *peepholes, i, order(cs), f, o, ci, co, order(h), order(cs_grad), order(h_grad), peep)
     return (_input_order_in_place(dx, lengths, copies), dh0, dc0, dw_ih, dw_hh, db, dwci,
             dwcf, dwco)
 
@@ -473,10 +477,11 @@ def _gru_forward(kernel, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
 
 
 def _gru_backward(kernel, x, h0, w_ih, w_hh, lengths, reverse, h, r, z, n, hn, h_grad):
-    """gru_backward_op on NumPy views (x, h and h_grad in any layout), lengths
+    """gru_backward_op on NumPy views in any layout (as _lstm_backward's), lengths
     checked: the gradients of (x, h0, w_ih, w_hh, b_ih, b_hh)."""
     in_kernels, copies = _reverse_route(reverse, lengths)
     order = lambda a: _contiguous_in_op_order(a, lengths, copies)  # noqa: E731
+    h0, w_ih, w_hh, r, z, n, hn = map(np.ascontiguousarray, (h0, w_ih, w_hh, r, z, n, hn))
     dx, *grads = kernel(steps_to_run(x.shape[0], lengths), lengths, in_kernels, order(x), h0,
                         w_ih, w_hh, r, z, n, hn, order(h), order(h_grad))
     return (_input_order_in_place(dx, lengths, copies), *grads)
@@ -783,12 +788,6 @@ def _fast_lengths(ctx, where, lengths, x):
     return ctx.fast_lengths
 
 
-def _saved(t):
-    """A saved tensor's values as a C-contiguous array (None stays None): a view, or a
-    copy where a saved_tensors_hooks unpack hook returned it in another layout."""
-    return None if t is None else np.ascontiguousarray(_values(t))
-
-
 def _incoming(grad, like):
     """An incoming gradient as NumPy of like's dtype (zeros for None; any layout)."""
     dtype = _np_dtype(like.dtype)
@@ -813,9 +812,8 @@ def _gru_fast_forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
 def _gru_fast_backward(ctx, saved, h_grad, *gate_grads):
     x, h0, w_ih, w_hh, b_ih, _, _, h, r, z, gn, hn = saved
     return _gru_grads(b_ih is not None, *_fresh(*_gru_backward(
-        _gru_ra._backward_kernel, _values(x), *map(_saved, (h0, w_ih, w_hh)),
-        ctx.fast_lengths, ctx.reverse, _values(h), *map(_saved, (r, z, gn, hn)),
-        _incoming(h_grad, h))))   # (x, h and the gradient: any layout)
+        _gru_ra._backward_kernel, *map(_values, (x, h0, w_ih, w_hh)), ctx.fast_lengths,
+        ctx.reverse, *map(_values, (h, r, z, gn, hn)), _incoming(h_grad, h))))
 
 
 def _lstm_fast_accepts(x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, cell_clip,
@@ -840,11 +838,10 @@ def _lstm_fast_forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, le
 
 def _lstm_fast_backward(ctx, saved, h_grad, cs_grad, *gate_grads):
     x, h0, c0, w_ih, w_hh, b_ih, _, wci, wcf, wco, _, h, cs, *gates = saved
-    states_and_weights = map(_saved, (h0, c0, w_ih, w_hh, wci, wcf, wco))
     return _lstm_grads(b_ih is not None, wci is not None, *_fresh(*_lstm_backward(
-        _lstm._nn_backward_kernel, _values(x), *states_and_weights, ctx.fast_lengths,
-        ctx.reverse, _values(h), _values(cs), *map(_saved, gates), _incoming(h_grad, h),
-        _incoming(cs_grad, cs))))   # (x, h, cs and the gradients: any layout)
+        _lstm._nn_backward_kernel, *map(_values, (x, h0, c0, w_ih, w_hh, wci, wcf, wco)),
+        ctx.fast_lengths, ctx.reverse, *map(_values, (h, cs, *gates)),
+        _incoming(h_grad, h), _incoming(cs_grad, cs))))
 
 
 _FAST_FUNCTION[lstm_op] = _fast_function("LSTM", _lstm_fast_accepts, _lstm_fast_forward,
