@@ -1535,6 +1535,11 @@ class _RNNBase(nn.Module):
 
     def _input(self, where, x, sequence_length):
         """input -> (time-major x (T, B, I), batched?, lengths, PackedSequence or None)."""
+        if (sequence_length is None and type(x) is torch.Tensor
+                and x.dtype == self._plain_dtype() and x.is_cpu and x.dim() == 3
+                and x.shape[2] == self.input_size):
+            # the common call: what the checks and conversions below return unchanged
+            return (x.transpose(0, 1) if self.batch_first else x), True, None, None
         if isinstance(x, PackedSequence):
             if sequence_length is not None:
                 raise ValueError(f"{where}: sequence_length must be None with a "
@@ -1569,6 +1574,9 @@ class _RNNBase(nn.Module):
         LD, H = self.num_layers * self.num_directions, size or self.hidden_size
         if s is None:
             return torch.zeros(LD, B, H, **self._factory_now()) if zeros else None
+        if (batched and type(s) is torch.Tensor and s.dtype == self._plain_dtype()
+                and s.is_cpu and s.shape == (LD, B, H)):
+            return s    # the common call: what the checks below return unchanged
         s = self._autocast(s)
         _check_tensor(where, name, s, *self._param_dtype_device(where))
         want = (LD, B, H) if batched else (LD, H)
@@ -1739,8 +1747,8 @@ class _RNNBase(nn.Module):
         D, H = self.num_directions, self.hidden_size
         T, B = x.shape[:2]
         n = None if lengths is None else check_sequence_length(where, lengths.numpy(), B, T)
-        inits = [None if s is None else s.detach().numpy() for s in states]
-        inp = x.detach().numpy()
+        inits = [_values(s) for s in states]
+        inp = _values(x)
         if self.num_layers == 1 and D == 1:       # one cell: no copies
             y, *fin = self._packed_cell("_l0").forward(
                 inp, *(None if s is None else s[0] for s in inits), n)
@@ -1793,6 +1801,13 @@ class _RNNBase(nn.Module):
 
     def _param_dtype(self):
         return next(iter(self._parameters.values())).dtype   # (_param_dtype_device's)
+
+    def _plain_dtype(self):
+        """The parameters' dtype if they are float32 / float64 CPU tensors, else None: an
+        input or state of that dtype on the CPU then passes _autocast, _check_tensor and
+        _to_compute unchanged (_input's and _state's fast cases)."""
+        p = next(iter(self._parameters.values()))
+        return p.dtype if p.is_cpu and p.dtype in _DTYPES else None
 
     def _compute_dtype(self):
         """The dtype the kernels run in: the parameters', float32 for bfloat16 / float16."""
