@@ -222,6 +222,31 @@ def test_adam_training_reduces_loss():
         assert losses[-1] < 0.3 * losses[0], (type(model).__name__, losses[::10])
 
 
+@pytest.mark.parametrize("grad", [True, False])
+def test_states_of_another_dtype_device_or_shape_are_refused(grad):
+    """A state that is not exactly what the call runs (_state's fast case takes a CPU
+    tensor of the parameters' dtype and shape (L*D, B, H) as it is) reaches the checks,
+    on the grad path and the no-grad one."""
+    lstm, gru = bt.LSTM(I, H), bt.GRU(I, H)
+    x = torch.zeros(T, B, I)
+    good = torch.zeros(1, B, H)
+    cases = [
+        (lstm, (good.double(), good), TypeError, "h0 has dtype torch.float64 but the parameters"),
+        (lstm, (good, good.half()), TypeError, "c0 has dtype torch.float16 but the parameters"),
+        (lstm, (good, torch.empty(1, B, H, device="meta")), ValueError,
+         "c0 is on meta but the parameters are on cpu"),
+        (lstm, (torch.zeros(1, B, H + 1), good), ValueError, r"h0 must have shape \(1, 3, 3\)"),
+        (gru, good.double(), TypeError, "hx has dtype torch.float64 but the parameters"),
+        (gru, torch.zeros(2, B, H), ValueError, r"hx must have shape \(1, 3, 3\)"),
+        (gru, torch.zeros(1, B, H, dtype=torch.int64), TypeError, "hx has dtype torch.int64"),
+    ]
+    with torch.set_grad_enabled(grad):
+        for module, hx, error, message in cases:
+            with pytest.raises(error, match=message):
+                module(x, hx)
+    assert lstm.inference_cache_info()["packings"] == 0
+
+
 def test_errors():
     lstm = bt.LSTM(I, H)
     with pytest.raises(ValueError, match="input is on meta but the parameters are on cpu"):
