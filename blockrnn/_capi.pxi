@@ -72,7 +72,8 @@ cdef int api_gru_cell(
         const floating* w_ru, const floating* w_c, const floating* b_ru,
         const floating* b_c, floating* r, floating* u, floating* c,
         floating* h) noexcept nogil:
-    cdef floating* ws = <floating*>malloc(gru_cell_workspace(B, I, H) * sizeof(floating))
+    # (calloc: GCC cannot see that gru_cell_compute fills [x, h] before reading it)
+    cdef floating* ws = <floating*>calloc(gru_cell_workspace(B, I, H), sizeof(floating))
     if ws == NULL:
         return -1
     gru_cell_compute(B, I, H, x, h_prev, w_ru, w_c, b_ru, b_c, ws, r, u, c, h, 1)

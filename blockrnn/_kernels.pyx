@@ -45,7 +45,7 @@ from cython cimport floating
 from cython.parallel cimport parallel, prange
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uintptr_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
 from cpython.pycapsule cimport (PyCapsule_GetContext, PyCapsule_GetPointer, PyCapsule_New,

@@ -922,6 +922,15 @@ cdef inline Py_ssize_t lstm_x_grad_packed_size(Py_ssize_t I, Py_ssize_t H) noexc
     return packed_bs_size(1, &job)
 
 
+cdef inline void zero_strided(Py_ssize_t rows, Py_ssize_t cols, floating* a, Py_ssize_t sr,
+                              Py_ssize_t sc) noexcept nogil:
+    """a[r * sr + c * sc] = 0 for r < rows, c < cols (a weight gradient in its layout)."""
+    cdef Py_ssize_t r, c
+    for r in range(rows):
+        for c in range(cols):
+            a[r * sr + c * sc] = 0
+
+
 cdef void lstm_backward_gemms(
         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t L, bint reverse,  # steps [t0, t1) of L
         Py_ssize_t B, Py_ssize_t I, Py_ssize_t H,
@@ -951,8 +960,7 @@ cdef void lstm_backward_gemms(
       with `reverse`: dW_h (+)= h[m0+1:m1+1]^T @ dG   (h[L] = h_prev),
     the weights read and the gradients written in place in their layouts
     (gspec_c: a gradient stored transposed, nn.LSTM's, is the job
-    dW^T = dG^T @ x). With t0 == t1 == 0 (L == 0) the weight gradients are
-    set to zero."""
+    dW^T = dG^T @ x)."""
     cdef Py_ssize_t G4 = 4 * H, n = (t1 - t0) * B, m0 = L - t1 if reverse else t0
     cdef gemm_spec jobs[4]
     cdef int njobs = 3
@@ -1195,9 +1203,9 @@ cdef void block_lstm_backward_compute(
         gemm_ws = packed_t + dpacked_size(G4, H)
         if L > 0:
             brnn_pack_f64(G4, H, w_h, s.hn, s.hk, packed_t)
-    if L == 0:   # no step: zero weight gradients
-        lstm_backward_gemms(0, 0, 0, False, B, I, H, x, h_prev, h, w_x, s, dg, ldg, False,
-                            x_grad, w_x_grad, w_h_grad, gs, NULL, gemm_ws, 1)
+    if L == 0:   # no step: zero weight gradients (x_grad has no row)
+        zero_strided(I, G4, w_x_grad, gs.xk, gs.xn)
+        zero_strided(H, G4, w_h_grad, gs.hk, gs.hn)
     t1 = L
     while t1 > 0:
         t0 = max(0, t1 - S)

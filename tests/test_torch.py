@@ -172,6 +172,28 @@ def test_zero_steps_return_the_initial_states(kind, grad):
         assert all(p.grad is None or not p.grad.any() for p in module.parameters())
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_all_lengths_zero_give_zero_weight_gradients(kind, dtype):
+    """Every row of length 0 (the kernels run no step, L = 0): the final states are the
+    initial ones, and the backward writes zeros into every weight gradient (in nn's
+    layout, through the strides the kernels write it with) and into x's."""
+    module = (bt.LSTM if kind == "lstm" else bt.GRU)(I, H, bidirectional=True).to(dtype)
+    x = _rand(T, B, I, seed=3, dtype=dtype, requires_grad=True)
+    states = [_rand(2, B, H, seed=s, dtype=dtype, requires_grad=True) for s in (1, 2)]
+    hx = tuple(states) if kind == "lstm" else states[0]
+    y, finals = module(x, hx, sequence_length=[0] * B)
+    finals = finals if kind == "lstm" else (finals,)
+    (y.sum() + sum(f.sum() for f in finals)).backward()
+    assert not y.any()
+    for f, s in zip(finals, states):
+        assert torch.equal(f, s)
+        assert torch.equal(s.grad, torch.ones_like(s))
+    assert not x.grad.any()
+    for name, p in module.named_parameters():
+        assert p.grad is not None and not p.grad.any(), name
+
+
 def test_parameters_double_and_needs_input_grad():
     lstm = bt.LSTM(I, H)
     nn_names = ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"]
