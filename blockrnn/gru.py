@@ -10,10 +10,13 @@ float16 (computed in float32) and float64.
 """
 from collections import namedtuple
 
+import numpy as np
+
 from blockrnn import _config, _kernels
 from blockrnn._config import kernel_threads
 from blockrnn._validation import (
-    Arrays, check_blas_sizes, check_seq_len_max, check_sequence_length, steps_to_run)
+    Arrays, check_blas_sizes, check_seq_len_max, check_sequence_length, steps_to_run,
+    zero_padding)
 
 __all__ = ["gru_block_cell", "gru_block_cell_grad", "gru_block_cell_grad_full",
            "block_gru", "block_gru_grad"]
@@ -201,12 +204,25 @@ def block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, *, sequence_length=N
             return out
     args = Arrays("block_gru", x=x, h_prev=h_prev, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)
     L, lengths, T, B, I, H = _check_sequence(args, seq_len_max, sequence_length)
-    outs = args.output_buffers(4, T, B, H)
     if B == 0 or H == 0:  # nothing to compute: the (empty) outputs, whatever T is
-        return BlockGRUOutput(*args.results(outs))
-    _kernels.block_gru_forward(steps_to_run(L, lengths), *args.kernel(*_INPUTS),
-                               kernel_threads(B, H), _config.thread_limit(), *outs, lengths)
+        return BlockGRUOutput(*args.results(args.output_buffers(4, T, B, H)))
+    outs = _forward_kernel(steps_to_run(L, lengths), lengths, *args.kernel(*_INPUTS))
     return BlockGRUOutput(*args.results(outs))
+
+
+def _forward_kernel(steps, lengths, x, h_prev, w_ru, w_c, b_ru, b_c):
+    """The forward kernel's call on CHECKED arguments (no check here): C-contiguous
+    arrays of one compute dtype (float32 or float64) of the shapes above, B and H
+    non-zero, steps = steps_to_run(L, lengths), lengths None or checked int64 (B,).
+    Returns the new arrays [r, u, c, h] (output_buffers). The checked callers:
+    block_gru, and blockrnn.torch's modules once they have checked their own
+    arguments."""
+    T, B = x.shape[0], x.shape[1]
+    H = h_prev.shape[1]
+    outs = _kernels.output_buffers(4, (T, B, H), x.dtype)
+    _kernels.block_gru_forward(steps, x, h_prev, w_ru, w_c, b_ru, b_c, kernel_threads(B, H),
+                               _config.thread_limit(), *outs, lengths)
+    return outs
 
 
 def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad, *,
@@ -237,14 +253,25 @@ def block_gru_grad(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_g
         args.shape(name, "[T, B, H]", (T, B, H))
     if B == 0 or H == 0:  # nothing to compute: zero gradients, whatever T is
         return BlockGRUGradOutput(*(args.zeros(args[name].shape) for name in _INPUTS))
-    grads = [args.empty(T, B, I), args.empty(B, H), args.empty(I + H, 2 * H),
-             args.empty(I + H, H), args.empty(2 * H), args.empty(H)]
-    steps = steps_to_run(L, lengths)
+    grads = _backward_kernel(
+        steps_to_run(L, lengths), lengths,
+        *args.kernel("x", "h_prev", "w_ru", "w_c", "r", "u", "c", "h", "h_grad"))
+    return BlockGRUGradOutput(*map(args.result, grads))
+
+
+def _backward_kernel(steps, lengths, x, h_prev, w_ru, w_c, r, u, c, h, h_grad):
+    """The backward kernel's call on CHECKED arguments, as _forward_kernel's.
+    Returns the new arrays [x_grad, h_prev_grad, w_ru_grad, w_c_grad, b_ru_grad,
+    b_c_grad]."""
+    T, B, I = x.shape
+    H = h_prev.shape[1]
+    dt = x.dtype
+    grads = [np.empty((T, B, I), dt), np.empty((B, H), dt), np.empty((I + H, 2 * H), dt),
+             np.empty((I + H, H), dt), np.empty(2 * H, dt), np.empty(H, dt)]
     # The weight gradients multiply r and h at a row's padding by zero: zero it
     # in the copies they read, so that any padding gives zeros.
-    _kernels.block_gru_backward(
-        steps,
-        *args.kernel("x", "h_prev", "w_ru", "w_c", "r", "u", "c", "h", "h_grad",
-                     padded=("r", "h"), steps=steps, lengths=lengths),
-        kernel_threads(B, H), _config.thread_limit(), *grads, lengths)
-    return BlockGRUGradOutput(*map(args.result, grads))
+    r, h = (zero_padding(a, steps, lengths, dt) for a in (r, h))
+    _kernels.block_gru_backward(steps, x, h_prev, w_ru, w_c, r, u, c, h, h_grad,
+                                kernel_threads(B, H), _config.thread_limit(), *grads,
+                                lengths)
+    return grads

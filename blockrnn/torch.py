@@ -79,6 +79,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 import blockrnn
 from blockrnn import _kernels
+from blockrnn import gru as _gru
 from blockrnn import gru_reset_after as _gru_ra
 from blockrnn import lstm as _lstm
 from blockrnn.gru_reset_after import _block_gru_reset_after, _block_gru_reset_after_grad
@@ -500,6 +501,45 @@ def _checked_gru_backward(b_ih, b_hh, steps, lengths, reverse, x, h0, w_ih, w_hh
                                        reverse=reverse)
 
 
+def _gru_block_biases(b_ru, b_c, w_ru, w_c):
+    """The bias arrays the TF GRU's kernels read: the given ones, or zeros (2H,), (H,)."""
+    if b_ru is None:
+        return np.zeros(w_ru.shape[1], w_ru.dtype), np.zeros(w_c.shape[1], w_c.dtype)
+    return b_ru, b_c
+
+
+def _gru_block_forward(kernel, x, h0, w_ru, w_c, b_ru, b_c, lengths, reverse):
+    """gru_block_op on NumPy views of its arguments (x in any layout), lengths checked:
+    (h, r, u, c) as gru_block_op returns them. Its kernels have no reverse of their own:
+    the reverse direction reads x reversed (a copy) and writes h back in place."""
+    r, u, c, h = kernel(steps_to_run(x.shape[0], lengths), lengths,
+                        _contiguous_in_op_order(x, lengths, reverse), h0, w_ru, w_c,
+                        *_gru_block_biases(b_ru, b_c, w_ru, w_c))
+    return _input_order_in_place(h, lengths, reverse), r, u, c
+
+
+def _gru_block_backward(kernel, x, h0, w_ru, w_c, lengths, reverse, h, r, u, c, h_grad):
+    """gru_block_backward_op on NumPy views in any layout (as _lstm_backward's), lengths
+    checked: the gradients of (x, h0, w_ru, w_c, b_ru, b_c)."""
+    order = lambda a: _contiguous_in_op_order(a, lengths, reverse)  # noqa: E731
+    h0, w_ru, w_c, r, u, c = map(np.ascontiguousarray, (h0, w_ru, w_c, r, u, c))
+    dx, *grads = kernel(steps_to_run(x.shape[0], lengths), lengths, order(x), h0, w_ru, w_c,
+                        r, u, c, order(h), order(h_grad))
+    return (_input_order_in_place(dx, lengths, reverse), *grads)
+
+
+def _checked_gru_block_forward(steps, lengths, x, h0, w_ru, w_c, b_ru, b_c):
+    return blockrnn.block_gru(steps, x, h0, w_ru, w_c, b_ru, b_c, sequence_length=lengths)
+
+
+def _checked_gru_block_backward(b_ru, b_c, steps, lengths, x, h0, w_ru, w_c, r, u, c, h,
+                                h_grad):
+    """(b_ru, b_c: None or arrays whose shapes are checked)"""
+    return blockrnn.block_gru_grad(steps, x, h0, w_ru, w_c,
+                                   *_gru_block_biases(b_ru, b_c, w_ru, w_c), r, u, c, h,
+                                   h_grad, sequence_length=lengths)
+
+
 def _arrays(where, names, tensors, dtype):
     """NumPy views of the op's tensor arguments (None stays None), after refusing
     forward-mode AD (_refuse_forward_ad: a view would drop the tangents)."""
@@ -720,14 +760,16 @@ _register_gru_autograd(gru_op, gru_backward_op, "gru_backward")
 # ---------------------------------------------------------------------------
 # The modules' eager fast path
 #
-# A module's eager call of lstm_op or gru_op whose arguments are all plain --
+# A module's eager call of lstm_op, gru_op or gru_block_op (the TF GRU) whose
+# arguments are all plain --
 # every tensor on the CPU in the compute dtype, each weight and bias C-contiguous
 # with its exact shape, lengths None or an int64 tensor (B,) (accepts) -- runs
 # this Function instead of the op's: the module has checked x and the states,
 # accepts checks the rest (the lengths' values are checked in forward, as the op
 # does), so the forward and backward run the op bodies' _lstm_forward, _gru_backward,
 # ... on NumPy views with the bare kernel functions (gru_reset_after._forward_kernel,
-# lstm._nn_forward_kernel, ...), without the ops' and the NumPy ops' argument
+# lstm._nn_forward_kernel, gru._forward_kernel, ...), without the ops' and the NumPy
+# ops' argument
 # handling, and the gate outputs are marked non-differentiable (the modules read h
 # and cs only). The same kernel calls, the same bits, the same saved tensors and
 # gradients; anything else (a weight of another shape or dtype raises there) goes
@@ -746,37 +788,53 @@ def _plain(t, dtype, shape):
                          and t.is_cpu and t.is_contiguous())
 
 
-def _plain_call(x, h0, weights, gates, lengths):
-    """accepts' rule for a call with x (T, B, I), state h0 (B, H) and the weights
-    (w_ih (gates*H, I), w_hh (gates*H, H), then (gates*H,) biases and (H,)
-    peepholes, each None or plain): a non-empty float32 / float64 CPU x, lengths
-    None or an int64 tensor (B,)."""
+def _plain_call(x, h0, weights, shapes, lengths):
+    """accepts' rule for a call with x (T, B, I), state h0 (B, H) and the weights of
+    the shapes shapes(I, H) (the first two given, the others None or plain): a
+    non-empty float32 / float64 CPU x, lengths None or an int64 tensor (B,)."""
     if type(x) is not torch.Tensor or x.dtype not in _DTYPES or x.dim() != 3 \
             or not x.is_cpu or x.numel() == 0 or type(h0) is not torch.Tensor \
             or h0.dim() != 2:
         return False
     dt, (T, B, I), H = x.dtype, x.shape, h0.shape[1]
-    G = gates * H
-    shapes = ((B, H), (G, I), (G, H), (G,), (G,), (H,), (H,), (H,))
-    return H > 0 and weights[0] is not None and weights[1] is not None and all(
-        _plain(t, dt, shape) for t, shape in zip((h0, *weights), shapes)) and \
+    return H > 0 and weights[0] is not None and weights[1] is not None and \
+        _plain(h0, dt, (B, H)) and all(_plain(t, dt, shape) for t, shape in
+                                       zip(weights, shapes(I, H))) and \
         _plain(lengths, torch.int64, (B,))
 
 
-def _fast_function(name, accepts, forward, backward, general_backward):
-    """The fast Function of an op (named as its eager Function, blockrnn_lstm /
-    blockrnn_gru, as the graph's nodes show): forward(ctx, *inputs) -> the op's
-    outputs (it saves what the op's setup saves), backward(ctx, saved, *grads) ->
-    the op's input gradients (saved: ctx.saved_tensors); a backward under a tracer
-    or of vmap-batched gradients (see _call) runs general_backward, the op's own."""
+def _lstm_shapes(I, H):
+    """lstm_op's weights: weight_ih, weight_hh, bias_ih, bias_hh, the peepholes."""
+    return (4 * H, I), (4 * H, H), (4 * H,), (4 * H,), (H,), (H,), (H,)
+
+
+def _gru_shapes(I, H):
+    """gru_op's weights: weight_ih, weight_hh, bias_ih, bias_hh."""
+    return (3 * H, I), (3 * H, H), (3 * H,), (3 * H,)
+
+
+def _gru_block_shapes(I, H):
+    """gru_block_op's weights: w_ru, w_c, b_ru, b_c."""
+    return (I + H, 2 * H), (I + H, H), (2 * H,), (H,)
+
+
+def _fast_function(op, name, accepts, forward, backward):
+    """The fast Function of op (named as its eager Function, blockrnn_lstm,
+    blockrnn_gru, blockrnn_gru_block, as the graph's nodes show; name: the module's,
+    for errors): forward(ctx, *inputs) -> the op's outputs (it saves what the op's
+    setup saves), backward(ctx, saved, *grads) -> the op's input gradients (saved:
+    ctx.saved_tensors); a backward under a tracer or of vmap-batched gradients (see
+    _call) runs the eager Function's backward, the op's own."""
+    general = _EAGER_FUNCTION[op]
+
     def fast_backward(ctx, *grads):
         saved = ctx.saved_tensors
         if _route(saved[0]) != "eager" or _legacy_batched(grads):
-            return general_backward(ctx, *grads)
+            return general.backward(ctx, *grads)
         _first_order_only(f"blockrnn.torch.{name} backward")
         return backward(ctx, saved, *grads)
 
-    function = type(f"blockrnn_{name.lower()}", (torch.autograd.Function,),
+    function = type(general.__name__, (torch.autograd.Function,),
                     {"forward": staticmethod(forward), "backward": staticmethod(fast_backward)})
     function.accepts = staticmethod(accepts)
     return function
@@ -795,31 +853,39 @@ def _incoming(grad, like):
                                                                                  copy=False)
 
 
-def _gru_fast_accepts(x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
-    return _plain_call(x, h0, (w_ih, w_hh, b_ih, b_hh), 3, lengths)
+def _gru_fast_function(op, where, shapes, plumbing, kernels):
+    """The fast Function of a GRU op, either variant (where: the op's name in errors;
+    shapes: its weights', as _gru_shapes): plumbing = (_gru_forward, _gru_backward) or
+    the TF GRU's twins, run on the bare kernel functions kernels = (forward,
+    backward)."""
+    forward, backward = plumbing
+    forward_kernel, backward_kernel = kernels
 
+    def accepts(x, h0, w1, w2, b1, b2, lengths, reverse):
+        return _plain_call(x, h0, (w1, w2, b1, b2), shapes, lengths)
 
-def _gru_fast_forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
-    ctx.set_materialize_grads(False)
-    n = _fast_lengths(ctx, "blockrnn.torch.gru_op", lengths, x)
-    output = _fresh(*_gru_forward(_gru_ra._forward_kernel,
-                                  *map(_values, (x, h0, w_ih, w_hh, b_ih, b_hh)), n, reverse))
-    _gru_setup(ctx, (x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse), output)
-    ctx.mark_non_differentiable(*output[1:])
-    return output
+    def fast_forward(ctx, x, h0, w1, w2, b1, b2, lengths, reverse):
+        ctx.set_materialize_grads(False)
+        n = _fast_lengths(ctx, where, lengths, x)
+        output = _fresh(*forward(forward_kernel, *map(_values, (x, h0, w1, w2, b1, b2)), n,
+                                 reverse))
+        _gru_setup(ctx, (x, h0, w1, w2, b1, b2, lengths, reverse), output)
+        ctx.mark_non_differentiable(*output[1:])
+        return output
 
+    def fast_backward(ctx, saved, h_grad, *gate_grads):
+        x, h0, w1, w2, b1, _, _, h, *gates = saved
+        return _gru_grads(b1 is not None, *_fresh(*backward(
+            backward_kernel, *map(_values, (x, h0, w1, w2)), ctx.fast_lengths, ctx.reverse,
+            *map(_values, (h, *gates)), _incoming(h_grad, h))))
 
-def _gru_fast_backward(ctx, saved, h_grad, *gate_grads):
-    x, h0, w_ih, w_hh, b_ih, _, _, h, r, z, gn, hn = saved
-    return _gru_grads(b_ih is not None, *_fresh(*_gru_backward(
-        _gru_ra._backward_kernel, *map(_values, (x, h0, w_ih, w_hh)), ctx.fast_lengths,
-        ctx.reverse, *map(_values, (h, r, z, gn, hn)), _incoming(h_grad, h))))
+    return _fast_function(op, "GRU", accepts, fast_forward, fast_backward)
 
 
 def _lstm_fast_accepts(x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths, cell_clip,
                        forget_bias, reverse):
-    return (_plain_call(x, h0, (w_ih, w_hh, b_ih, b_hh, wci, wcf, wco), 4, lengths)
-            and _plain(c0, x.dtype, h0.shape))
+    return (_plain_call(x, h0, (w_ih, w_hh, b_ih, b_hh, wci, wcf, wco), _lstm_shapes,
+                        lengths) and _plain(c0, x.dtype, h0.shape))
 
 
 def _lstm_fast_forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco, lengths,
@@ -844,11 +910,11 @@ def _lstm_fast_backward(ctx, saved, h_grad, cs_grad, *gate_grads):
         _incoming(h_grad, h), _incoming(cs_grad, cs))))
 
 
-_FAST_FUNCTION[lstm_op] = _fast_function("LSTM", _lstm_fast_accepts, _lstm_fast_forward,
-                                         _lstm_fast_backward, _lstm_autograd)
-_FAST_FUNCTION[gru_op] = _fast_function("GRU", _gru_fast_accepts, _gru_fast_forward,
-                                        _gru_fast_backward,
-                                        _EAGER_FUNCTION[gru_op].backward)
+_FAST_FUNCTION[lstm_op] = _fast_function(lstm_op, "LSTM", _lstm_fast_accepts,
+                                         _lstm_fast_forward, _lstm_fast_backward)
+_FAST_FUNCTION[gru_op] = _gru_fast_function(
+    gru_op, "blockrnn.torch.gru_op", _gru_shapes, (_gru_forward, _gru_backward),
+    (_gru_ra._forward_kernel, _gru_ra._backward_kernel))
 
 
 @_custom_op("blockrnn::gru_block", mutates_args=())
@@ -862,12 +928,8 @@ def gru_block_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _OptT, leng
     xa, h0a, wru, wc, bru, bc = _arrays(where, ("x", "h0", "w_ru", "w_c", "b_ru", "b_c"),
                                         (x, h0, w_ru, w_c, b_ru, b_c), w_ru.dtype)
     n = _op_lengths(where, lengths, xa)
-    T = xa.shape[0]
-    if bru is None:
-        bru, bc = np.zeros(wru.shape[1], wru.dtype), np.zeros(wc.shape[1], wc.dtype)
-    fwd = blockrnn.block_gru(steps_to_run(T, n), _in_op_order(xa, n, reverse), h0a, wru, wc,
-                             bru, bc, sequence_length=n)
-    return _fresh(_input_order_in_place(fwd.h, n, reverse), fwd.r, fwd.u, fwd.c)
+    return _fresh(*_gru_block_forward(_checked_gru_block_forward, xa, h0a, wru, wc, bru, bc,
+                                      n, reverse))
 
 
 @gru_block_op.register_fake
@@ -889,14 +951,8 @@ def gru_block_backward_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _O
         (x, h0, w_ru, w_c, b_ru, b_c, h, r, u, c), dt)
     dh = _numpy(where, "h_grad", h_grad).astype(_np_dtype(dt), copy=False)
     n = _op_lengths(where, lengths, xa)
-    T = xa.shape[0]
-    if bru is None:
-        bru, bc = np.zeros(wru.shape[1], wru.dtype), np.zeros(wc.shape[1], wc.dtype)
-    order = lambda a: _in_op_order(a, n, reverse)  # noqa: E731
-    g = blockrnn.block_gru_grad(steps_to_run(T, n), order(xa), h0a, wru, wc, bru, bc, ra, ua,
-                                ca, order(ha), order(dh), sequence_length=n)
-    return _fresh(_input_order_in_place(g.x_grad, n, reverse), g.h_prev_grad, g.w_ru_grad,
-                  g.w_c_grad, g.b_ru_grad, g.b_c_grad)
+    return _fresh(*_gru_block_backward(functools.partial(_checked_gru_block_backward, bru, bc),
+                                       xa, h0a, wru, wc, n, reverse, ha, ra, ua, ca, dh))
 
 
 @gru_block_backward_op.register_fake
@@ -906,6 +962,9 @@ def _(x, h0, w_ru, w_c, b_ru, b_c, lengths, reverse, h, r, u, c, h_grad):
 
 
 _register_gru_autograd(gru_block_op, gru_block_backward_op, "gru_block_backward")
+_FAST_FUNCTION[gru_block_op] = _gru_fast_function(
+    gru_block_op, "blockrnn.torch.gru_block_op", _gru_block_shapes,
+    (_gru_block_forward, _gru_block_backward), (_gru._forward_kernel, _gru._backward_kernel))
 
 
 # ---------------------------------------------------------------------------

@@ -471,9 +471,13 @@ def _fast_calls(monkeypatch):
     dict(kind="LSTM", bias=False, bidirectional=True),
     dict(kind="GRU", bias=False, num_layers=2),
     dict(kind="LSTM", use_peephole=True, cell_clip=0.5, forget_bias=1.0, bidirectional=True),
-    dict(kind="LSTM", forget_bias=1.0, bias=False)],
+    dict(kind="LSTM", forget_bias=1.0, bias=False),
+    dict(kind="GRU", reset_after=False),
+    dict(kind="GRU", reset_after=False, num_layers=2, bidirectional=True, batch_first=True),
+    dict(kind="GRU", reset_after=False, bias=False, bidirectional=True)],
     ids=["lstm", "gru", "lstm-2-bi-bf", "gru-2-bi-bf", "lstm-nobias-bi", "gru-nobias-2",
-         "lstm-peephole-clip-fb-bi", "lstm-fb-nobias"])
+         "lstm-peephole-clip-fb-bi", "lstm-fb-nobias", "tf-gru", "tf-gru-2-bi-bf",
+         "tf-gru-nobias-bi"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("states", ["zeros", "given", "given-transposed"])
 @pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
@@ -558,7 +562,7 @@ def _relayout(t):
 
 @pytest.mark.parametrize("config,fast", [
     (dict(kind="LSTM", bidirectional=True, use_peephole=True), True),
-    (dict(kind="GRU", num_layers=2), True), (dict(kind="GRU", reset_after=False), False),
+    (dict(kind="GRU", num_layers=2), True), (dict(kind="GRU", reset_after=False), True),
     (dict(kind="LSTM", proj_size=2), False)],
     ids=["lstm_bi_peephole", "gru_2layer", "gru_reset_before", "lstm_proj"])
 @pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
