@@ -14,9 +14,12 @@ float16 (stored float16, computed in float32), float32 and float64.
 """
 from collections import namedtuple
 
+import numpy as np
+
 from blockrnn import _config, _kernels
 from blockrnn._validation import (
-    Arrays, check_blas_sizes, check_seq_len_max, check_sequence_length, steps_to_run)
+    Arrays, check_blas_sizes, check_seq_len_max, check_sequence_length, steps_to_run,
+    zero_padding)
 
 __all__ = ["block_lstm_proj", "block_lstm_proj_grad"]
 
@@ -79,13 +82,26 @@ def block_lstm_proj(seq_len_max, x, h_prev, c_prev, w_ih, w_hh, b_ih, b_hh, w_hr
     args = Arrays("block_lstm_proj", x=x, h_prev=h_prev, c_prev=c_prev, w_ih=w_ih, w_hh=w_hh,
                   b_ih=b_ih, b_hh=b_hh, w_hr=w_hr)
     L, lengths, T, B, I, H, P = _check(args, seq_len_max, sequence_length)
-    gates = [args.empty(T, B, H) for _ in _GATES]
-    h = args.empty(T, B, P)
     if B == 0 or T == 0:
-        return BlockLSTMProjOutput(*(args.zeros(a.shape) for a in gates + [h]))
-    _kernels.block_lstm_proj_forward(steps_to_run(L, lengths), *args.kernel(*_INPUTS),
-                                     _config.thread_limit(), *gates, h, lengths)
-    return BlockLSTMProjOutput(*map(args.result, gates + [h]))
+        return BlockLSTMProjOutput(*(args.zeros((T, B, H)) for _ in _GATES),
+                                   args.zeros((T, B, P)))
+    outs = _forward_kernel(steps_to_run(L, lengths), lengths, *args.kernel(*_INPUTS))
+    return BlockLSTMProjOutput(*map(args.result, outs))
+
+
+def _forward_kernel(steps, lengths, x, h_prev, c_prev, w_ih, w_hh, b_ih, b_hh, w_hr):
+    """The forward kernel's call on CHECKED arguments (no check here): C-contiguous
+    arrays of one compute dtype (float32 or float64) of the shapes above, T, B, P and
+    H non-zero, steps = steps_to_run(L, lengths), lengths None or checked int64 (B,).
+    Returns the new arrays [i, f, o, ci, cs, co, m, h]. The checked callers:
+    block_lstm_proj, and blockrnn.torch's modules once they have checked their own
+    arguments."""
+    T, B = x.shape[0], x.shape[1]
+    P, H = h_prev.shape[1], c_prev.shape[1]
+    outs = [np.empty((T, B, H), x.dtype) for _ in _GATES] + [np.empty((T, B, P), x.dtype)]
+    _kernels.block_lstm_proj_forward(steps, x, h_prev, c_prev, w_ih, w_hh, b_ih, b_hh, w_hr,
+                                     _config.thread_limit(), *outs, lengths)
+    return outs
 
 
 def block_lstm_proj_grad(seq_len_max, x, h_prev, c_prev, w_ih, w_hh, b_ih, b_hh, w_hr,
@@ -117,16 +133,32 @@ def block_lstm_proj_grad(seq_len_max, x, h_prev, c_prev, w_ih, w_hh, b_ih, b_hh,
         args.shape(name, "[T, B, H]", (T, B, H))
     for name in ("h", "h_grad"):
         args.shape(name, "[T, B, P]", (T, B, P))
-    shapes = [(T, B, I), (B, P), (B, H), (4 * H, I), (4 * H, P), (4 * H,), (P, H)]
     if B == 0 or T == 0:  # nothing to compute: zero gradients
-        return BlockLSTMProjGradOutput(*(args.zeros(s) for s in shapes))
-    grads = [args.empty(*s) for s in shapes]
-    steps = steps_to_run(L, lengths)
+        return BlockLSTMProjGradOutput(*(args.zeros(s) for s in _grad_shapes(T, B, I, H, P)))
+    grads = _backward_kernel(
+        steps_to_run(L, lengths), lengths,
+        *args.kernel("x", "h_prev", "c_prev", "w_ih", "w_hh", "w_hr", *_GATES, "h", "cs_grad",
+                     "h_grad"))
+    return BlockLSTMProjGradOutput(*map(args.result, grads))
+
+
+def _grad_shapes(T, B, I, H, P):
+    """The shapes of BlockLSTMProjGradOutput's arrays."""
+    return [(T, B, I), (B, P), (B, H), (4 * H, I), (4 * H, P), (4 * H,), (P, H)]
+
+
+def _backward_kernel(steps, lengths, x, h_prev, c_prev, w_ih, w_hh, w_hr, i, f, o, ci, cs,
+                     co, m, h, cs_grad, h_grad):
+    """The backward kernel's call on CHECKED arguments, as _forward_kernel's.
+    Returns the new arrays [x_grad, h_prev_grad, c_prev_grad, w_ih_grad, w_hh_grad,
+    b_grad, w_hr_grad]."""
+    T, B, I = x.shape
+    P, H = h_prev.shape[1], c_prev.shape[1]
+    grads = [np.empty(s, x.dtype) for s in _grad_shapes(T, B, I, H, P)]
     # The weight gradients multiply h and m at a row's padding by a zero gradient:
     # zero them in the copies read, so that any padding gives zeros.
-    _kernels.block_lstm_proj_backward(
-        steps,
-        *args.kernel("x", "h_prev", "c_prev", "w_ih", "w_hh", "w_hr", *_GATES, "h", "cs_grad",
-                     "h_grad", padded=("h", "m"), steps=steps, lengths=lengths),
-        _config.thread_limit(), *grads, lengths)
-    return BlockLSTMProjGradOutput(*map(args.result, grads))
+    h, m = (zero_padding(a, steps, lengths, x.dtype) for a in (h, m))
+    _kernels.block_lstm_proj_backward(steps, x, h_prev, c_prev, w_ih, w_hh, w_hr, i, f, o,
+                                      ci, cs, co, m, h, cs_grad, h_grad,
+                                      _config.thread_limit(), *grads, lengths)
+    return grads

@@ -82,6 +82,7 @@ from blockrnn import _kernels
 from blockrnn import gru as _gru
 from blockrnn import gru_reset_after as _gru_ra
 from blockrnn import lstm as _lstm
+from blockrnn import lstm_proj as _lstm_proj
 from blockrnn.gru_reset_after import _block_gru_reset_after, _block_gru_reset_after_grad
 from blockrnn.lstm import _block_lstm_nn, _block_lstm_nn_grad
 from blockrnn._validation import RESET_AFTER, check_float, check_sequence_length, steps_to_run
@@ -540,6 +541,50 @@ def _checked_gru_block_backward(b_ru, b_c, steps, lengths, x, h0, w_ru, w_c, r, 
                                    h_grad, sequence_length=lengths)
 
 
+def _lstm_proj_biases(b_ih, b_hh, w_ih):
+    """The bias arrays the projected LSTM's kernels read: the given ones, or zeros (4H,)."""
+    if b_ih is None:
+        return (np.zeros(w_ih.shape[0], w_ih.dtype),) * 2
+    return b_ih, b_hh
+
+
+def _lstm_proj_forward(kernel, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, reverse):
+    """lstm_proj_op on NumPy views of its arguments (x in any layout), lengths checked:
+    (h, cs, i, f, o, ci, co, m) as lstm_proj_op returns them (the reverse direction:
+    by copies, as _gru_block_forward)."""
+    i, f, o, ci, cs, co, m, h = kernel(
+        steps_to_run(x.shape[0], lengths), lengths, _contiguous_in_op_order(x, lengths, reverse),
+        h0, c0, w_ih, w_hh, *_lstm_proj_biases(b_ih, b_hh, w_ih), w_hr)
+    back = lambda a: _input_order_in_place(a, lengths, reverse)  # noqa: E731
+    return back(h), back(cs), i, f, o, ci, co, m
+
+
+def _lstm_proj_backward(kernel, x, h0, c0, w_ih, w_hh, w_hr, lengths, reverse, h, cs, i, f, o,
+                        ci, co, m, h_grad, cs_grad):
+    """lstm_proj_backward_op on NumPy views in any layout (as _lstm_backward's), lengths
+    checked: the gradients of (x, h0, c0, w_ih, w_hh, b, w_hr)."""
+    order = lambda a: _contiguous_in_op_order(a, lengths, reverse)  # noqa: E731
+    h0, c0, w_ih, w_hh, w_hr, i, f, o, ci, co, m = map(
+        np.ascontiguousarray, (h0, c0, w_ih, w_hh, w_hr, i, f, o, ci, co, m))
+    dx, *grads = kernel(steps_to_run(x.shape[0], lengths), lengths, order(x), h0, c0, w_ih,
+                        w_hh, w_hr, i, f, o, ci, order(cs), co, m, order(h), order(cs_grad),
+                        order(h_grad))
+    return (_input_order_in_place(dx, lengths, reverse), *grads)
+
+
+def _checked_lstm_proj_forward(steps, lengths, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr):
+    return block_lstm_proj(steps, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr,
+                           sequence_length=lengths)
+
+
+def _checked_lstm_proj_backward(b_ih, b_hh, steps, lengths, x, h0, c0, w_ih, w_hh, w_hr, i,
+                                f, o, ci, cs, co, m, h, cs_grad, h_grad):
+    """(b_ih, b_hh: None or arrays whose shapes are checked)"""
+    return block_lstm_proj_grad(steps, x, h0, c0, w_ih, w_hh,
+                                *_lstm_proj_biases(b_ih, b_hh, w_ih), w_hr, i, f, o, ci, cs,
+                                co, m, h, cs_grad, h_grad, sequence_length=lengths)
+
+
 def _arrays(where, names, tensors, dtype):
     """NumPy views of the op's tensor arguments (None stays None), after refusing
     forward-mode AD (_refuse_forward_ad: a view would drop the tangents)."""
@@ -986,13 +1031,8 @@ def lstm_proj_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _
         where, ("x", "h0", "c0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr"),
         (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr), weight_ih.dtype)
     n = _op_lengths(where, lengths, xa)
-    T = xa.shape[0]
-    if b_ih is None:
-        b_ih = b_hh = np.zeros(w_ih.shape[0], w_ih.dtype)
-    fwd = block_lstm_proj(steps_to_run(T, n), _in_op_order(xa, n, reverse), h0a, c0a, w_ih,
-                          w_hh, b_ih, b_hh, w_hr, sequence_length=n)
-    back = lambda a: _input_order_in_place(a, n, reverse)  # noqa: E731
-    return _fresh(back(fwd.h), back(fwd.cs), fwd.i, fwd.f, fwd.o, fwd.ci, fwd.co, fwd.m)
+    return _fresh(*_lstm_proj_forward(_checked_lstm_proj_forward, xa, h0a, c0a, w_ih, w_hh,
+                                      b_ih, b_hh, w_hr, n, reverse))
 
 
 @lstm_proj_op.register_fake
@@ -1021,15 +1061,9 @@ def lstm_proj_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T,
     dh, dcs = (_numpy(where, name, g).astype(_np_dtype(dt), copy=False)
                for name, g in (("h_grad", h_grad), ("cs_grad", cs_grad)))
     n = _op_lengths(where, lengths, xa)
-    T = xa.shape[0]
-    if b_ih is None:
-        b_ih = b_hh = np.zeros(w_ih.shape[0], w_ih.dtype)
-    order = lambda a: _in_op_order(a, n, reverse)  # noqa: E731
-    g = block_lstm_proj_grad(steps_to_run(T, n), order(xa), h0a, c0a, w_ih, w_hh, b_ih, b_hh,
-                             w_hr, ia, fa, oa, cia, order(csa), coa, ma, order(ha), order(dcs),
-                             order(dh), sequence_length=n)
-    return _fresh(_input_order_in_place(g.x_grad, n, reverse), g.h_prev_grad, g.c_prev_grad,
-                  g.w_ih_grad, g.w_hh_grad, g.b_grad, g.w_hr_grad)
+    return _fresh(*_lstm_proj_backward(
+        functools.partial(_checked_lstm_proj_backward, b_ih, b_hh), xa, h0a, c0a, w_ih, w_hh,
+        w_hr, n, reverse, ha, csa, ia, fa, oa, cia, coa, ma, dh, dcs))
 
 
 @lstm_proj_backward_op.register_fake
@@ -1052,10 +1086,14 @@ def _lstm_proj_autograd(ctx, h_grad, cs_grad, *gate_grads):
         h_grad = torch.zeros_like(h)
     if cs_grad is None:
         cs_grad = torch.zeros_like(cs)
-    dx, dh0, dc0, dw_ih, dw_hh, db, dw_hr = _call(
+    return _lstm_proj_grads(b_ih is not None, *_call(
         ctx, "blockrnn.torch.LSTM backward", lstm_proj_backward_op, x, h0, c0, w_ih, w_hh,
-        b_ih, b_hh, w_hr, lengths, ctx.reverse, h, cs, *gates, h_grad, cs_grad)
-    has_b = b_ih is not None
+        b_ih, b_hh, w_hr, lengths, ctx.reverse, h, cs, *gates, h_grad, cs_grad))
+
+
+def _lstm_proj_grads(has_b, dx, dh0, dc0, dw_ih, dw_hh, db, dw_hr):
+    """The gradients lstm_proj_op's backward returns (of its ten inputs), for a call with
+    biases (has_b) or without."""
     return (dx, dh0, dc0, dw_ih, dw_hh, db if has_b else None,
             db.clone() if has_b else None,          # its own tensor: b_hh.grad is not b_ih.grad
             dw_hr, None, None)
@@ -1063,6 +1101,39 @@ def _lstm_proj_autograd(ctx, h_grad, cs_grad, *gate_grads):
 
 _register_autograd(lstm_proj_op, lstm_proj_backward_op, _lstm_proj_setup,
                    _lstm_proj_autograd, "lstm_proj_backward")
+
+
+def _lstm_proj_fast_accepts(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, reverse):
+    if type(c0) is not torch.Tensor or c0.dim() != 2 or w_hr is None:
+        return False
+    H = c0.shape[1]
+    return H > 0 and _plain_call(
+        x, h0, (w_ih, w_hh, b_ih, b_hh, w_hr),
+        lambda I, P: ((4 * H, I), (4 * H, P), (4 * H,), (4 * H,), (P, H)),
+        lengths) and _plain(c0, x.dtype, (h0.shape[0], H))
+
+
+def _lstm_proj_fast_forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, reverse):
+    ctx.set_materialize_grads(False)
+    n = _fast_lengths(ctx, "blockrnn.torch.lstm_proj_op", lengths, x)
+    output = _fresh(*_lstm_proj_forward(
+        _lstm_proj._forward_kernel,
+        *map(_values, (x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr)), n, reverse))
+    _lstm_proj_setup(ctx, (x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, reverse), output)
+    ctx.mark_non_differentiable(*output[2:])
+    return output
+
+
+def _lstm_proj_fast_backward(ctx, saved, h_grad, cs_grad, *gate_grads):
+    x, h0, c0, w_ih, w_hh, b_ih, _, w_hr, _, h, cs, *gates = saved
+    return _lstm_proj_grads(b_ih is not None, *_fresh(*_lstm_proj_backward(
+        _lstm_proj._backward_kernel, *map(_values, (x, h0, c0, w_ih, w_hh, w_hr)),
+        ctx.fast_lengths, ctx.reverse, *map(_values, (h, cs, *gates)), _incoming(h_grad, h),
+        _incoming(cs_grad, cs))))
+
+
+_FAST_FUNCTION[lstm_proj_op] = _fast_function(lstm_proj_op, "LSTM", _lstm_proj_fast_accepts,
+                                              _lstm_proj_fast_forward, _lstm_proj_fast_backward)
 
 
 # ---------------------------------------------------------------------------

@@ -474,10 +474,13 @@ def _fast_calls(monkeypatch):
     dict(kind="LSTM", forget_bias=1.0, bias=False),
     dict(kind="GRU", reset_after=False),
     dict(kind="GRU", reset_after=False, num_layers=2, bidirectional=True, batch_first=True),
-    dict(kind="GRU", reset_after=False, bias=False, bidirectional=True)],
+    dict(kind="GRU", reset_after=False, bias=False, bidirectional=True),
+    dict(kind="LSTM", proj_size=2),
+    dict(kind="LSTM", proj_size=3, num_layers=2, bidirectional=True, batch_first=True),
+    dict(kind="LSTM", proj_size=2, bias=False, bidirectional=True)],
     ids=["lstm", "gru", "lstm-2-bi-bf", "gru-2-bi-bf", "lstm-nobias-bi", "gru-nobias-2",
          "lstm-peephole-clip-fb-bi", "lstm-fb-nobias", "tf-gru", "tf-gru-2-bi-bf",
-         "tf-gru-nobias-bi"])
+         "tf-gru-nobias-bi", "lstm-proj", "lstm-proj-2-bi-bf", "lstm-proj-nobias-bi"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("states", ["zeros", "given", "given-transposed"])
 @pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
@@ -495,8 +498,9 @@ def test_eager_fast_path_equals_the_ops(config, dtype, states, with_lengths, mon
     hx = None
     if states != "zeros":
         shape = (layer.num_layers * D, x.shape[0 if layer.batch_first else 1], 6)
-        h0 = (torch.randn(shape[::-1], dtype=dtype).permute(2, 1, 0)
-              if states == "given-transposed" else torch.randn(shape, dtype=dtype))
+        h_shape = shape[:2] + (layer.proj_size or 6,)     # a projected LSTM's h0: P
+        h0 = (torch.randn(h_shape[::-1], dtype=dtype).permute(2, 1, 0)
+              if states == "given-transposed" else torch.randn(h_shape, dtype=dtype))
         hx = (h0, torch.randn(shape, dtype=dtype)) if isinstance(layer, bt.LSTM) else h0
     T_, B_ = x.shape[:2][::-1] if layer.batch_first else x.shape[:2]
     lengths = torch.tensor([T_, 0, 1, T_ - 1][:B_]) if with_lengths else None
@@ -563,7 +567,7 @@ def _relayout(t):
 @pytest.mark.parametrize("config,fast", [
     (dict(kind="LSTM", bidirectional=True, use_peephole=True), True),
     (dict(kind="GRU", num_layers=2), True), (dict(kind="GRU", reset_after=False), True),
-    (dict(kind="LSTM", proj_size=2), False)],
+    (dict(kind="LSTM", proj_size=2), True)],
     ids=["lstm_bi_peephole", "gru_2layer", "gru_reset_before", "lstm_proj"])
 @pytest.mark.parametrize("with_lengths", [False, True], ids=["full", "lengths"])
 def test_saved_tensors_hooks(config, fast, with_lengths, monkeypatch):
