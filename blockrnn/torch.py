@@ -805,20 +805,19 @@ _register_gru_autograd(gru_op, gru_backward_op, "gru_backward")
 # ---------------------------------------------------------------------------
 # The modules' eager fast path
 #
-# A module's eager call of lstm_op, gru_op or gru_block_op (the TF GRU) whose
-# arguments are all plain --
-# every tensor on the CPU in the compute dtype, each weight and bias C-contiguous
-# with its exact shape, lengths None or an int64 tensor (B,) (accepts) -- runs
-# this Function instead of the op's: the module has checked x and the states,
-# accepts checks the rest (the lengths' values are checked in forward, as the op
-# does), so the forward and backward run the op bodies' _lstm_forward, _gru_backward,
-# ... on NumPy views with the bare kernel functions (gru_reset_after._forward_kernel,
-# lstm._nn_forward_kernel, gru._forward_kernel, ...), without the ops' and the NumPy
-# ops' argument
-# handling, and the gate outputs are marked non-differentiable (the modules read h
-# and cs only). The same kernel calls, the same bits, the same saved tensors and
-# gradients; anything else (a weight of another shape or dtype raises there) goes
-# the op's way. At small
+# A module's eager call of one of its ops (lstm_op, gru_op, gru_block_op -- the TF
+# GRU -- or lstm_proj_op) whose arguments are all plain -- every tensor on the CPU
+# in the compute dtype, each weight and bias C-contiguous with its exact shape,
+# lengths None or an int64 tensor (B,) (accepts) -- runs this Function instead of
+# the op's: the module has checked x and the states, accepts checks the rest (the
+# lengths' values are checked in forward, as the op does), so the forward and
+# backward run the op bodies' _lstm_forward, _gru_backward, ... on NumPy views with
+# the bare kernel functions (gru_reset_after._forward_kernel,
+# lstm._nn_forward_kernel, gru._forward_kernel, lstm_proj._forward_kernel, ...),
+# without the ops' and the NumPy ops' argument handling, and the gate outputs are
+# marked non-differentiable (the modules read h and cs only). The same kernel
+# calls, the same bits, the same saved tensors and gradients; anything else (a
+# weight of another shape or dtype raises there) goes the op's way. At small
 # shapes that handling was a quarter to a third of a training step (one thread,
 # fresh processes alternating the two trees, forward + backward at T, B, I, H =
 # 1, 8, 128, 128: GRU 596 -> 478 us, LSTM 855 -> 614 us; nn.GRU 374, nn.LSTM 698).
@@ -834,9 +833,10 @@ def _plain(t, dtype, shape):
 
 
 def _plain_call(x, h0, weights, shapes, lengths):
-    """accepts' rule for a call with x (T, B, I), state h0 (B, H) and the weights of
-    the shapes shapes(I, H) (the first two given, the others None or plain): a
-    non-empty float32 / float64 CPU x, lengths None or an int64 tensor (B,)."""
+    """accepts' rule for a call with x (T, B, I), state h0 (B, S) and the weights of
+    the shapes shapes(I, S) (the first two given, the others None or plain; S = H, or
+    the projected LSTM's P): a non-empty float32 / float64 CPU x, lengths None or an
+    int64 tensor (B,)."""
     if type(x) is not torch.Tensor or x.dtype not in _DTYPES or x.dim() != 3 \
             or not x.is_cpu or x.numel() == 0 or type(h0) is not torch.Tensor \
             or h0.dim() != 2:
@@ -1104,6 +1104,7 @@ _register_autograd(lstm_proj_op, lstm_proj_backward_op, _lstm_proj_setup,
 
 
 def _lstm_proj_fast_accepts(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths, reverse):
+    """(h0 (B, P), c0 (B, H); the weights' shapes need both P and H)"""
     if type(c0) is not torch.Tensor or c0.dim() != 2 or w_hr is None:
         return False
     H = c0.shape[1]
