@@ -367,14 +367,23 @@ def _fresh(*arrays):
     return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
 
 
+def _together(where, names, *arrays):
+    """Optional arrays a cell takes together (its two biases, its three peepholes): all
+    given or all None, else a ValueError naming them (one given alone would be ignored,
+    or read where there is nothing)."""
+    if any(a is None for a in arrays) and not all(a is None for a in arrays):
+        listed = " and ".join(names) if len(names) == 2 else \
+            ", ".join(names[:-1]) + " and " + names[-1]
+        each = "both" if len(names) == 2 else "all"
+        raise ValueError(f"{where}: {listed} must {each} be given or {each} be None")
+
+
 def _lstm_bias(where, b_ih, b_hh, forget_bias, H, dtype):
     """BlockLSTMV2's b (4H,) = b_ih + b_hh (zeros without bias) + forget_bias on the f
     block (gate blocks i, f, g, o). The weights need nothing: the kernels read
     weight_ih (4H, I) and weight_hh (4H, H) as stored (``_block_lstm_nn``)."""
-    if b_ih is None or b_hh is None:
-        if (b_ih is None) != (b_hh is None):
-            raise ValueError(f"{where}: bias_ih and bias_hh must both be given or both be "
-                             f"None")
+    _together(where, ("bias_ih", "bias_hh"), b_ih, b_hh)
+    if b_ih is None:
         b = np.zeros(4 * H, dtype)
     elif b_ih.shape != b_hh.shape:
         raise ValueError(f"{where}: bias_ih {b_ih.shape} and bias_hh {b_hh.shape} must have "
@@ -405,8 +414,9 @@ def _contiguous_in_op_order(a, lengths, reverse):
     return np.ascontiguousarray(_in_op_order(a, lengths, reverse))
 
 
-def _lstm_peepholes(wci, wcf, wco, H, dtype):
+def _lstm_peepholes(where, wci, wcf, wco, H, dtype):
     """The three peephole arrays the kernels read: the given ones, or zeros (H,)."""
+    _together(where, _PEEPHOLES, wci, wcf, wco)
     return (wci, wcf, wco) if wci is not None else (np.zeros(H, dtype),) * 3
 
 
@@ -421,7 +431,7 @@ def _lstm_forward(kernel, where, x, h0, c0, w_ih, w_hh, b_ih, b_hh, wci, wcf, wc
     i, cs, f, o, ci, co, h = kernel(
         steps_to_run(x.shape[0], lengths), lengths, in_kernels,
         _contiguous_in_op_order(x, lengths, copies), c0, h0, w_ih, w_hh,
-        *_lstm_peepholes(wci, wcf, wco, H, w_hh.dtype), b, cell_clip, peep)
+        *_lstm_peepholes(where, wci, wcf, wco, H, w_hh.dtype), b, cell_clip, peep)
     back = lambda a: _input_order_in_place(a, lengths, copies)  # noqa: E731
     return back(h), back(cs), i, f, o, ci, co
 
@@ -436,7 +446,8 @@ def _lstm_backward(kernel, x, h0, c0, w_ih, w_hh, wci, wcf, wco, lengths, revers
     order = lambda a: _contiguous_in_op_order(a, lengths, copies)  # noqa: E731
     c0, h0, w_ih, w_hh, i, f, o, ci, co = map(np.ascontiguousarray,
                                               (c0, h0, w_ih, w_hh, i, f, o, ci, co))
-    peepholes = map(np.ascontiguousarray, _lstm_peepholes(wci, wcf, wco, w_hh.shape[1],
+    peepholes = map(np.ascontiguousarray, _lstm_peepholes("blockrnn.torch.lstm_backward_op",
+                                                          wci, wcf, wco, w_hh.shape[1],
                                                           w_hh.dtype))
     dx, dc0, dh0, dw_ih, dw_hh, dwci, dwcf, dwco, db = kernel(
         steps_to_run(x.shape[0], lengths), lengths, in_kernels, order(x), c0, h0, w_ih, w_hh,
@@ -460,8 +471,9 @@ def _checked_lstm_backward(b, steps, lengths, reverse, x, c0, h0, w_ih, w_hh, wc
                                sequence_length=lengths, reverse=reverse)
 
 
-def _gru_biases(b_ih, b_hh, w_hh):
-    """The bias arrays the kernels read: the given ones, or zeros (3H,) (b_ih None)."""
+def _gru_biases(where, b_ih, b_hh, w_hh):
+    """The bias arrays the kernels read: the given ones, or zeros (3H,)."""
+    _together(where, ("bias_ih", "bias_hh"), b_ih, b_hh)
     if b_ih is None:
         return (np.zeros(w_hh.shape[0], w_hh.dtype),) * 2
     return b_ih, b_hh
@@ -474,7 +486,7 @@ def _gru_forward(kernel, x, h0, w_ih, w_hh, b_ih, b_hh, lengths, reverse):
     r, z, n, hn, h = kernel(
         steps_to_run(x.shape[0], lengths), lengths, in_kernels,
         _contiguous_in_op_order(x, lengths, copies), h0, w_ih, w_hh,
-        *_gru_biases(b_ih, b_hh, w_hh))
+        *_gru_biases("blockrnn.torch.gru_op", b_ih, b_hh, w_hh))
     return _input_order_in_place(h, lengths, copies), r, z, n, hn
 
 
@@ -497,13 +509,16 @@ def _checked_gru_forward(steps, lengths, reverse, x, h0, w_ih, w_hh, b_ih, b_hh)
 def _checked_gru_backward(b_ih, b_hh, steps, lengths, reverse, x, h0, w_ih, w_hh, r, z, n,
                           hn, h, h_grad):
     """(b_ih, b_hh: None or arrays whose shapes are checked)"""
-    return _block_gru_reset_after_grad(steps, x, h0, w_ih, w_hh, *_gru_biases(b_ih, b_hh, w_hh),
+    return _block_gru_reset_after_grad(steps, x, h0, w_ih, w_hh,
+                                       *_gru_biases("blockrnn.torch.gru_backward_op", b_ih,
+                                                    b_hh, w_hh),
                                        r, z, n, hn, h, h_grad, sequence_length=lengths,
                                        reverse=reverse)
 
 
-def _gru_block_biases(b_ru, b_c, w_ru, w_c):
+def _gru_block_biases(where, b_ru, b_c, w_ru, w_c):
     """The bias arrays the TF GRU's kernels read: the given ones, or zeros (2H,), (H,)."""
+    _together(where, ("b_ru", "b_c"), b_ru, b_c)
     if b_ru is None:
         return np.zeros(w_ru.shape[1], w_ru.dtype), np.zeros(w_c.shape[1], w_c.dtype)
     return b_ru, b_c
@@ -515,7 +530,8 @@ def _gru_block_forward(kernel, x, h0, w_ru, w_c, b_ru, b_c, lengths, reverse):
     the reverse direction reads x reversed (a copy) and writes h back in place."""
     r, u, c, h = kernel(steps_to_run(x.shape[0], lengths), lengths,
                         _contiguous_in_op_order(x, lengths, reverse), h0, w_ru, w_c,
-                        *_gru_block_biases(b_ru, b_c, w_ru, w_c))
+                        *_gru_block_biases("blockrnn.torch.gru_block_op", b_ru, b_c, w_ru,
+                                           w_c))
     return _input_order_in_place(h, lengths, reverse), r, u, c
 
 
@@ -537,12 +553,14 @@ def _checked_gru_block_backward(b_ru, b_c, steps, lengths, x, h0, w_ru, w_c, r, 
                                 h_grad):
     """(b_ru, b_c: None or arrays whose shapes are checked)"""
     return blockrnn.block_gru_grad(steps, x, h0, w_ru, w_c,
-                                   *_gru_block_biases(b_ru, b_c, w_ru, w_c), r, u, c, h,
+                                   *_gru_block_biases("blockrnn.torch.gru_block_backward_op",
+                                                      b_ru, b_c, w_ru, w_c), r, u, c, h,
                                    h_grad, sequence_length=lengths)
 
 
-def _lstm_proj_biases(b_ih, b_hh, w_ih):
+def _lstm_proj_biases(where, b_ih, b_hh, w_ih):
     """The bias arrays the projected LSTM's kernels read: the given ones, or zeros (4H,)."""
+    _together(where, ("bias_ih", "bias_hh"), b_ih, b_hh)
     if b_ih is None:
         return (np.zeros(w_ih.shape[0], w_ih.dtype),) * 2
     return b_ih, b_hh
@@ -554,7 +572,8 @@ def _lstm_proj_forward(kernel, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, lengths,
     by copies, as _gru_block_forward)."""
     i, f, o, ci, cs, co, m, h = kernel(
         steps_to_run(x.shape[0], lengths), lengths, _contiguous_in_op_order(x, lengths, reverse),
-        h0, c0, w_ih, w_hh, *_lstm_proj_biases(b_ih, b_hh, w_ih), w_hr)
+        h0, c0, w_ih, w_hh, *_lstm_proj_biases("blockrnn.torch.lstm_proj_op", b_ih, b_hh, w_ih),
+        w_hr)
     back = lambda a: _input_order_in_place(a, lengths, reverse)  # noqa: E731
     return back(h), back(cs), i, f, o, ci, co, m
 
@@ -581,7 +600,8 @@ def _checked_lstm_proj_backward(b_ih, b_hh, steps, lengths, x, h0, c0, w_ih, w_h
                                 f, o, ci, cs, co, m, h, cs_grad, h_grad):
     """(b_ih, b_hh: None or arrays whose shapes are checked)"""
     return block_lstm_proj_grad(steps, x, h0, c0, w_ih, w_hh,
-                                *_lstm_proj_biases(b_ih, b_hh, w_ih), w_hr, i, f, o, ci, cs,
+                                *_lstm_proj_biases("blockrnn.torch.lstm_proj_backward_op",
+                                                   b_ih, b_hh, w_ih), w_hr, i, f, o, ci, cs,
                                 co, m, h, cs_grad, h_grad, sequence_length=lengths)
 
 
@@ -2172,6 +2192,7 @@ class LSTM(_RNNBase):
         so the same bits)."""
         b = _lstm_bias("blockrnn.torch.LSTM", b_ih, b_hh, self.forget_bias,
                        w_hh.shape[1], np.float32)
+        _together("blockrnn.torch.LSTM", _PEEPHOLES, wci, wcf, wco)
         return _kernels.PackedLSTMWeights(
             w_ih, w_hh, b, wci, wcf, wco, layout=int(_kernels.GateLayout.IFCO),
             cell_clip=self.cell_clip, use_peephole=self.use_peephole, gates_in_rows=True)
@@ -2298,6 +2319,8 @@ class GRU(_RNNBase):
         """One cell's weights packed for the inference forward (no bias: zeros, as the
         training ops)."""
         H = self.hidden_size
+        _together("blockrnn.torch.GRU", ("bias_ih", "bias_hh") if self.reset_after
+                  else ("b_ru", "b_c"), b1, b2)
         if self.reset_after:
             if b1 is None:
                 b1 = b2 = np.zeros(3 * H, np.float32)

@@ -194,6 +194,34 @@ def test_all_lengths_zero_give_zero_weight_gradients(kind, dtype):
         assert p.grad is not None and not p.grad.any(), name
 
 
+@pytest.mark.parametrize("make,name", [
+    (lambda: bt.GRU(I, H), "bias_hh_l0"), (lambda: bt.GRU(I, H), "bias_ih_l0"),
+    (lambda: bt.GRU(I, H, reset_after=False), "b_c_l0"),
+    (lambda: bt.GRU(I, H, reset_after=False), "b_ru_l0"),
+    (lambda: bt.LSTM(I, H), "bias_hh_l0"), (lambda: bt.LSTM(I, H, proj_size=2), "bias_hh_l0"),
+    (lambda: bt.LSTM(I, H, use_peephole=True), "weight_cf_l0"),
+    (lambda: bt.LSTM(I, H, use_peephole=True), "weight_ci_l0")],
+    ids=["gru-b_hh", "gru-b_ih", "tf-gru-b_c", "tf-gru-b_ru", "lstm-b_hh", "lstm-proj-b_hh",
+         "lstm-w_cf", "lstm-w_ci"])
+@pytest.mark.parametrize("path", ["fast", "ops", "no_grad", "float64"])
+def test_one_of_a_cells_biases_or_peepholes_set_to_none_is_refused(make, name, path,
+                                                                   monkeypatch):
+    """A cell's biases (and peepholes) go together: with one of them set to None the call
+    raises a ValueError naming them, on every path -- the fast path read None where the
+    kernels read an array (a segfault), or zeros for both when the first was None (the
+    other ignored)."""
+    module = make()
+    setattr(module, name, None)
+    dtype = torch.float64 if path == "float64" else torch.float32
+    module = module.to(dtype)
+    if path == "ops":
+        monkeypatch.setattr(bt, "_FAST_FUNCTION", {})
+    x = torch.randn(T, B, I, dtype=dtype)
+    with torch.set_grad_enabled(path != "no_grad"):
+        with pytest.raises(ValueError, match=r"must (both|all) be given or (both|all) be None"):
+            module(x)
+
+
 def test_parameters_double_and_needs_input_grad():
     lstm = bt.LSTM(I, H)
     nn_names = ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"]
