@@ -1286,10 +1286,16 @@ class BlockGRUFunction(torch.autograd.Function):
 # ---------------------------------------------------------------------------
 
 def _check_source(where, module, types, name, dtypes=_DTYPES):
-    """The checks of a module to convert: one of `types`, weights (its first parameter:
-    weight_ih_l0, or w_ru_l0 of a TensorFlow-layout GRU) of one of `dtypes`."""
+    """The checks of a module to convert: one of `types`, every weight a tensor (not
+    None, which torch lets a user assign), weights (its first parameter: weight_ih_l0,
+    or w_ru_l0 of a TensorFlow-layout GRU) of one of `dtypes`."""
     if not isinstance(module, types):
         raise TypeError(f"{where}: expected a {name}, got {type(module).__name__}")
+    for n in module._flat_weights_names:
+        t = getattr(module, n)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}: the module's {n} must be a tensor, got "
+                            f"{type(t).__name__}")
     dtype = next(module.parameters()).dtype
     if dtype not in dtypes:
         names = [str(d).replace("torch.", "") for d in dtypes]
@@ -1659,6 +1665,24 @@ class _RNNBase(nn.Module):
         p = self._parameters.get(name)
         return p if p is not None else getattr(self, name)
 
+    def _required(self, name):
+        """_weight(name) for a weight the call cannot run without (the input and
+        recurrent weights, weight_hr): None there (assigned by the user) is refused."""
+        p = self._weight(name)
+        if p is None:
+            raise TypeError(f"blockrnn.torch.{type(self).__name__}: {name} must be a "
+                            f"tensor, got None (only a cell's biases, or its peepholes, "
+                            f"may be None, and then all of them)")
+        return p
+
+    def _first_param(self):
+        """The first registered parameter (weight_ih_l0, w_ru_l0), whose dtype and
+        device are the module's; None there is refused (_required). Read from the
+        module's own dict (a tenth of the cost of next(self.parameters()); callers
+        that run several times a call inline the common case)."""
+        name, p = next(iter(self._parameters.items()))
+        return p if p is not None else self._required(name)
+
     def _add(self, name, *shape):
         """A parameter (uninitialised until reset_parameters)."""
         setattr(self, name, nn.Parameter(torch.empty(*shape, **self._factory)))
@@ -1940,24 +1964,27 @@ class _RNNBase(nn.Module):
         return y, finals
 
     def _param_dtype_device(self, where=None):
-        """The parameters' dtype and device: the first parameter's (weight_ih_l0 /
-        w_ru_l0), read from the module's own dict (a tenth of the cost of
-        next(self.parameters()), which runs once per call or more). With `where`,
-        a dtype the module cannot compute in raises."""
+        """The parameters' dtype and device: the first parameter's (_first_param).
+        With `where`, a dtype the module cannot compute in raises."""
         p = next(iter(self._parameters.values()))
+        if p is None:
+            p = self._first_param()
         if where is not None and p.dtype not in _MODULE_DTYPES:
             raise TypeError(f"{where}: the parameters must be float32, float64, bfloat16 "
                             f"or float16, got {p.dtype}")
         return p.dtype, p.device
 
     def _param_dtype(self):
-        return next(iter(self._parameters.values())).dtype   # (_param_dtype_device's)
+        p = next(iter(self._parameters.values()))
+        return (p if p is not None else self._first_param()).dtype
 
     def _plain_dtype(self):
         """The parameters' dtype if they are float32 / float64 CPU tensors, else None: an
         input or state of that dtype on the CPU then passes _autocast, _check_tensor and
         _to_compute unchanged (_input's and _state's fast cases)."""
         p = next(iter(self._parameters.values()))
+        if p is None:
+            p = self._first_param()
         return p.dtype if p.is_cpu and p.dtype in _DTYPES else None
 
     def _compute_dtype(self):
@@ -2099,7 +2126,7 @@ class LSTM(_RNNBase):
         """(weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, weight_co) of
         one cell, None for those it does not have."""
         get = lambda n: self._weight(n + sfx)  # noqa: E731
-        return (get("weight_ih"), get("weight_hh"),
+        return (self._required("weight_ih" + sfx), self._required("weight_hh" + sfx),
                 *((get("bias_ih"), get("bias_hh")) if self.bias else (None, None)),
                 *((get(n) for n in _PEEPHOLES) if self.use_peephole else (None,) * 3))
 
@@ -2144,7 +2171,7 @@ class LSTM(_RNNBase):
 
         def step(x, init, sfx, reverse):
             out = _apply(lstm_proj_op, x, *init, *self._compute_params(sfx)[:4],
-                         _to_compute(getattr(self, f"weight_hr{sfx}")), lengths, reverse)
+                         _to_compute(self._required(f"weight_hr{sfx}")), lengths, reverse)
             return out[0], out[1]
 
         return self._run(where, xt, states, lengths, batched, packed, step)
@@ -2283,7 +2310,7 @@ class GRU(_RNNBase):
     def _cell_params(self, sfx):
         names = (("weight_ih", "weight_hh", "bias_ih", "bias_hh") if self.reset_after
                  else ("w_ru", "w_c", "b_ru", "b_c"))
-        p = [self._weight(n + sfx) for n in names[:2]]
+        p = [self._required(n + sfx) for n in names[:2]]
         return (*p, *((self._weight(n + sfx) for n in names[2:]) if self.bias
                       else (None, None)))
 

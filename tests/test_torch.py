@@ -16,6 +16,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     pytest.fail(f"PyTorch is required for the blockrnn.torch tests ({exc!r}); install the "
                 f"test extras with `pip install -e .[test]`", pytrace=False)
 
+import blockrnn.convert
 import blockrnn.torch as bt
 from blockrnn.torch import BlockGRUFunction, BlockLSTMFunction
 
@@ -220,6 +221,38 @@ def test_one_of_a_cells_biases_or_peepholes_set_to_none_is_refused(make, name, p
     with torch.set_grad_enabled(path != "no_grad"):
         with pytest.raises(ValueError, match=r"must (both|all) be given or (both|all) be None"):
             module(x)
+
+
+_REQUIRED = [(lambda: bt.GRU(I, H), "weight_ih_l0"), (lambda: bt.GRU(I, H), "weight_hh_l0"),
+             (lambda: bt.GRU(I, H, reset_after=False), "w_ru_l0"),
+             (lambda: bt.GRU(I, H, reset_after=False), "w_c_l0"),
+             (lambda: bt.LSTM(I, H), "weight_ih_l0"), (lambda: bt.LSTM(I, H), "weight_hh_l0"),
+             (lambda: bt.LSTM(I, H, proj_size=2), "weight_hr_l0"),
+             (lambda: bt.LSTM(I, H, num_layers=2, bidirectional=True), "weight_hh_l1_reverse")]
+_REQUIRED_IDS = ["gru-w_ih", "gru-w_hh", "tf-gru-w_ru", "tf-gru-w_c", "lstm-w_ih", "lstm-w_hh",
+                 "lstm-proj-w_hr", "lstm-stacked-w_hh"]
+
+
+@pytest.mark.parametrize("make,name", _REQUIRED, ids=_REQUIRED_IDS)
+@pytest.mark.parametrize("path", ["fast", "ops", "no_grad", "float64"])
+def test_a_required_weight_set_to_none_is_refused(make, name, path, monkeypatch):
+    """torch lets a user assign None to a registered parameter: a weight the call
+    cannot run without then raises a TypeError naming it, on every path (it was an
+    AttributeError about NoneType deep in the plumbing); conversions refuse it too."""
+    module = make()
+    setattr(module, name, None)
+    dtype = torch.float64 if path == "float64" else torch.float32
+    module = module.to(dtype)
+    if path == "ops":
+        monkeypatch.setattr(bt, "_FAST_FUNCTION", {})
+    x = torch.randn(T, B, I, dtype=dtype)
+    with torch.set_grad_enabled(path != "no_grad"):
+        with pytest.raises(TypeError, match=rf"blockrnn.torch.(LSTM|GRU): {name} must be a "
+                                            rf"tensor, got None"):
+            module(x)
+    with pytest.raises(TypeError, match=rf"from_torch: the module's {name} must be a tensor, "
+                                        rf"got NoneType"):
+        blockrnn.convert.from_torch(module)
 
 
 def test_parameters_double_and_needs_input_grad():
