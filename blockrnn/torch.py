@@ -129,8 +129,12 @@ def _check_tensor(where, name, t, dtype=None, device=None):
 
 
 def _numpy(where, name, t, dtype=None):
-    """A NumPy view of a CPU float32/float64 tensor (no copy), checked by _check_tensor."""
+    """A NumPy view of a CPU float32/float64 tensor (no copy), checked by _check_tensor;
+    an op body runs on CPU tensors, so a meta one among them is refused."""
     _check_tensor(where, name, t, dtype)
+    if t.is_meta:
+        raise ValueError(f"{where}: {name} is on the meta device while the call's other "
+                         f"tensors are on the CPU (move it with .cpu())")
     return _values(t)
 
 
@@ -471,11 +475,17 @@ def _checked_lstm_backward(b, steps, lengths, reverse, x, c0, h0, w_ih, w_hh, wc
                                sequence_length=lengths, reverse=reverse)
 
 
+def _dim(w, axis):
+    """w.shape[axis] of a 2-D weight, else 0: the size of the zero biases that stand in
+    for missing ones, taken before the kernel's checks refuse a weight of another rank."""
+    return w.shape[axis] if w.ndim == 2 else 0
+
+
 def _gru_biases(where, b_ih, b_hh, w_hh):
     """The bias arrays the kernels read: the given ones, or zeros (3H,)."""
     _together(where, ("bias_ih", "bias_hh"), b_ih, b_hh)
     if b_ih is None:
-        return (np.zeros(w_hh.shape[0], w_hh.dtype),) * 2
+        return (np.zeros(_dim(w_hh, 0), w_hh.dtype),) * 2
     return b_ih, b_hh
 
 
@@ -520,7 +530,7 @@ def _gru_block_biases(where, b_ru, b_c, w_ru, w_c):
     """The bias arrays the TF GRU's kernels read: the given ones, or zeros (2H,), (H,)."""
     _together(where, ("b_ru", "b_c"), b_ru, b_c)
     if b_ru is None:
-        return np.zeros(w_ru.shape[1], w_ru.dtype), np.zeros(w_c.shape[1], w_c.dtype)
+        return np.zeros(_dim(w_ru, 1), w_ru.dtype), np.zeros(_dim(w_c, 1), w_c.dtype)
     return b_ru, b_c
 
 
@@ -562,7 +572,7 @@ def _lstm_proj_biases(where, b_ih, b_hh, w_ih):
     """The bias arrays the projected LSTM's kernels read: the given ones, or zeros (4H,)."""
     _together(where, ("bias_ih", "bias_hh"), b_ih, b_hh)
     if b_ih is None:
-        return (np.zeros(w_ih.shape[0], w_ih.dtype),) * 2
+        return (np.zeros(_dim(w_ih, 0), w_ih.dtype),) * 2
     return b_ih, b_hh
 
 
@@ -1683,6 +1693,23 @@ class _RNNBase(nn.Module):
         name, p = next(iter(self._parameters.items()))
         return p if p is not None else self._required(name)
 
+    def _check_cell(self, where, sfx, params):
+        """One cell's weights as the call reads them (params: _cell_params(sfx)), each
+        None or a CPU tensor of the module's dtype and of the shape the module gives it
+        (_cell_shapes), or a clear error naming it. Run where the weights are converted
+        for the kernels without the ops' own checks: the no-grad path's packing (an
+        integer, float16 or float64 weight would be converted silently, a meta one or
+        one of another rank fail in torch or NumPy), a bfloat16 / float16 module's
+        float32 copies, a projected LSTM's weight_hr."""
+        dtype, device = self._param_dtype_device()
+        I = next(I for _, _, s, I in self._cells() if s == sfx)
+        for name, p, shape in zip(self._cell_names(sfx), params, self._cell_shapes(I)):
+            if p is not None:
+                _check_tensor(where, name, p, dtype, device)
+                if p.shape != shape:
+                    raise ValueError(f"{where}: {name} must have shape {shape}, got "
+                                     f"{tuple(p.shape)}")
+
     def _add(self, name, *shape):
         """A parameter (uninitialised until reset_parameters)."""
         setattr(self, name, nn.Parameter(torch.empty(*shape, **self._factory)))
@@ -1898,6 +1925,7 @@ class _RNNBase(nn.Module):
                        options):
                 return packed
         params = self._cell_params(sfx)
+        self._check_cell(f"blockrnn.torch.{type(self).__name__}", sfx, params)
         packed = self._pack_cell(*(None if p is None else p.detach().float().numpy()
                                    for p in params))
         cache.packings += 1
@@ -1998,6 +2026,7 @@ class _RNNBase(nn.Module):
         params = self._cell_params(sfx)
         if self._param_dtype() not in _LOW_PRECISION:
             return params
+        self._check_cell(f"blockrnn.torch.{type(self).__name__}", sfx, params)
         return tuple(None if p is None else p.float() for p in params)
 
     def _factory_now(self):
@@ -2130,6 +2159,16 @@ class LSTM(_RNNBase):
                 *((get("bias_ih"), get("bias_hh")) if self.bias else (None, None)),
                 *((get(n) for n in _PEEPHOLES) if self.use_peephole else (None,) * 3))
 
+    def _cell_names(self, sfx):
+        """The names of _cell_params(sfx)'s weights, in its order; then weight_hr."""
+        return tuple(n + sfx for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh",
+                                       *_PEEPHOLES, "weight_hr"))
+
+    def _cell_shapes(self, I):
+        """The shapes of _cell_names' weights in a cell of input size I."""
+        H, P = self.hidden_size, self.proj_size or self.hidden_size
+        return (4 * H, I), (4 * H, P), (4 * H,), (4 * H,), (H,), (H,), (H,), (P, H)
+
     def _cells(self):
         """As _RNNBase._cells, with I_k = D*P for k > 0 when projected."""
         for k, d, sfx, I in super()._cells():
@@ -2170,8 +2209,10 @@ class LSTM(_RNNBase):
                   self._state(where, "c0", hx[1], B, batched))
 
         def step(x, init, sfx, reverse):
+            w_hr = self._required(f"weight_hr{sfx}")
+            self._check_cell(where, sfx, (None,) * 7 + (w_hr,))    # (converted below)
             out = _apply(lstm_proj_op, x, *init, *self._compute_params(sfx)[:4],
-                         _to_compute(self._required(f"weight_hr{sfx}")), lengths, reverse)
+                         _to_compute(w_hr), lengths, reverse)
             return out[0], out[1]
 
         return self._run(where, xt, states, lengths, batched, packed, step)
@@ -2308,11 +2349,18 @@ class GRU(_RNNBase):
         self.reset_parameters()
 
     def _cell_params(self, sfx):
-        names = (("weight_ih", "weight_hh", "bias_ih", "bias_hh") if self.reset_after
-                 else ("w_ru", "w_c", "b_ru", "b_c"))
-        p = [self._required(n + sfx) for n in names[:2]]
-        return (*p, *((self._weight(n + sfx) for n in names[2:]) if self.bias
-                      else (None, None)))
+        names = self._cell_names(sfx)
+        p = [self._required(n) for n in names[:2]]
+        return (*p, *((self._weight(n) for n in names[2:]) if self.bias else (None, None)))
+
+    def _cell_names(self, sfx):
+        """The names of _cell_params(sfx)'s weights, in its order."""
+        return tuple(n + sfx for n in (("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+                                       if self.reset_after else ("w_ru", "w_c", "b_ru", "b_c")))
+
+    def _cell_shapes(self, I):
+        """The shapes of _cell_names' weights in a cell of input size I."""
+        return (_gru_shapes if self.reset_after else _gru_block_shapes)(I, self.hidden_size)
 
     def forward(self, x, hx=None, sequence_length=None):
         where = "blockrnn.torch.GRU"

@@ -255,6 +255,52 @@ def test_a_required_weight_set_to_none_is_refused(make, name, path, monkeypatch)
         blockrnn.convert.from_torch(module)
 
 
+_BAD_WEIGHT = {"0-d": lambda p: p.reshape(-1)[0].clone(),
+               "short": lambda p: p[..., :-1].clone(),
+               "meta": lambda p: torch.empty(p.shape, dtype=p.dtype, device="meta"),
+               "int64": lambda p: p.to(torch.int64), "float64": lambda p: p.double()}
+# (module, a weight to spoil, the names an error about it may use: the module's, the op's
+# argument's or the NumPy kernel's; the first weight sets the module's dtype and device, so
+# an error about it may speak of "the parameters")
+_SPOILED = [(lambda: bt.GRU(I, H), "weight_hh_l0", ("weight_hh", "w_hh")),
+            (lambda: bt.GRU(I, H, bias=False), "weight_ih_l0", ("weight_ih", "w_ih", "the parameters")),
+            (lambda: bt.GRU(I, H, reset_after=False), "w_c_l0", ("w_c",)),
+            (lambda: bt.GRU(I, H, reset_after=False, bias=False), "w_ru_l0", ("w_ru", "the parameters")),
+            (lambda: bt.LSTM(I, H), "bias_hh_l0", ("bias_hh", "b_hh")),
+            (lambda: bt.LSTM(I, H, bias=False), "weight_hh_l0", ("weight_hh", "w_hh")),
+            (lambda: bt.LSTM(I, H, use_peephole=True), "weight_co_l0", ("weight_co", "wco")),
+            (lambda: bt.LSTM(I, H, proj_size=2, bias=False), "weight_hr_l0", ("weight_hr",))]
+
+
+@pytest.mark.parametrize("make,name,says", _SPOILED,
+                         ids=["gru-w_hh", "gru-nobias-w_ih", "tf-gru-w_c", "tf-gru-nobias-w_ru",
+                              "lstm-b_hh", "lstm-nobias-w_hh", "lstm-w_co", "lstm-proj-w_hr"])
+@pytest.mark.parametrize("bad", sorted(_BAD_WEIGHT))
+@pytest.mark.parametrize("path", ["fast", "ops", "no_grad", "bfloat16"])
+def test_a_weight_of_another_rank_dtype_or_device_is_refused_by_name(make, name, says, bad,
+                                                                     path, monkeypatch):
+    """A weight assigned with another rank, dtype or device (torch lets a Parameter of any
+    shape replace one) raises a TypeError / ValueError naming it on every path: the no-grad
+    path converted an integer, float16 or float64 one silently and failed with an
+    IndexError on a 0-d one; the bias helpers read a 0-d weight's shape before the
+    kernel's checks (IndexError); a meta weight failed in torch's .numpy()."""
+    module = make()
+    dtype = torch.bfloat16 if path == "bfloat16" else torch.float32
+    module = module.to(dtype)
+    if path == "ops":
+        monkeypatch.setattr(bt, "_FAST_FUNCTION", {})
+    p = getattr(module, name).detach()
+    setattr(module, name, nn.Parameter(_BAD_WEIGHT[bad](p), requires_grad=False))
+    x = torch.randn(T, B, I, dtype=dtype)
+    with torch.set_grad_enabled(path != "no_grad"):
+        with pytest.raises((TypeError, ValueError)) as info:
+            y, _ = module(x)
+            y.sum().backward()
+    message = str(info.value)
+    assert message.startswith(("blockrnn.torch.", "block_")), message
+    assert any(n in message for n in says), message
+
+
 def test_parameters_double_and_needs_input_grad():
     lstm = bt.LSTM(I, H)
     nn_names = ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"]
