@@ -195,6 +195,18 @@ def test_all_lengths_zero_give_zero_weight_gradients(kind, dtype):
         assert p.grad is not None and not p.grad.any(), name
 
 
+def _module_with(make, name, spoil, path, monkeypatch):
+    """make()'s module in the dtype of `path` ("float64", "bfloat16", else float32) with
+    its parameter `name` replaced by spoil(parameter), the eager fast path off for "ops";
+    and an input (T, B, I) of that dtype."""
+    dtype = {"float64": torch.float64, "bfloat16": torch.bfloat16}.get(path, torch.float32)
+    module = make().to(dtype)
+    setattr(module, name, spoil(getattr(module, name).detach()))
+    if path == "ops":
+        monkeypatch.setattr(bt, "_FAST_FUNCTION", {})
+    return module, torch.randn(T, B, I, dtype=dtype)
+
+
 @pytest.mark.parametrize("make,name", [
     (lambda: bt.GRU(I, H), "bias_hh_l0"), (lambda: bt.GRU(I, H), "bias_ih_l0"),
     (lambda: bt.GRU(I, H, reset_after=False), "b_c_l0"),
@@ -211,13 +223,7 @@ def test_one_of_a_cells_biases_or_peepholes_set_to_none_is_refused(make, name, p
     raises a ValueError naming them, on every path -- the fast path read None where the
     kernels read an array (a segfault), or zeros for both when the first was None (the
     other ignored)."""
-    module = make()
-    setattr(module, name, None)
-    dtype = torch.float64 if path == "float64" else torch.float32
-    module = module.to(dtype)
-    if path == "ops":
-        monkeypatch.setattr(bt, "_FAST_FUNCTION", {})
-    x = torch.randn(T, B, I, dtype=dtype)
+    module, x = _module_with(make, name, lambda p: None, path, monkeypatch)
     with torch.set_grad_enabled(path != "no_grad"):
         with pytest.raises(ValueError, match=r"must (both|all) be given or (both|all) be None"):
             module(x)
@@ -239,13 +245,7 @@ def test_a_required_weight_set_to_none_is_refused(make, name, path, monkeypatch)
     """torch lets a user assign None to a registered parameter: a weight the call
     cannot run without then raises a TypeError naming it, on every path (it was an
     AttributeError about NoneType deep in the plumbing); conversions refuse it too."""
-    module = make()
-    setattr(module, name, None)
-    dtype = torch.float64 if path == "float64" else torch.float32
-    module = module.to(dtype)
-    if path == "ops":
-        monkeypatch.setattr(bt, "_FAST_FUNCTION", {})
-    x = torch.randn(T, B, I, dtype=dtype)
+    module, x = _module_with(make, name, lambda p: None, path, monkeypatch)
     with torch.set_grad_enabled(path != "no_grad"):
         with pytest.raises(TypeError, match=rf"blockrnn.torch.(LSTM|GRU): {name} must be a "
                                             rf"tensor, got None"):
@@ -286,14 +286,9 @@ def test_a_weight_of_another_rank_dtype_or_device_is_refused_by_name(make, name,
     path converted an integer, float16 or float64 one silently and failed with an
     IndexError on a 0-d one; the bias helpers read a 0-d weight's shape before the
     kernel's checks (IndexError); a meta weight failed in torch's .numpy()."""
-    module = make()
-    dtype = torch.bfloat16 if path == "bfloat16" else torch.float32
-    module = module.to(dtype)
-    if path == "ops":
-        monkeypatch.setattr(bt, "_FAST_FUNCTION", {})
-    p = getattr(module, name).detach()
-    setattr(module, name, nn.Parameter(_BAD_WEIGHT[bad](p), requires_grad=False))
-    x = torch.randn(T, B, I, dtype=dtype)
+    module, x = _module_with(
+        make, name, lambda p: nn.Parameter(_BAD_WEIGHT[bad](p), requires_grad=False), path,
+        monkeypatch)
     with torch.set_grad_enabled(path != "no_grad"):
         with pytest.raises((TypeError, ValueError)) as info:
             y, _ = module(x)
