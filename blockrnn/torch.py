@@ -2154,10 +2154,11 @@ class LSTM(_RNNBase):
     def _cell_params(self, sfx):
         """(weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, weight_co) of
         one cell, None for those it does not have."""
-        get = lambda n: self._weight(n + sfx)  # noqa: E731
-        return (self._required("weight_ih" + sfx), self._required("weight_hh" + sfx),
-                *((get("bias_ih"), get("bias_hh")) if self.bias else (None, None)),
-                *((get(n) for n in _PEEPHOLES) if self.use_peephole else (None,) * 3))
+        names = self._cell_names(sfx)
+        return (self._required(names[0]), self._required(names[1]),
+                *((self._weight(n) for n in names[2:4]) if self.bias else (None, None)),
+                *((self._weight(n) for n in names[4:7]) if self.use_peephole
+                  else (None,) * 3))
 
     def _cell_names(self, sfx):
         """The names of _cell_params(sfx)'s weights, in its order; then weight_hr."""
