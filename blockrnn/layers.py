@@ -134,6 +134,10 @@ def _array(where, name, value, dtype, shape):
     return arr
 
 
+def _runs_repr(runs):
+    return "[" + ", ".join(f"({i}, {h}, {dt})" for i, h, dt in runs) + "]"
+
+
 def _last(seq, init, lengths):
     """Final state: seq[n_b - 1, b] per row (init[b] when n_b == 0); a new array."""
     T = seq.shape[0]
@@ -187,15 +191,15 @@ class _Layer:
         """Create every parameter, uniform in [-1/sqrt(H), 1/sqrt(H)], in ``params`` order."""
         H, D = self.hidden_size, self.num_directions
         rng = np.random.default_rng(self._seed)
-        names = []
+        self._specs = {}   # (k, s) -> ((base name, name, shape), ...) of layer k, direction s
         for k in range(self.num_layers):
             I_k = self.input_size if k == 0 else D * H
             for s in self._suffixes:
-                for base, shape in self._shapes(I_k).items():
-                    setattr(self, f"{base}_l{k}{s}",
-                            _uniform(rng, shape, 1.0 / np.sqrt(H), self.dtype))
-                    names.append(f"{base}_l{k}{s}")
-        self._param_names = tuple(names)
+                self._specs[k, s] = tuple((base, f"{base}_l{k}{s}", shape)
+                                          for base, shape in self._shapes(I_k).items())
+                for _, name, shape in self._specs[k, s]:
+                    setattr(self, name, _uniform(rng, shape, 1.0 / np.sqrt(H), self.dtype))
+        self._param_names = tuple(name for spec in self._specs.values() for _, name, _ in spec)
         self.grads = {name: np.zeros_like(p) for name, p in self.params.items()}
 
     @property
@@ -210,6 +214,23 @@ class _Layer:
     def params(self):
         """dict name -> parameter array (the layer's own arrays: update in place)."""
         return {name: getattr(self, name) for name in self._param_names}
+
+    def _checked(self, where, k, s):
+        """Layer k, direction suffix s's parameters {base name: array}, each checked to be
+        an array of the layer's dtype and shape (a user may have assigned anything to the
+        attribute), so that an error names the parameter, not the op's argument."""
+        out = {}
+        for base, name, shape in self._specs[k, s]:
+            a = getattr(self, name)
+            if not (type(a) is np.ndarray and a.dtype == self.dtype and a.shape == shape):
+                a = _array(where, name, a, self.dtype, shape)   # or raise
+            out[base] = a
+        return out
+
+    def _checked_params(self, where):
+        """``params``, every array checked as by ``_checked``."""
+        return {f"{base}_l{k}{s}": a for k in range(self.num_layers) for s in self._suffixes
+                for base, a in self._checked(where, k, s).items()}
 
     def _states(self, where, name, value, B, zeros):
         """The user's state (tuple or array) as a list of (L*D, B, H) arrays (None entries
@@ -260,7 +281,7 @@ class _Layer:
             for d, s in enumerate(self._suffixes):
                 xin = inp if d == 0 else reverse_sequence(inp, lengths)
                 s0 = tuple(part[k * D + d] for part in init)
-                out = self._op(k, s, L, xin, s0, lengths)
+                out = self._op(where, k, s, L, xin, s0, lengths)
                 for f, seq, s0_part in zip(final, self._sequences(out), s0):
                     f[k * D + d] = _last(seq, s0_part, lengths)
                 outs.append(out.h if d == 0 else reverse_sequence(out.h, lengths))
@@ -288,7 +309,8 @@ class _Layer:
 
         Parameters
         ----------
-        context : the LSTMContext / GRUContext from ``forward``
+        context : the LSTMContext / GRUContext from this layer's ``forward`` (one from
+            a layer of another configuration is refused)
         dy : None or array (T, B, D*H)
             dLoss/dy; None means zeros. Entries past a row's length are ignored.
         dstate : None, or dLoss/d(final state): LSTM a tuple (dh_n, dc_n), GRU an
@@ -309,8 +331,17 @@ class _Layer:
             raise TypeError(f"{where}: context must be the {cls}Context returned by "
                             f"{cls}.forward, got {type(context).__name__}")
         runs, L, lengths = context
-        T, B = runs[0][0].shape[:2]
         H, D = self.hidden_size, self.num_directions
+        # (input size, hidden size, dtype) of each run: a context from another layer's
+        # forward would run this layer's weights on that layer's activations
+        want = [(self.input_size if k == 0 else D * H, H, self.dtype)
+                for k in range(self.num_layers) for _ in range(D)]
+        got = [(x.shape[2], h0.shape[1], x.dtype) for x, (h0, *_), _ in runs]
+        if got != want:
+            raise ValueError(f"{where}: context is not from this layer's forward: its runs "
+                             f"have (input size, hidden size, dtype) {_runs_repr(got)}, this "
+                             f"layer's {_runs_repr(want)}")
+        T, B = runs[0][0].shape[:2]
         if dy is None:
             dout = np.zeros((T, B, D * H), self.dtype)
         else:
@@ -330,7 +361,8 @@ class _Layer:
                 extra = [np.zeros((B, H), self.dtype) for _ in dfinal]
                 for sg, e, df in zip(seq_grads, extra, dfinal):
                     _route(sg, e, None if df is None else df[k * D + d], lengths)
-                dx, ds0, named = self._op_grad(k, s, L, xin, s0, out, seq_grads, lengths)
+                dx, ds0, named = self._op_grad(where, k, s, L, xin, s0, out, seq_grads,
+                                               lengths)
                 for di, g, e in zip(dinit, ds0, extra):
                     di[k * D + d] = g + e
                 grads.update(named)
@@ -422,16 +454,16 @@ class LSTM(_Layer):
             shapes.update(wci=(H,), wcf=(H,), wco=(H,))
         return shapes
 
-    def _weights(self, k, s):
+    def _weights(self, where, k, s):
         """w, wci, wcf, wco, b of layer k, direction suffix s (zeros without peepholes)."""
-        get = lambda base: getattr(self, f"{base}_l{k}{s}")  # noqa: E731
-        peep = ([get(n) for n in ("wci", "wcf", "wco")] if self.use_peephole
+        p = self._checked(where, k, s)
+        peep = ([p["wci"], p["wcf"], p["wco"]] if self.use_peephole
                 else [self._no_peephole] * 3)
-        return (get("w"), *peep, get("b"))
+        return (p["w"], *peep, p["b"])
 
-    def _op(self, k, s, L, x, s0, lengths):
+    def _op(self, where, k, s, L, x, s0, lengths):
         h0, c0 = s0
-        return blockrnn.block_lstm_v2(L, x, c0, h0, *self._weights(k, s),
+        return blockrnn.block_lstm_v2(L, x, c0, h0, *self._weights(where, k, s),
                                       cell_clip=self.cell_clip,
                                       use_peephole=self.use_peephole, sequence_length=lengths)
 
@@ -439,10 +471,10 @@ class LSTM(_Layer):
     def _sequences(out):
         return out.h, out.cs
 
-    def _op_grad(self, k, s, L, x, s0, out, seq_grads, lengths):
+    def _op_grad(self, where, k, s, L, x, s0, out, seq_grads, lengths):
         h0, c0 = s0
         h_grad, cs_grad = seq_grads
-        g = blockrnn.block_lstm_grad_v2(L, x, c0, h0, *self._weights(k, s), *out,
+        g = blockrnn.block_lstm_grad_v2(L, x, c0, h0, *self._weights(where, k, s), *out,
                                         cs_grad, h_grad, use_peephole=self.use_peephole,
                                         sequence_length=lengths)
         named = {f"w_l{k}{s}": g.w_grad, f"b_l{k}{s}": g.b_grad}
@@ -545,20 +577,21 @@ class GRU(_Layer):
     def _bases(self):
         return self._RESET_AFTER if self.reset_after else self._RESET_BEFORE
 
-    def _weights(self, k, s):
-        return tuple(getattr(self, f"{base}_l{k}{s}") for base in self._bases)
+    def _weights(self, where, k, s):
+        return tuple(self._checked(where, k, s).values())   # in _bases order
 
-    def _op(self, k, s, L, x, s0, lengths):
+    def _op(self, where, k, s, L, x, s0, lengths):
         op = blockrnn.block_gru_reset_after if self.reset_after else blockrnn.block_gru
-        return op(L, x, s0[0], *self._weights(k, s), sequence_length=lengths)
+        return op(L, x, s0[0], *self._weights(where, k, s), sequence_length=lengths)
 
     @staticmethod
     def _sequences(out):
         return (out.h,)
 
-    def _op_grad(self, k, s, L, x, s0, out, seq_grads, lengths):
+    def _op_grad(self, where, k, s, L, x, s0, out, seq_grads, lengths):
         op = blockrnn.block_gru_reset_after_grad if self.reset_after else blockrnn.block_gru_grad
-        g = op(L, x, s0[0], *self._weights(k, s), *out, seq_grads[0], sequence_length=lengths)
+        g = op(L, x, s0[0], *self._weights(where, k, s), *out, seq_grads[0],
+               sequence_length=lengths)
         # the op's four parameter gradients follow x_grad and h_prev_grad, in _bases order
         named = {f"{base}_l{k}{s}": grad for base, grad in zip(self._bases, g[2:])}
         return g.x_grad, (g.h_prev_grad,), named

@@ -132,10 +132,11 @@ def _numpy_layer(model):
                     f"blockrnn.torch.LSTM or blockrnn.torch.GRU, got {type(model).__name__}")
 
 
-def _layer_weights(layer, k):
-    """ONNX's W, R, B (and P or None) of layer k: directions stacked on axis 0
-    (forward, then reverse), as a bidirectional node wants them."""
-    p, kind = layer.params, type(layer).__name__
+def _layer_weights(layer, p, k):
+    """ONNX's W, R, B (and P or None) of layer k, from the layer's checked params ``p``:
+    directions stacked on axis 0 (forward, then reverse), as a bidirectional node wants
+    them."""
+    kind = type(layer).__name__
     per_direction = []
     for s in ("", "_reverse") if layer.bidirectional else ("",):
         if kind == "LSTM":
@@ -187,6 +188,7 @@ def export(model, path=None, *, sequence_lens=False, initial_state=False):
             f"'clip' clips the gates' pre-activations, while TensorFlow's cell_clip clips "
             f"the cell state; the two compute different functions. Export a model with "
             f"cell_clip=0.")
+    params = layer._checked_params(where)
     dtype = layer.dtype
     elem = _ELEM[dtype]
     I, H, L = layer.input_size, layer.hidden_size, layer.num_layers
@@ -215,7 +217,7 @@ def export(model, path=None, *, sequence_lens=False, initial_state=False):
         inits.append(numpy_helper.from_array(np.array([0, 0, -1], np.int64), "layer_shape"))
     x = "X"
     for k in range(L):
-        W, R, B, P = _layer_weights(layer, k)
+        W, R, B, P = _layer_weights(layer, params, k)
         consts = {"W": W, "R": R, "B": B, "P": P}
         inits += [numpy_helper.from_array(np.ascontiguousarray(v, dtype), name(n, k))
                   for n, v in consts.items() if v is not None]

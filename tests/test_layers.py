@@ -322,3 +322,77 @@ def test_forward_backward_errors():
         gru.backward(ctx, y)
     with pytest.raises(ValueError, match="dstate must have shape"):
         gru.backward(gctx, y, np.zeros(H, np.float32))
+
+
+_KINDS = {"lstm": lambda **kw: LSTM(I, H, seed=0, **kw),
+          "lstm_peephole": lambda **kw: LSTM(I, H, seed=0, use_peephole=True, **kw),
+          "gru": lambda **kw: GRU(I, H, seed=0, **kw),
+          "gru_reset_before": lambda **kw: GRU(I, H, seed=0, reset_after=False, **kw)}
+# (a value assigned to the parameter, the exception, what its message says)
+_SPOILS = {"none": (lambda p: None, TypeError, "is required, got None"),
+           "float64": (lambda p: p.astype(np.float64), TypeError,
+                       r"must have dtype float32 \(the layer's dtype\), got float64"),
+           "int": (lambda p: p.astype(np.int64), TypeError, "must have dtype float32"),
+           "rank": (lambda p: p.ravel()[:1].reshape(()), ValueError, "must have shape"),
+           "shape": (lambda p: np.zeros(tuple(n + 1 for n in p.shape), np.float32), ValueError,
+                     "must have shape"),
+           "string": (lambda p: "w", TypeError, "cannot be converted to a float32 array")}
+
+
+def _onnx_export():
+    try:
+        from blockrnn.onnx import export
+    except ImportError:   # onnx is an extra (CI installs it: no test skips there)
+        return None
+    return export
+
+
+@pytest.mark.parametrize("spoil", sorted(_SPOILS))
+@pytest.mark.parametrize("kind", sorted(_KINDS))
+def test_a_spoiled_parameter_is_refused_by_its_name(kind, spoil):
+    """A user may assign anything to a parameter attribute: forward, backward, inference()
+    and the ONNX export name it (the op's own argument names were w, w_ih, ...)."""
+    make, (spoiled, exc, match) = _KINDS[kind], _SPOILS[spoil]
+    onnx_export = _onnx_export()
+    x = np.random.default_rng(0).standard_normal((T, B, I)).astype(np.float32)
+    for bidirectional in (False, True):
+        layer = make(num_layers=2, bidirectional=bidirectional)
+        for name in layer._param_names:
+            layer = make(num_layers=2, bidirectional=bidirectional)
+            y, _, ctx = layer.forward(x)
+            good = getattr(layer, name)
+            setattr(layer, name, spoiled(good))
+            cls = type(layer).__name__
+            with pytest.raises(exc, match=rf"^{cls}\.forward: {name} {match}"):
+                layer.forward(x)
+            with pytest.raises(exc, match=rf"^{cls}\.backward: {name} {match}"):
+                layer.backward(ctx, y)
+            with pytest.raises(exc, match=rf"^{cls}Inference: {name} {match}"):
+                layer.inference()
+            if onnx_export is not None:
+                with pytest.raises(exc, match=rf"^blockrnn.onnx.export: {name} {match}"):
+                    onnx_export(layer)
+            setattr(layer, name, good)
+            layer.forward(x)   # and the layer works again
+
+
+@pytest.mark.parametrize("kind", sorted(_KINDS))
+def test_a_context_from_another_layer_is_refused(kind):
+    """backward would run this layer's weights on another layer's activations (or index
+    past its runs): refused when the context's runs do not match the layer's."""
+    make = _KINDS[kind]
+    x = np.zeros((T, B, I), np.float32)
+    one, stacked, bidi = make(), make(num_layers=2), make(bidirectional=True)
+    wider = (LSTM(I, H + 1, use_peephole=one.use_peephole) if isinstance(one, LSTM)
+             else GRU(I, H + 1, reset_after=one.reset_after))
+    wide64 = (LSTM(I, H, use_peephole=one.use_peephole, dtype=np.float64)
+              if isinstance(one, LSTM) else GRU(I, H, reset_after=one.reset_after,
+                                                dtype=np.float64))
+    for a, b in [(one, stacked), (stacked, one), (one, bidi), (bidi, one), (one, wider),
+                 (one, wide64)]:
+        _, _, ctx = b.forward(x.astype(b.dtype))
+        with pytest.raises(ValueError, match=r"context is not from this layer's forward: "
+                                             r"its runs have \(input size, hidden size"):
+            a.backward(ctx, None)
+    _, _, ctx = one.forward(x)
+    make().backward(ctx, None)   # a copy of the layer (same configuration) may take it
