@@ -1015,7 +1015,7 @@ cdef class _PackedBase:
         prepared = self._prepare(where, x, ns, states, sequence_length)
         xa, s0 = prepared[0], prepared[1:1 + ns]
         lens, L, xd = prepared[1 + ns], prepared[2 + ns], prepared[3 + ns]
-        cdef int nt = _threads(max_threads)
+        cdef int nt = _threads(where, max_threads)
         cdef Py_ssize_t T = xa.shape[0], B = xa.shape[1], H = self.hidden_size, L_ = L
         finals = [new_f32(B, H) for _ in range(ns)]
         if B == 0 or T == 0:
@@ -1053,12 +1053,16 @@ cdef tuple _stored(dtype, tuple outs):
     return outs
 
 
-cdef int _threads(max_threads) except -1:
+cdef int _threads(str where, max_threads) except -1:
     if max_threads is None:
         return brnn_omp_get_max_threads()
-    if isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1:
-        raise ValueError(f"max_threads must be None or a positive int, got {max_threads!r}")
-    return min(<int>max_threads, brnn_omp_get_max_threads())
+    if isinstance(max_threads, (bool, np.bool_)) or not isinstance(max_threads, numbers.Integral):
+        raise TypeError(f"{where}: max_threads must be None or a positive int, got "
+                        f"{type(max_threads).__name__}")
+    if max_threads < 1:
+        raise ValueError(f"{where}: max_threads must be None or a positive int, got "
+                         f"{max_threads}")
+    return <int>min(int(max_threads), brnn_omp_get_max_threads())   # no overflow in the cast
 
 
 cdef class PackedLSTMWeights(_PackedBase):

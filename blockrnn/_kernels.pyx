@@ -53,6 +53,8 @@ from cpython.pycapsule cimport (PyCapsule_GetContext, PyCapsule_GetPointer, PyCa
 from cpython.ref cimport PyObject, Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_SET_ITEM
 
+import numbers
+
 import numpy as np
 
 cnp.import_array()

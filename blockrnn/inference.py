@@ -59,6 +59,8 @@ that sat idle starts slowly). ``idle_ns=0``: neither rule, never alone. A call w
 on one CPU finishes on one thread (and the object runs on one for a spell).
 Pass ``work_per_thread=2**20`` to keep small requests on one thread.
 """
+import numbers
+
 import numpy as np
 
 import blockrnn
@@ -75,11 +77,16 @@ class _Inference:
     """The loop over layers and directions of LSTMInference and GRUInference."""
 
     def __init__(self, layer, max_threads, work_per_thread, idle_ns):
-        if max_threads is not None and (isinstance(max_threads, bool)
-                                        or not isinstance(max_threads, int)
-                                        or max_threads < 1):
-            raise ValueError(f"{type(self).__name__}: max_threads must be None or a "
-                             f"positive int, got {max_threads!r}")
+        where = type(self).__name__
+        if max_threads is not None:
+            if isinstance(max_threads, (bool, np.bool_)) or not isinstance(max_threads,
+                                                                           numbers.Integral):
+                raise TypeError(f"{where}: max_threads must be None or a positive int, got "
+                                f"{type(max_threads).__name__}")
+            if max_threads < 1:
+                raise ValueError(f"{where}: max_threads must be None or a positive int, got "
+                                 f"{max_threads}")
+            max_threads = int(max_threads)
         self.input_size = layer.input_size
         self.hidden_size = layer.hidden_size
         self.num_layers = layer.num_layers
@@ -95,7 +102,7 @@ class _Inference:
         for k in range(layer.num_layers):
             I_k = layer.input_size if k == 0 else D * layer.hidden_size
             for s in suffixes:
-                self._runs.append(self._build(layer, k, s, I_k))
+                self._runs.append(self._build(layer._weights(where, k, s), I_k))
         self._D = D
         self._packed_single = (self._runs[0] if len(self._runs) == 1
                                and not isinstance(self._runs[0], tuple) else None)
@@ -132,8 +139,9 @@ class _Inference:
         sequence_length)``'s first two results (see the layer's forward)."""
         packed = self._packed_single
         if (packed is not None and state is None and sequence_length is None
-                and type(x) is np.ndarray and x.dtype == self.dtype):
-            # the most common call: one packed run from zeros (it checks x's shape)
+                and type(x) is np.ndarray and x.dtype == self.dtype and x.ndim == 3
+                and x.shape[2] == self.input_size):
+            # the most common call: one packed run from zeros
             y, *fin = packed.forward(x, max_threads=self.max_threads)
             return y, self._pack([f[None] for f in fin])
         where = type(self).__name__
@@ -183,12 +191,12 @@ class LSTMInference(_Inference):
         self.cell_clip = layer.cell_clip
         super().__init__(layer, max_threads, work_per_thread, idle_ns)
 
-    def _build(self, layer, k, s, I_k):
-        w, wci, wcf, wco, b = (np.array(a) for a in layer._weights(k, s))   # copies
+    def _build(self, weights, I_k):
+        w, wci, wcf, wco, b = (np.array(a) for a in weights)   # copies
         if self.dtype == np.float32:
             return _kernels.PackedLSTMWeights(
                 w[:I_k], w[I_k:], b, wci, wcf, wco, layout=int(_kernels.GateLayout.IFCO),
-                cell_clip=layer.cell_clip, use_peephole=layer.use_peephole, **self._work)
+                cell_clip=self.cell_clip, use_peephole=self.use_peephole, **self._work)
         return (w, wci, wcf, wco, b)
 
     def _run(self, run, x, s0, lengths):
@@ -225,8 +233,8 @@ class GRUInference(_Inference):
         self.reset_after = layer.reset_after
         super().__init__(layer, max_threads, work_per_thread, idle_ns)
 
-    def _build(self, layer, k, s, I_k):
-        weights = tuple(np.array(a) for a in layer._weights(k, s))   # copies
+    def _build(self, weights, I_k):
+        weights = tuple(np.array(a) for a in weights)   # copies
         if self.dtype != np.float32:
             return weights
         if self.reset_after:

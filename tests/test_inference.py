@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from numpy.testing import assert_array_equal
 from threadpoolctl import threadpool_limits
 from _inputs import check_kernel_variant
 
@@ -501,6 +502,9 @@ def test_bad_input():
         infer(x, None, [1, T + 1])
     with pytest.raises(ValueError, match="max_threads"):
         layer.inference(max_threads=0)
+    with pytest.raises(ValueError, match=r"^LSTMInference: x must have shape \(\?, \?, 20\), "
+                                         r"got \(7, 20\)"):
+        infer(np.zeros((T, I), np.float32))   # the one-run fast path names the object too
     packed = infer._runs[0]
     with pytest.raises(ValueError, match="x must have shape"):
         packed.forward(np.zeros((T, I), np.float32))
@@ -768,3 +772,31 @@ def test_a_call_on_several_threads_writes_y_from_a_cache_line(name, make):
     for y in ys:
         assert y.ctypes.data % 64 == 0 and y.flags.c_contiguous and y.shape == (9, 1, 256)
     np.testing.assert_array_equal(ys[0], run.forward(x, max_threads=1)[0])
+
+
+@pytest.mark.parametrize("value,exc,match", [
+    (0, ValueError, "got 0"), (-2, ValueError, "got -2"), (True, TypeError, "got bool"),
+    (np.bool_(True), TypeError, "got bool"), (2.0, TypeError, "got float"),
+    ("2", TypeError, "got str")])
+def test_max_threads_must_be_a_positive_int(value, exc, match):
+    layer = blockrnn.GRU(I, H, seed=3)
+    x = np.ones((T, 2, I), np.float32)
+    with pytest.raises(exc, match=f"^GRUInference: max_threads must be None or a positive "
+                                  f"int, {match}"):
+        layer.inference(max_threads=value)
+    with pytest.raises(exc, match=f"^PackedGRUResetAfterWeights.forward: max_threads must be "
+                                  f"None or a positive int, {match}"):
+        layer.inference()._runs[0].forward(x, max_threads=value)
+
+
+def test_max_threads_takes_numpy_integers_and_any_size():
+    """A NumPy integer is an int (it used to be refused); more threads than OpenMP has
+    are capped, even past a C int (the cast used to raise OverflowError)."""
+    layer = blockrnn.LSTM(I, H, seed=3)
+    x = np.ones((T, 2, I), np.float32)
+    want = layer.forward(x)[0]
+    for value in (np.int64(1), np.uint8(2), 2**40):
+        infer = layer.inference(max_threads=value)
+        assert type(infer.max_threads) is int
+        assert_array_equal(infer(x)[0], want)
+        assert_array_equal(infer._runs[0].forward(x, max_threads=value)[0], want)
