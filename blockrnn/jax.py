@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import blockrnn
-from blockrnn._validation import check_sequence_length, steps_to_run
+from blockrnn._validation import check_float, check_sequence_length, steps_to_run
 
 __all__ = ["lstm", "gru", "reference_lstm", "reference_gru", "reference_gru_reset_after"]
 
@@ -202,7 +202,8 @@ def lstm(params, x, state=None, sequence_length=None, *, cell_clip=0.0):
     if use_peephole and not all(k in params for k in peep):
         raise ValueError(f"{where}: peepholes need all of {list(peep)}, got {sorted(params)}")
     w = params["w_l0"]
-    if len(getattr(w, "shape", ())) != 2 or w.shape[1] % 4 or w.shape[1] == 0:
+    if (len(getattr(w, "shape", ())) != 2 or w.shape[1] % 4 or w.shape[1] == 0
+            or w.shape[0] < w.shape[1] // 4):
         raise ValueError(f"{where}: params['w_l0'] must have shape (I+H, 4H), got "
                          f"{tuple(getattr(w, 'shape', ()))}")
     H = w.shape[1] // 4
@@ -213,9 +214,7 @@ def lstm(params, x, state=None, sequence_length=None, *, cell_clip=0.0):
         wci, wcf, wco = (_check(where, f"params[{k!r}]", params[k], dtype, (H,)) for k in peep)
     else:
         wci = wcf = wco = jnp.zeros(H, dtype)
-    if isinstance(cell_clip, bool) or not isinstance(cell_clip, (int, float)):
-        raise TypeError(f"{where}: cell_clip must be a real number, got "
-                        f"{type(cell_clip).__name__}")
+    cell_clip = check_float(where, "cell_clip", cell_clip)
     if state is None:
         state = (None, None)
     if not isinstance(state, (tuple, list)) or len(state) != 2:
@@ -225,7 +224,7 @@ def lstm(params, x, state=None, sequence_length=None, *, cell_clip=0.0):
               else _check(where, n, s, dtype, (1, B, H))[0]
               for n, s in zip(("state[0] (h0)", "state[1] (c0)"), state))
     lengths = _lengths(where, sequence_length, T, B)
-    h, cs = _lstm_seq(use_peephole, float(cell_clip), x, h0, c0, w, wci, wcf, wco, b, lengths)
+    h, cs = _lstm_seq(use_peephole, cell_clip, x, h0, c0, w, wci, wcf, wco, b, lengths)
     return h, (_final(h, h0, lengths)[None], _final(cs, c0, lengths)[None])
 
 
@@ -312,7 +311,7 @@ def gru(params, x, state=None, sequence_length=None):
     else:
         _params(where, params, _RESET_BEFORE_KEYS)
         w_c = params["w_c_l0"]
-        if len(getattr(w_c, "shape", ())) != 2 or w_c.shape[1] == 0:
+        if len(getattr(w_c, "shape", ())) != 2 or w_c.shape[1] == 0 or w_c.shape[0] < w_c.shape[1]:
             raise ValueError(f"{where}: params['w_c_l0'] must have shape (I+H, H), got "
                              f"{tuple(getattr(w_c, 'shape', ()))}")
         H = w_c.shape[1]

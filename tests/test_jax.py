@@ -176,11 +176,22 @@ def test_bad_input_is_refused():
         bj.lstm(layer.params, x, None, [1, 2, 9])
     with pytest.raises(TypeError, match="x must be float32 or float64, got int64"):
         bj.lstm(layer.params, np.zeros((T, B, I), np.int64))
+    with pytest.raises(ValueError, match=r"params\['w_l0'\] must have shape \(I\+H, 4H\), "
+                                         r"got \(5, 24\)"):   # fewer rows than H: I < 0
+        bj.lstm(dict(layer.params, w_l0=layer.w_l0[:5]), x)
+    with pytest.raises(TypeError, match="cell_clip must be a real number, got str"):
+        bj.lstm(layer.params, x, cell_clip="1")
+    # any real number: a NumPy float32 was refused
+    np.testing.assert_array_equal(bj.lstm(layer.params, x, cell_clip=np.float32(0.25))[0],
+                                  bj.lstm(layer.params, x, cell_clip=0.25)[0])
     gru = blockrnn.GRU(I, H, reset_after=False)
     with pytest.raises(ValueError, match=r"params\['w_ru_l0'\] must have shape \(10, 12\)"):
         bj.gru(dict(gru.params, w_ru_l0=gru.w_ru_l0[:, :6]), x)
     with pytest.raises(ValueError, match=r"state must have shape \(1, 3, 6\)"):
         bj.gru(gru.params, x, np.zeros((B, H), np.float32))
+    with pytest.raises(ValueError, match=r"params\['w_c_l0'\] must have shape \(I\+H, H\), "
+                                         r"got \(5, 6\)"):
+        bj.gru(dict(gru.params, w_c_l0=gru.w_c_l0[:5]), x)
     gru = blockrnn.GRU(I, H)      # reset-after: nn.GRU's keys
     with pytest.raises(ValueError, match=r"params\['bias_hh_l0'\] must have shape \(18,\)"):
         bj.gru(dict(gru.params, bias_hh_l0=gru.bias_hh_l0[:6]), x)
