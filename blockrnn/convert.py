@@ -598,13 +598,23 @@ def _onnx_node_arrays(n, consts, where):
         raise ValueError(f"{where}: {kind} node {n.name!r} lacks its W or R input")
     G = 4 if kind == "LSTM" else 3
     Ws, Rs = arrays["W"], arrays["R"]                    # (D, G*H, I), (D, G*H, H)
-    H = Rs.shape[-1]
+    H = Rs.shape[-1] if Rs.ndim == 3 else None
     if (attrs.get("hidden_size", H) != H or Ws.ndim != 3 or Rs.ndim != 3
             or Ws.shape[:2] != (D, G * H) or Rs.shape[:2] != (D, G * H)):
         raise ValueError(f"{where}: {kind} node {n.name!r}: W {Ws.shape} and R {Rs.shape} "
                          f"do not fit hidden_size={attrs.get('hidden_size')} and "
                          f"direction={direction!r}")
     I = Ws.shape[2]
+    shapes = {"W": (D, G * H, I), "R": (D, G * H, H), "B": (D, 2 * G * H), "P": (D, 3 * H)}
+    for key, a in arrays.items():
+        if a.dtype not in (np.float16, np.float32, np.float64) or a.dtype != Ws.dtype:
+            raise ValueError(f"{where}: {kind} node {n.name!r}: input {key} has element type "
+                             f"{a.dtype}; W, R, B and P must share one of float16, float32, "
+                             f"float64 (W has {Ws.dtype})")
+        if a.shape != shapes[key]:
+            raise ValueError(f"{where}: {kind} node {n.name!r}: input {key} must have shape "
+                             f"{shapes[key]} (hidden_size={H}, input size {I}, {D} "
+                             f"direction(s)), got {a.shape}")
     Bs = arrays.get("B", np.zeros((D, 2 * G * H), Ws.dtype))
     blocks = {g: slice(k * H, (k + 1) * H) for k, g in
               enumerate("iofc" if kind == "LSTM" else "zrh")}

@@ -234,6 +234,37 @@ def test_import_refusals_name_the_attribute(attrs, match):
         convert.from_onnx(model)
 
 
+@pytest.mark.parametrize("make", [lambda: blockrnn.LSTM(3, 2, use_peephole=True),
+                                  lambda: blockrnn.GRU(3, 2, bidirectional=True),
+                                  lambda: blockrnn.GRU(3, 2, reset_after=False)],
+                         ids=["lstm_peephole", "gru_bidirectional", "gru_reset_before"])
+def test_import_refuses_weights_of_another_shape_or_element_type(make):
+    """B and P were read without a check (IndexError, or an AssertionError of _fill, which
+    python -O drops), and an integer or mixed-precision W / R / B / P made the layer's
+    dtype whatever NumPy's promotion gave (ONNX's node has one float type T)."""
+    model = bo.export(make())
+    node = next(n for n in model.graph.node if n.op_type in ("LSTM", "GRU"))
+    shape = "(must have shape|do not fit hidden_size)"
+    for key, name in zip("WRB" + "___P", node.input[1:]):
+        if not name:
+            continue
+        init = next(i for i in model.graph.initializer if i.name == name)
+        good = onnx.numpy_helper.to_array(init)
+        for bad, match in [(good[0], shape), (good[..., :-1], shape), (good[None], shape),
+                           (good.reshape(-1)[:1].reshape(()), shape),
+                           (good.astype(np.int32), "has element type int32"),
+                           (good.astype(np.float64), "has element type float64")]:
+            if key == "W" and bad.ndim == 3 and bad.shape[:2] == good.shape[:2]:
+                continue   # a W of another width is a model of another input size
+            if key == "W" and bad.dtype == np.float64:
+                bad, match = good.astype(np.float16), "input R has element type float32"
+            init.CopyFrom(onnx.numpy_helper.from_array(bad, name))
+            with pytest.raises(ValueError, match=f"from_onnx: .* node '{node.name}': .*{match}"):
+                convert.from_onnx(model)
+        init.CopyFrom(onnx.numpy_helper.from_array(good, name))
+    convert.from_onnx(model)   # and the model converts again
+
+
 def test_import_refusals_gru_and_graph():
     model = bo.export(blockrnn.GRU(3, 2))
     for a in model.graph.node[0].attribute:
