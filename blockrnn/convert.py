@@ -37,12 +37,15 @@ def _dtype(where, dtype, default):
 
 
 def _fill(layer, **arrays):
-    """Copy ``arrays`` (every one of the layer's parameter names) into the layer."""
-    assert set(arrays) == set(layer.params), \
-        (sorted(arrays), list(layer.params))
+    """Copy ``arrays`` (every one of the layer's parameter names) into the layer. The
+    converters check the source's shapes first; these checks catch a converter's bug
+    (raised, not asserted: python -O would let a (1,) array broadcast into a (4H,) one)."""
+    if set(arrays) != set(layer.params):
+        raise AssertionError(f"_fill: {sorted(arrays)} are not {list(layer.params)}")
     for name, target in layer.params.items():
         value = np.asarray(arrays[name], dtype=layer.dtype)
-        assert value.shape == target.shape, (name, value.shape, target.shape)
+        if value.shape != target.shape:
+            raise AssertionError(f"_fill: {name} has shape {value.shape}, not {target.shape}")
         target[...] = value
     return layer
 
