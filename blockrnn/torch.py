@@ -140,8 +140,18 @@ def _numpy(where, name, t, dtype=None):
 
 def _values(t):
     """A NumPy view of CPU tensor t (no copy, any strides; None stays None), detached
-    only if it requires grad: detach() costs more than the view."""
-    return None if t is None else (t.detach() if t.requires_grad else t).numpy()
+    only if it requires grad: detach() costs more than the view. A lazily negated view
+    (its negative bit set, e.g. ``z.conj().imag``; torch's numpy() refuses it) becomes a
+    copy holding its values."""
+    if t is None:
+        return None
+    t = t.detach() if t.requires_grad else t
+    try:
+        return t.numpy()
+    except RuntimeError:
+        if t.is_neg():
+            return t.resolve_neg().numpy()
+        raise
 
 
 def _tensor(a):
@@ -1220,7 +1230,7 @@ class BlockLSTMFunction(torch.autograd.Function):
         need = ctx.needs_input_grad
         if not any(need[:8]):
             return (None,) * 12
-        x, h0, c0, w, wci, wcf, wco, b, h, cs = (t.detach().numpy() for t in ctx.saved_tensors)
+        x, h0, c0, w, wci, wcf, wco, b, h, cs = (_values(t) for t in ctx.saved_tensors)
         if ctx.reverse:
             x, h, cs = ctx.reversed
         i, f, o, ci, co = ctx.gates
@@ -1277,7 +1287,7 @@ class BlockGRUFunction(torch.autograd.Function):
         need = ctx.needs_input_grad
         if not any(need[:6]):
             return (None,) * 8
-        x, h0, w_ru, w_c, b_ru, b_c, h = (t.detach().numpy() for t in ctx.saved_tensors)
+        x, h0, w_ru, w_c, b_ru, b_c, h = (_values(t) for t in ctx.saved_tensors)
         if ctx.reverse:
             x, h = ctx.reversed
         r, u, c = ctx.gates
@@ -1318,7 +1328,7 @@ def param_array(t):
     float16 as float32 (NumPy has no bfloat16; the modules compute both in float32),
     exactly (every bfloat16 / float16 value is a float32)."""
     t = t.detach().cpu()
-    return (t.float() if t.dtype in _LOW_PRECISION else t).numpy()
+    return _values(t.float() if t.dtype in _LOW_PRECISION else t)
 
 
 def _state_pair(where, hx):
@@ -1926,7 +1936,7 @@ class _RNNBase(nn.Module):
                 return packed
         params = self._cell_params(sfx)
         self._check_cell(f"blockrnn.torch.{type(self).__name__}", sfx, params)
-        packed = self._pack_cell(*(None if p is None else p.detach().float().numpy()
+        packed = self._pack_cell(*(None if p is None else _values(p.detach().float())
                                    for p in params))
         cache.packings += 1
         name_of = {id(p): n for n, p in self._parameters.items()}

@@ -97,6 +97,43 @@ def test_bits_equal_grad_path(kind, layers, bidirectional, bias):
     assert info["cells"] == LD and info["packings"] == 4 * LD
 
 
+def _negated_view(t):
+    """A tensor equal to t whose negative bit is set (a lazily negated view, as
+    ``z.conj().imag`` gives; differentiable)."""
+    view = torch.complex(torch.zeros_like(t), -t).conj().imag
+    assert view.is_neg() and torch.equal(view, t)
+    return view
+
+
+@pytest.mark.parametrize("kind", KINDS + ["lstm_proj"])
+def test_negated_views_compute_their_values(kind):
+    """torch's numpy() refuses a tensor with the negative bit set, which nn.LSTM takes:
+    as input, state or weight it computes its values, on every path, with gradients."""
+    module = (bt.LSTM(I, H, proj_size=5, num_layers=2) if kind == "lstm_proj"
+              else _make(kind, num_layers=2))
+    x, LD = _x(T, B, I), 2
+    state = (_state(kind, LD, B) if kind != "lstm_proj"
+             else (_x(LD, B, 5, seed=2), _x(LD, B, H, seed=3)))
+    flat = [state] if isinstance(state, torch.Tensor) else list(state)
+    negated = [_negated_view(s) for s in flat]
+    negated = negated[0] if isinstance(state, torch.Tensor) else tuple(negated)
+    want = _grad_path(module, x, state)
+    xg = x.clone().requires_grad_()
+    _flat(module(xg, state))[0].sum().backward()
+    xn = x.clone().requires_grad_()
+    got = _flat(module(_negated_view(xn), negated))
+    _equal([t.detach() for t in got], want)
+    got[0].sum().backward()
+    assert torch.equal(xn.grad, xg.grad)
+    for got in _no_grad_paths(module, _negated_view(x), negated):
+        _equal(got, want)
+    param = next(iter(module.parameters()))
+    param.data = _negated_view(param.detach().clone())
+    _equal(_grad_path(module, x, state), want)
+    for got in _no_grad_paths(module, x, state):
+        _equal(got, want)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_batch_first_and_packed_sequence(kind):
     module = _make(kind, num_layers=2, bidirectional=True, batch_first=True)
