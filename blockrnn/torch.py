@@ -1757,7 +1757,7 @@ class _RNNBase(nn.Module):
                 raise ValueError(f"{where}: sequence_length must be None with a "
                                  f"PackedSequence input (the lengths are in it)")
             x = x._replace(data=self._autocast(x.data))
-            _check_tensor(where, "input.data", x.data, *self._param_dtype_device(where))
+            self._check_like_params(where, "input.data", x.data)
             if x.data.is_meta:
                 raise ValueError(f"{where}: a PackedSequence on the meta device is not "
                                  f"supported (its lengths are values); pad it")
@@ -1767,7 +1767,7 @@ class _RNNBase(nn.Module):
             padded, lengths = _unpack(x)      # (T, B, I), original batch order
             return _to_compute(padded), True, lengths, x
         x = self._autocast(x)
-        _check_tensor(where, "input", x, *self._param_dtype_device(where))
+        self._check_like_params(where, "input", x)
         x = _to_compute(x)
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
             layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
@@ -1790,7 +1790,7 @@ class _RNNBase(nn.Module):
                 and s.is_cpu and s.shape == (LD, B, H)):
             return s    # the common call: what the checks below return unchanged
         s = self._autocast(s)
-        _check_tensor(where, name, s, *self._param_dtype_device(where))
+        self._check_like_params(where, name, s)
         want = (LD, B, H) if batched else (LD, H)
         if tuple(s.shape) != want:
             raise ValueError(f"{where}: {name} must have shape {want} (num_layers * "
@@ -2000,6 +2000,35 @@ class _RNNBase(nn.Module):
         elif self.batch_first:
             y = y.transpose(0, 1)
         return y, finals
+
+    def _check_like_params(self, where, name, t):
+        """_check_tensor(t) against the parameters' dtype and device (the first
+        parameter's). When t fails it and the parameters disagree among themselves, the
+        error names the odd parameter: blaming the input would be wrong if a user
+        replaced the first parameter."""
+        try:
+            _check_tensor(where, name, t, *self._param_dtype_device(where))
+        except (TypeError, ValueError):
+            self._check_params_agree(where, t)
+            raise
+
+    def _check_params_agree(self, where, t):
+        """Raise, naming them, if some weights have another dtype or device than the
+        others: than tensor t's if some weights have it, else than most weights'."""
+        weights = [(n, getattr(self, n)) for n in self._flat_weights_names]
+        weights = [(n, w) for n, w in weights if isinstance(w, torch.Tensor)]
+        for attr, exc in (("dtype", TypeError), ("device", ValueError)):
+            values = [getattr(w, attr) for _, w in weights]
+            mine = getattr(t, attr, None)
+            common = mine if mine in values else max(set(values), key=values.count,
+                                                     default=None)
+            odd = [n for (n, w), v in zip(weights, values) if v != common]
+            if odd:
+                got = ", ".join(f"{n} ({v})" for (n, _), v in zip(weights, values)
+                                if v != common)
+                raise exc(f"{where}: the parameters must share one {attr}: {got} "
+                          f"{'differs' if len(odd) == 1 else 'differ'} from the others' "
+                          f"{common}")
 
     def _param_dtype_device(self, where=None):
         """The parameters' dtype and device: the first parameter's (_first_param).
