@@ -108,9 +108,10 @@ def _to_compute(t):
     return t.float() if t.dtype in _LOW_PRECISION else t
 
 
-def _check_tensor(where, name, t, dtype=None, device=None):
+def _check_tensor(where, name, t, dtype=None, device=None, source=None):
     """A CPU (or meta) float32/float64 tensor -- or of dtype `dtype` and on `device` if
-    given (a module's parameters': bfloat16 and float16 too) -- with clear errors. It
+    given (a module's parameters': bfloat16 and float16 too; `source`: the name of the op
+    argument `dtype` is from, None for a module's parameters) -- with clear errors. It
     reads the tensor's metadata only, so that torch.compile traces it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -120,6 +121,9 @@ def _check_tensor(where, name, t, dtype=None, device=None):
                          f"(move it with .cpu())")
     if dtype is None and t.dtype not in _DTYPES:
         raise TypeError(f"{where}: {name} must be float32 or float64, got {t.dtype}")
+    if dtype is not None and t.dtype != dtype and source is not None:
+        raise TypeError(f"{where}: {name} has dtype {t.dtype} but {source} has {dtype}; "
+                        f"the op's tensors must share one dtype")
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{where}: {name} has dtype {t.dtype} but the parameters have "
                         f"{dtype}; convert the input or the module (e.g. module.double())")
@@ -629,7 +633,19 @@ def _arrays(where, names, tensors, dtype):
     """NumPy views of the op's tensor arguments (None stays None), after refusing
     forward-mode AD (_refuse_forward_ad: a view would drop the tangents)."""
     _refuse_forward_ad(where, tensors[0], tensors[1:])
-    return [None if t is None else _numpy(where, n, t, dtype) for n, t in zip(names, tensors)]
+    try:
+        return [None if t is None else _numpy(where, n, t, dtype)
+                for n, t in zip(names, tensors)]
+    except TypeError:
+        # a dtype mismatch is between the op's own arguments: name one that has `dtype`,
+        # a weight (the ops take their dtype from their first weight) before x or a state
+        source = next((n for n, t in sorted(zip(names, tensors),
+                                            key=lambda nt: nt[0] in ("x", "h0", "c0"))
+                       if isinstance(t, torch.Tensor) and t.dtype == dtype), None)
+        for n, t in zip(names, tensors):
+            if t is not None:
+                _check_tensor(where, n, t, dtype, source=source)
+        raise
 
 
 @_custom_op("blockrnn::lstm", mutates_args=())

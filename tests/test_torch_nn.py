@@ -814,6 +814,23 @@ def test_ops_refuse_x_of_another_rank(case):
                 fn(bad, *fn_args[1:])
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_ops_name_both_tensors_of_a_dtype_mismatch(case):
+    """An op's tensor of another dtype than its first weight's is refused naming both (the
+    message spoke of a module's "parameters", which an op call does not have)."""
+    _, op, args, _ = case
+    names = [a.name for a in op._opoverload._schema.arguments]
+    source = "weight_ih" if "weight_ih" in names else "w_ru"
+    for i, (name, t) in enumerate(zip(names, args)):
+        if not isinstance(t, torch.Tensor) or name in (source, "lengths"):
+            continue
+        bad = list(args)
+        bad[i] = t.detach().float()
+        with pytest.raises(TypeError, match=f"{name} has dtype torch.float32 but {source} has "
+                                            f"torch.float64; the op's tensors must share"):
+            op(*bad)
+
+
 def test_op_outputs_are_fresh():
     """No output aliases an input or another output (functional ops)."""
     for _, op, args, _ in CASES:
