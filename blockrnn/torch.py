@@ -2038,11 +2038,9 @@ class _RNNBase(nn.Module):
             mine = getattr(t, attr, None)
             common = mine if mine in values else max(set(values), key=values.count,
                                                      default=None)
-            odd = [n for (n, w), v in zip(weights, values) if v != common]
+            odd = [f"{n} ({v})" for (n, _), v in zip(weights, values) if v != common]
             if odd:
-                got = ", ".join(f"{n} ({v})" for (n, _), v in zip(weights, values)
-                                if v != common)
-                raise exc(f"{where}: the parameters must share one {attr}: {got} "
+                raise exc(f"{where}: the parameters must share one {attr}: {', '.join(odd)} "
                           f"{'differs' if len(odd) == 1 else 'differ'} from the others' "
                           f"{common}")
 
