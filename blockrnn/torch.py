@@ -121,21 +121,21 @@ def _check_tensor(where, name, t, dtype=None, device=None, source=None):
                          f"(move it with .cpu())")
     if dtype is None and t.dtype not in _DTYPES:
         raise TypeError(f"{where}: {name} must be float32 or float64, got {t.dtype}")
-    if dtype is not None and t.dtype != dtype and source is not None:
-        raise TypeError(f"{where}: {name} has dtype {t.dtype} but {source} has {dtype}; "
-                        f"the op's tensors must share one dtype")
     if dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{where}: {name} has dtype {t.dtype} but the parameters have "
-                        f"{dtype}; convert the input or the module (e.g. module.double())")
+        raise TypeError(
+            f"{where}: {name} has dtype {t.dtype} but "
+            + (f"the parameters have {dtype}; convert the input or the module (e.g. "
+               f"module.double())" if source is None else
+               f"{source} has {dtype}; the op's tensors must share one dtype"))
     if device is not None and t.device != device:
         raise ValueError(f"{where}: {name} is on {t.device} but the parameters are on "
                          f"{device}")
 
 
-def _numpy(where, name, t, dtype=None):
+def _numpy(where, name, t, dtype=None, source=None):
     """A NumPy view of a CPU float32/float64 tensor (no copy), checked by _check_tensor;
     an op body runs on CPU tensors, so a meta one among them is refused."""
-    _check_tensor(where, name, t, dtype)
+    _check_tensor(where, name, t, dtype, source=source)
     if t.is_meta:
         raise ValueError(f"{where}: {name} is on the meta device while the call's other "
                          f"tensors are on the CPU (move it with .cpu())")
@@ -629,23 +629,14 @@ def _checked_lstm_proj_backward(b_ih, b_hh, steps, lengths, x, h0, c0, w_ih, w_h
                                 co, m, h, cs_grad, h_grad, sequence_length=lengths)
 
 
-def _arrays(where, names, tensors, dtype):
-    """NumPy views of the op's tensor arguments (None stays None), after refusing
-    forward-mode AD (_refuse_forward_ad: a view would drop the tangents)."""
+def _arrays(where, names, tensors, source):
+    """NumPy views of the op's tensor arguments (None stays None), each of the dtype of
+    the argument named `source` (the op's first weight; a mismatch names both), after
+    refusing forward-mode AD (_refuse_forward_ad: a view would drop the tangents)."""
     _refuse_forward_ad(where, tensors[0], tensors[1:])
-    try:
-        return [None if t is None else _numpy(where, n, t, dtype)
-                for n, t in zip(names, tensors)]
-    except TypeError:
-        # a dtype mismatch is between the op's own arguments: name one that has `dtype`,
-        # a weight (the ops take their dtype from their first weight) before x or a state
-        source = next((n for n, t in sorted(zip(names, tensors),
-                                            key=lambda nt: nt[0] in ("x", "h0", "c0"))
-                       if isinstance(t, torch.Tensor) and t.dtype == dtype), None)
-        for n, t in zip(names, tensors):
-            if t is not None:
-                _check_tensor(where, n, t, dtype, source=source)
-        raise
+    dtype = tensors[names.index(source)].dtype
+    return [None if t is None else _numpy(where, n, t, dtype, source)
+            for n, t in zip(names, tensors)]
 
 
 @_custom_op("blockrnn::lstm", mutates_args=())
@@ -665,12 +656,11 @@ def lstm_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
     lengths, which the kernels run backwards in time themselves) in the input's.
     """
     where = "blockrnn.torch.lstm_op"
-    dt = weight_ih.dtype
     xa, h0a, c0a, w_ih, w_hh, b_ih, b_hh, wci, wcf, wco = _arrays(
         where, ("x", "h0", "c0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_ci",
                 "weight_cf", "weight_co"),
         (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf, weight_co),
-        dt)
+        "weight_ih")
     n = _op_lengths(where, lengths, xa)
     return _fresh(*_lstm_forward(_checked_lstm_forward, where, xa, h0a, c0a, w_ih, w_hh, b_ih,
                                  b_hh, wci, wcf, wco, n, cell_clip, forget_bias, reverse))
@@ -701,7 +691,7 @@ def lstm_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_i
                         "weight_ci", "weight_cf", "weight_co", "h", "cs", "i", "f", "o", "ci",
                         "co"),
                 (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_ci, weight_cf,
-                 weight_co, h, cs, i, f, o, ci, co), dt)
+                 weight_co, h, cs, i, f, o, ci, co), "weight_ih")
     dh, dcs = (_numpy(where, name, g).astype(_np_dtype(dt), copy=False)
                for name, g in (("h_grad", h_grad), ("cs_grad", cs_grad)))
     n = _op_lengths(where, lengths, xa)
@@ -789,7 +779,7 @@ def gru_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT, bias_hh:
     where = "blockrnn.torch.gru_op"
     xa, h0a, w_ih, w_hh, b_ih, b_hh = _arrays(
         where, ("x", "h0", "weight_ih", "weight_hh", "bias_ih", "bias_hh"),
-        (x, h0, weight_ih, weight_hh, bias_ih, bias_hh), weight_ih.dtype)
+        (x, h0, weight_ih, weight_hh, bias_ih, bias_hh), "weight_ih")
     n = _op_lengths(where, lengths, xa)
     return _fresh(*_gru_forward(_checked_gru_forward, xa, h0a, w_ih, w_hh, b_ih, b_hh, n,
                                 reverse))
@@ -811,7 +801,8 @@ def gru_backward_op(x: _T, h0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _OptT,
     dt = weight_ih.dtype
     xa, h0a, w_ih, w_hh, b_ih, b_hh, ha, ra, za, na, hna = _arrays(
         where, ("x", "h0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "h", "r", "z", "n",
-                "hn"), (x, h0, weight_ih, weight_hh, bias_ih, bias_hh, h, r, z, n, hn), dt)
+                "hn"), (x, h0, weight_ih, weight_hh, bias_ih, bias_hh, h, r, z, n, hn),
+        "weight_ih")
     dh = _numpy(where, "h_grad", h_grad).astype(_np_dtype(dt), copy=False)
     m = _op_lengths(where, lengths, xa)
     return _fresh(*_gru_backward(functools.partial(_checked_gru_backward, b_ih, b_hh), xa, h0a,
@@ -1027,7 +1018,7 @@ def gru_block_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _OptT, leng
     h in the input's time order, the gates in the op's."""
     where = "blockrnn.torch.gru_block_op"
     xa, h0a, wru, wc, bru, bc = _arrays(where, ("x", "h0", "w_ru", "w_c", "b_ru", "b_c"),
-                                        (x, h0, w_ru, w_c, b_ru, b_c), w_ru.dtype)
+                                        (x, h0, w_ru, w_c, b_ru, b_c), "w_ru")
     n = _op_lengths(where, lengths, xa)
     return _fresh(*_gru_block_forward(_checked_gru_block_forward, xa, h0a, wru, wc, bru, bc,
                                       n, reverse))
@@ -1049,7 +1040,7 @@ def gru_block_backward_op(x: _T, h0: _T, w_ru: _T, w_c: _T, b_ru: _OptT, b_c: _O
     dt = w_ru.dtype
     xa, h0a, wru, wc, bru, bc, ha, ra, ua, ca = _arrays(
         where, ("x", "h0", "w_ru", "w_c", "b_ru", "b_c", "h", "r", "u", "c"),
-        (x, h0, w_ru, w_c, b_ru, b_c, h, r, u, c), dt)
+        (x, h0, w_ru, w_c, b_ru, b_c, h, r, u, c), "w_ru")
     dh = _numpy(where, "h_grad", h_grad).astype(_np_dtype(dt), copy=False)
     n = _op_lengths(where, lengths, xa)
     return _fresh(*_gru_block_backward(functools.partial(_checked_gru_block_backward, bru, bc),
@@ -1085,7 +1076,7 @@ def lstm_proj_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T, bias_ih: _
     where = "blockrnn.torch.lstm_proj_op"
     xa, h0a, c0a, w_ih, w_hh, b_ih, b_hh, w_hr = _arrays(
         where, ("x", "h0", "c0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr"),
-        (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr), weight_ih.dtype)
+        (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr), "weight_ih")
     n = _op_lengths(where, lengths, xa)
     return _fresh(*_lstm_proj_forward(_checked_lstm_proj_forward, xa, h0a, c0a, w_ih, w_hh,
                                       b_ih, b_hh, w_hr, n, reverse))
@@ -1113,7 +1104,7 @@ def lstm_proj_backward_op(x: _T, h0: _T, c0: _T, weight_ih: _T, weight_hh: _T,
         where, ("x", "h0", "c0", "weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr",
                 "h", "cs", "i", "f", "o", "ci", "co", "m"),
         (x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, weight_hr, h, cs, i, f, o, ci, co,
-         m), dt)
+         m), "weight_ih")
     dh, dcs = (_numpy(where, name, g).astype(_np_dtype(dt), copy=False)
                for name, g in (("h_grad", h_grad), ("cs_grad", cs_grad)))
     n = _op_lengths(where, lengths, xa)
