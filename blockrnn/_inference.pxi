@@ -1053,16 +1053,26 @@ cdef tuple _stored(dtype, tuple outs):
     return outs
 
 
-cdef int _threads(str where, max_threads) except -1:
+def checked_max_threads(str where, max_threads):
+    """max_threads as None or a Python int >= 1 (any integral value: NumPy's too);
+    TypeError / ValueError naming `where` otherwise. Also checks LSTMInference's and
+    GRUInference's."""
     if max_threads is None:
-        return brnn_omp_get_max_threads()
+        return None
     if isinstance(max_threads, (bool, np.bool_)) or not isinstance(max_threads, numbers.Integral):
         raise TypeError(f"{where}: max_threads must be None or a positive int, got "
                         f"{type(max_threads).__name__}")
     if max_threads < 1:
         raise ValueError(f"{where}: max_threads must be None or a positive int, got "
                          f"{max_threads}")
-    return <int>min(int(max_threads), brnn_omp_get_max_threads())   # no overflow in the cast
+    return int(max_threads)
+
+
+cdef int _threads(str where, max_threads) except -1:
+    if max_threads is None:
+        return brnn_omp_get_max_threads()
+    # capped before the cast: a count past a C int does not overflow
+    return <int>min(checked_max_threads(where, max_threads), brnn_omp_get_max_threads())
 
 
 cdef class PackedLSTMWeights(_PackedBase):

@@ -59,8 +59,6 @@ that sat idle starts slowly). ``idle_ns=0``: neither rule, never alone. A call w
 on one CPU finishes on one thread (and the object runs on one for a spell).
 Pass ``work_per_thread=2**20`` to keep small requests on one thread.
 """
-import numbers
-
 import numpy as np
 
 import blockrnn
@@ -78,15 +76,7 @@ class _Inference:
 
     def __init__(self, layer, max_threads, work_per_thread, idle_ns):
         where = type(self).__name__
-        if max_threads is not None:
-            if isinstance(max_threads, (bool, np.bool_)) or not isinstance(max_threads,
-                                                                           numbers.Integral):
-                raise TypeError(f"{where}: max_threads must be None or a positive int, got "
-                                f"{type(max_threads).__name__}")
-            if max_threads < 1:
-                raise ValueError(f"{where}: max_threads must be None or a positive int, got "
-                                 f"{max_threads}")
-            max_threads = int(max_threads)
+        max_threads = _kernels.checked_max_threads(where, max_threads)
         self.input_size = layer.input_size
         self.hidden_size = layer.hidden_size
         self.num_layers = layer.num_layers
