@@ -608,13 +608,13 @@ def _onnx_node_arrays(n, consts, where):
                          f"do not fit hidden_size={attrs.get('hidden_size')} and "
                          f"direction={direction!r}")
     I = Ws.shape[2]
-    shapes = {"W": (D, G * H, I), "R": (D, G * H, H), "B": (D, 2 * G * H), "P": (D, 3 * H)}
+    shapes = {"B": (D, 2 * G * H), "P": (D, 3 * H)}   # W's and R's define D, H and I
     for key, a in arrays.items():
         if a.dtype not in (np.float16, np.float32, np.float64) or a.dtype != Ws.dtype:
             raise ValueError(f"{where}: {kind} node {n.name!r}: input {key} has element type "
                              f"{a.dtype}; W, R, B and P must share one of float16, float32, "
                              f"float64 (W has {Ws.dtype})")
-        if a.shape != shapes[key]:
+        if key in shapes and a.shape != shapes[key]:
             raise ValueError(f"{where}: {kind} node {n.name!r}: input {key} must have shape "
                              f"{shapes[key]} (hidden_size={H}, input size {I}, {D} "
                              f"direction(s)), got {a.shape}")
