@@ -62,6 +62,7 @@ cdef extern from "brnn_packed.h" nogil:
 cdef extern from "brnn_gemm.h" nogil:
     enum:
         BRNN_GEMM_KC
+        BRNN_DGEMM_KC
         BRNN_GEMM_WS
     Py_ssize_t brnn_gemm_ws(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K)
     ctypedef struct brnn_gemm_job:
@@ -803,6 +804,12 @@ cdef inline int packed_gemm_threads(Py_ssize_t work, int limit) noexcept nogil:
 def packed_gemm_threads_for(Py_ssize_t work, int limit):
     """packed_gemm_threads (for the tests)."""
     return packed_gemm_threads(work, limit)
+
+
+def packed_gemm_k_blocks():
+    """(BRNN_GEMM_KC, BRNN_DGEMM_KC): the K blocks of the float32 and float64
+    GEMM drivers, on which their bits depend (for the tests)."""
+    return BRNN_GEMM_KC, BRNN_DGEMM_KC
 
 
 def packed_gemm_ws_for(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K):

@@ -9,9 +9,9 @@
  * so either operand may be transposed or a block of a larger array. The loop
  * nest is Goto's (as in BLIS): for each block of NC columns and each block of
  * KC of K, the B block [kc, nc] is packed (brnn_pack_f32: panels of 16
- * columns, a panel stays in L1), then for each block of MC rows the micro-
- * kernel runs the panels over the row tiles of the A block [mc, kc] (kept in
- * L2, copied row-major and contiguous first: the kernel reads rows).
+ * columns, kept in L2), then for each block of MC rows the micro-kernel runs
+ * the panels over the row tiles of the A block [mc, kc] (kept in L2 too,
+ * copied row-major and contiguous first: the kernel reads rows).
  *
  * Determinism: each C element is (((c) + s_0) + s_1) + ..., s_j the kernel's
  * in-order sum over K block j = [j KC, (j+1) KC); the first term c is the old
@@ -35,9 +35,22 @@
 
 #include "brnn_packed.h"
 
-#define BRNN_GEMM_KC 256 /* K block: a 16-column panel is 16 KB, in L1 */
-#define BRNN_GEMM_MC 96  /* rows per A block: 96 KB at KC, in L2 (8, 16, 24 tiles) */
-#define BRNN_GEMM_NC 512 /* columns per packed B block: 512 KB at KC */
+/* Block sizes. A K block of KC rows costs C one load and store of each
+ * element it covers, so the fewer K blocks, the less C traffic: the weight
+ * gradient of a backward chunk accumulates into C = dW [I+H, 4H], 8 MB at
+ * I = H = 512 (in L3, not L2), every chunk. KC was 256 (a 16-column panel,
+ * 16 KB, in L1): at 512 (32 KB a panel, the 12 x 32 tile's two panels then
+ * stream from L2) with NC halved to keep the packed B block at 512 KB in
+ * a 1 MB L2 beside the A block, one core of a 2-core Zen 5 VM, blockrnn
+ * only, median of 7 fresh-process rounds, two runs alternated with the
+ * build before: LSTM fwd+bwd 100,64,512,512 502 -> 465 and 450 -> 446 ms,
+ * GRU 358 -> 345 and 351 -> 334; at 100,32,256,256 LSTM 60.4 -> 59.0 and
+ * 57.4 -> 55.7, GRU 45.1 -> 42.8 and 46.2 -> 42.3 (the dW product of a
+ * chunk alone, 1024 x 512 x 2048 accumulating: 163-172 -> 180-189 GFLOP/s);
+ * on both cores within the runs' noise. */
+#define BRNN_GEMM_KC 512 /* K block: a 16-column panel is 32 KB */
+#define BRNN_GEMM_MC 96  /* rows per A block: 198 KB at KC, in L2 (8 tiles of 12) */
+#define BRNN_GEMM_NC 256 /* columns per packed B block: 512 KB at KC, in L2 */
 
 /* At most the floats of one thread's workspace for any job (see brnn_gemm_ws). */
 #define BRNN_GEMM_WS (BRNN_GEMM_KC * BRNN_GEMM_NC + BRNN_GEMM_MC * (BRNN_GEMM_KC + 16))
@@ -282,8 +295,9 @@ static void brnn_gemm_jobs_f32(brnn_packed_fn fn, int njobs, const brnn_gemm_job
  * Determinism as for float32: each element is its own in-order sum over each
  * K block of KC, the blocks added in order onto C; threads split rows or
  * 16-column groups (brnn_gemm_part), never K. So the bits depend on K and the
- * variant only. KC is float32's (256: tried 128 and 192, no faster on one Xeon
- * core); MC and NC are halved (the same bytes). */
+ * variant only. KC is 256 (float32's before it went to 512; tried 128 and
+ * 192, no faster on one Xeon core); MC is half of float32's, and the packed
+ * B block is 512 KB as float32's. */
 #define BRNN_DNR 8
 #define BRNN_DGEMM_KC 256 /* K block: an 8-double panel is 16 KB, in L1 */
 #define BRNN_DGEMM_MC 48  /* rows per A block: 96 KB at KC, in L2 */

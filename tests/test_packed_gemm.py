@@ -9,11 +9,12 @@ from threadpoolctl import threadpool_limits
 from blockrnn import _kernels
 
 PATHS = _kernels.packed_paths_supported()
-KC = 256  # BRNN_GEMM_KC, and BRNN_DGEMM_KC (float64)
-# M, N, K: edges of every tile and block (M past MC = 96, N past NC = 512 and not a
-# multiple of 16, K past one and two KC), one row, one column, tall and wide.
+KC, DKC = _kernels.packed_gemm_k_blocks()  # K blocks: float32 (512), float64 (256)
+# M, N, K: edges of every tile and block (M past MC = 96 / 48, N past NC = 256 and not
+# a multiple of 16, K past one and two KC of both), one row, one column, tall and wide.
 SHAPES = [(1, 1, 1), (7, 5, 3), (13, 37, 256), (97, 40, 257), (30, 530, 600),
-          (600, 17, 513), (12, 16, 1), (250, 130, 1100), (3, 600, 40)]
+          (600, 17, 513), (12, 16, 1), (250, 130, 1100), (3, 600, 40), (20, 300, 512),
+          (5, 40, 1025)]
 
 
 def _operands(M, N, K, trans_a, trans_b, seed=0):
@@ -192,30 +193,30 @@ def test_double_thread_counts_give_the_same_bits(shape):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_double_bits_are_those_of_fixed_k_blocks(path):
-    """C = ((A[:, :KC] B[:KC]) + A[:, KC:2KC] B[KC:2KC]) + ...: a product of K > KC
-    is the chain of its K blocks' products, each added onto C in order."""
-    M, N, K = 40, 50, 2 * KC + 77
+    """C = ((A[:, :DKC] B[:DKC]) + A[:, DKC:2DKC] B[DKC:2DKC]) + ...: a product of
+    K > DKC is the chain of its K blocks' products, each added onto C in order."""
+    M, N, K = 40, 50, 2 * DKC + 77
     a, b = _operands64(M, N, K, trans_a=False, trans_b=False)
     c = np.empty((M, N))
     _kernels.packed_dgemm_memview(a, b, False, c, path)
     manual = np.empty((M, N))
-    for k0 in range(0, K, KC):
-        _kernels.packed_dgemm_memview(a[:, k0:k0 + KC], b[k0:k0 + KC], k0 > 0, manual, path)
+    for k0 in range(0, K, DKC):
+        _kernels.packed_dgemm_memview(a[:, k0:k0 + DKC], b[k0:k0 + DKC], k0 > 0, manual, path)
     np.testing.assert_array_equal(c, manual)
 
 
 def test_double_portable_block_is_the_in_order_sum():
     """The portable kernel's block sum is s = (((0 + a_0 b_0) + a_1 b_1) + ...), each
     product and each sum rounded (no FMA): NumPy's elementwise float64 replays it
-    exactly. Past KC the blocks' sums are added onto C one after another."""
-    M, N, K = 13, 37, KC + 40
+    exactly. Past DKC the blocks' sums are added onto C one after another."""
+    M, N, K = 13, 37, DKC + 40
     a, b = _operands64(M, N, K, trans_a=True, trans_b=False)
     c = np.empty((M, N))
     _kernels.packed_dgemm_memview(a, b, False, c, "portable")
     want = None
-    for k0 in range(0, K, KC):
+    for k0 in range(0, K, DKC):
         s = np.zeros((M, N))
-        for k in range(k0, min(K, k0 + KC)):
+        for k in range(k0, min(K, k0 + DKC)):
             s = s + a[:, k:k + 1] * b[k:k + 1, :]
         want = s if want is None else want + s
     np.testing.assert_array_equal(c, want)
