@@ -1,7 +1,7 @@
 """Memory of the sequence ops: beyond the outputs, one call allocates at most one
 T x B x 4H workspace plus O(B x H); the backwards also allocate the GEMM
 driver's packing blocks for x_grad and the weight gradients (include/brnn_gemm.h:
-at most 629 KB per thread for float32, 611 KB for float64, whatever the sizes). The forward ops allocate only
+at most 710 KB per thread for float32, 611 KB for float64, whatever the sizes). The forward ops allocate only
 O(B x H), plus transposed copies of the recurrent weights (4H x H for the LSTM,
 3H x H for the GRU) when those are no larger than T x B x 4H, or for the float32
 forwards a packed copy of the weights (NumPy reports its allocations to
